@@ -1,0 +1,238 @@
+#include "compiler/kernel_builder.h"
+
+#include <llvm/IR/InlineAsm.h>
+#include <llvm/IR/IntrinsicsNVPTX.h>
+
+#include "compiler/errors.h"
+
+namespace lfce {
+
+using llvm::Value;
+
+KernelBuilder::KernelBuilder(llvm::Module& module, const std::string& name,
+                             const std::vector<Param>& params, int threads)
+    : module_(module), ir_(module.getContext()), threads_(threads) {
+  llvm::LLVMContext& c = module.getContext();
+  std::vector<llvm::Type*> types;
+  for (const Param& p : params) {
+    switch (p.type) {
+      case ParamType::GlobalPtr: types.push_back(llvm::PointerType::get(c, 1)); break;
+      case ParamType::I64: types.push_back(llvm::Type::getInt64Ty(c)); break;
+      case ParamType::I32: types.push_back(llvm::Type::getInt32Ty(c)); break;
+      case ParamType::F32: types.push_back(llvm::Type::getFloatTy(c)); break;
+    }
+  }
+  auto* type = llvm::FunctionType::get(llvm::Type::getVoidTy(c), types, false);
+  fn_ = llvm::Function::Create(type, llvm::Function::ExternalLinkage, name, module);
+  fn_->setCallingConv(llvm::CallingConv::PTX_Kernel);
+  for (size_t i = 0; i < params.size(); ++i) {
+    fn_->getArg(i)->setName(params[i].name);
+    if (params[i].type == ParamType::GlobalPtr && params[i].noalias)
+      fn_->addParamAttr(i, llvm::Attribute::NoAlias);  // lets NVPTX use ld.global.nc
+  }
+  // LLVM 19 takes launch bounds only through nvvm.annotations; .maxntid also lets ptxas
+  // budget registers for exactly this many threads.
+  auto* md = module.getOrInsertNamedMetadata("nvvm.annotations");
+  auto annotate = [&](const char* key, int value) {
+    md->addOperand(llvm::MDNode::get(
+        c, {llvm::ValueAsMetadata::get(fn_), llvm::MDString::get(c, key),
+            llvm::ValueAsMetadata::get(llvm::ConstantInt::get(llvm::Type::getInt32Ty(c), value))}));
+  };
+  annotate("kernel", 1);
+  annotate("maxntidx", threads);
+
+  smem_ = module.getGlobalVariable("lfce_smem");
+  if (!smem_) {
+    auto* array = llvm::ArrayType::get(llvm::Type::getInt8Ty(c), 0);
+    smem_ = new llvm::GlobalVariable(module, array, false, llvm::GlobalValue::ExternalLinkage, nullptr,
+                                     "lfce_smem", nullptr, llvm::GlobalValue::NotThreadLocal, 3);
+    smem_->setAlignment(llvm::Align(1024));
+  }
+  entry_ = llvm::BasicBlock::Create(c, "entry", fn_);
+  ir_.SetInsertPoint(entry_);
+}
+
+Value* KernelBuilder::arg(const std::string& name) const {
+  for (llvm::Argument& a : fn_->args())
+    if (a.getName() == name) return &a;
+  throw InternalError("KernelBuilder: no parameter named " + name);
+}
+
+void KernelBuilder::finish() { ir_.CreateRetVoid(); }
+
+Value* KernelBuilder::cf(float v) { return llvm::ConstantFP::get(f32(), v); }
+
+llvm::CallInst* KernelBuilder::call(llvm::Intrinsic::ID id, llvm::ArrayRef<Value*> args,
+                                    llvm::ArrayRef<llvm::Type*> overloads) {
+  llvm::Function* f = llvm::Intrinsic::getDeclaration(&module_, id, overloads);
+  return ir_.CreateCall(f, args);
+}
+
+Value* KernelBuilder::sreg(llvm::Intrinsic::ID id) { return call(id, {}); }
+
+Value* KernelBuilder::tid() { return sreg(llvm::Intrinsic::nvvm_read_ptx_sreg_tid_x); }
+
+Value* KernelBuilder::ctaid(int dim) {
+  static const llvm::Intrinsic::ID ids[] = {llvm::Intrinsic::nvvm_read_ptx_sreg_ctaid_x,
+                                            llvm::Intrinsic::nvvm_read_ptx_sreg_ctaid_y,
+                                            llvm::Intrinsic::nvvm_read_ptx_sreg_ctaid_z};
+  return sreg(ids[dim]);
+}
+
+Value* KernelBuilder::nctaid(int dim) {
+  static const llvm::Intrinsic::ID ids[] = {llvm::Intrinsic::nvvm_read_ptx_sreg_nctaid_x,
+                                            llvm::Intrinsic::nvvm_read_ptx_sreg_nctaid_y,
+                                            llvm::Intrinsic::nvvm_read_ptx_sreg_nctaid_z};
+  return sreg(ids[dim]);
+}
+
+Value* KernelBuilder::smem(Value* byte_offset) {
+  return ir_.CreateGEP(ir_.getInt8Ty(), smem_, byte_offset);
+}
+
+void KernelBuilder::barrier() {
+  call(llvm::Intrinsic::nvvm_barrier0, {})->addFnAttr(llvm::Attribute::Convergent);
+}
+
+Value* KernelBuilder::gep(Value* base, llvm::Type* elem, Value* index) {
+  return ir_.CreateGEP(elem, base, index);
+}
+
+Value* KernelBuilder::local_array(llvm::Type* elem, int count, const std::string& name) {
+  llvm::IRBuilder<> at_entry(entry_, entry_->begin());
+  return at_entry.CreateAlloca(llvm::ArrayType::get(elem, count), nullptr, name);
+}
+
+Value* KernelBuilder::at(Value* array, llvm::Type* elem, int index) {
+  auto* type = llvm::ArrayType::get(elem, llvm::cast<llvm::AllocaInst>(array)->getAllocatedType()->getArrayNumElements());
+  return ir_.CreateConstInBoundsGEP2_32(type, array, 0, index);
+}
+
+void KernelBuilder::if_then(Value* cond, const std::function<void()>& then_body) {
+  llvm::LLVMContext& c = ctx();
+  auto* then_bb = llvm::BasicBlock::Create(c, "then", fn_);
+  auto* done_bb = llvm::BasicBlock::Create(c, "endif", fn_);
+  ir_.CreateCondBr(cond, then_bb, done_bb);
+  ir_.SetInsertPoint(then_bb);
+  then_body();
+  ir_.CreateBr(done_bb);
+  ir_.SetInsertPoint(done_bb);
+}
+
+void KernelBuilder::if_then_else(Value* cond, const std::function<void()>& then_body,
+                                 const std::function<void()>& else_body) {
+  llvm::LLVMContext& c = ctx();
+  auto* then_bb = llvm::BasicBlock::Create(c, "then", fn_);
+  auto* else_bb = llvm::BasicBlock::Create(c, "else", fn_);
+  auto* done_bb = llvm::BasicBlock::Create(c, "endif", fn_);
+  ir_.CreateCondBr(cond, then_bb, else_bb);
+  ir_.SetInsertPoint(then_bb);
+  then_body();
+  ir_.CreateBr(done_bb);
+  ir_.SetInsertPoint(else_bb);
+  else_body();
+  ir_.CreateBr(done_bb);
+  ir_.SetInsertPoint(done_bb);
+}
+
+void KernelBuilder::for_range(Value* begin, Value* end, Value* step,
+                              const std::function<void(Value*)>& body) {
+  llvm::LLVMContext& c = ctx();
+  llvm::BasicBlock* pre = ir_.GetInsertBlock();
+  auto* header = llvm::BasicBlock::Create(c, "loop", fn_);
+  auto* body_bb = llvm::BasicBlock::Create(c, "body", fn_);
+  auto* exit = llvm::BasicBlock::Create(c, "endloop", fn_);
+  ir_.CreateBr(header);
+  ir_.SetInsertPoint(header);
+  llvm::PHINode* iv = ir_.CreatePHI(begin->getType(), 2, "iv");
+  iv->addIncoming(begin, pre);
+  ir_.CreateCondBr(ir_.CreateICmpSLT(iv, end), body_bb, exit);
+  ir_.SetInsertPoint(body_bb);
+  body(iv);
+  Value* next = ir_.CreateAdd(iv, step);
+  iv->addIncoming(next, ir_.GetInsertBlock());
+  ir_.CreateBr(header);
+  ir_.SetInsertPoint(exit);
+}
+
+Value* KernelBuilder::exp(Value* x) {
+  // e^x = 2^(x·log2 e); ex2.approx is the SFU instruction, 2 ulp.
+  Value* scaled = ir_.CreateFMul(x, cf(1.4426950408889634f));
+  return call(llvm::Intrinsic::nvvm_ex2_approx_ftz_f, {scaled});
+}
+
+Value* KernelBuilder::log(Value* x) {
+  return ir_.CreateFMul(call(llvm::Intrinsic::nvvm_lg2_approx_f, {x}), cf(0.6931471805599453f));
+}
+
+Value* KernelBuilder::fmax(Value* a, Value* b) {
+  return call(llvm::Intrinsic::maxnum, {a, b}, {a->getType()});
+}
+
+Value* KernelBuilder::shfl_xor(Value* value, int lane_mask) {
+  auto* ci = call(llvm::Intrinsic::nvvm_shfl_sync_bfly_f32, {c32(-1), value, c32(lane_mask), c32(31)});
+  ci->addFnAttr(llvm::Attribute::Convergent);
+  return ci;
+}
+
+Value* KernelBuilder::warp_max(Value* x) {
+  for (int m = 16; m > 0; m /= 2) x = fmax(x, shfl_xor(x, m));
+  return x;
+}
+
+Value* KernelBuilder::warp_sum(Value* x) {
+  for (int m = 16; m > 0; m /= 2) x = ir_.CreateFAdd(x, shfl_xor(x, m));
+  return x;
+}
+
+Value* KernelBuilder::to_f32(Value* value) {
+  return value->getType()->isFloatTy() ? value : ir_.CreateFPExt(value, f32());
+}
+
+Value* KernelBuilder::from_f32(Value* value, llvm::Type* type) {
+  return type->isFloatTy() ? value : ir_.CreateFPTrunc(value, type);
+}
+
+void KernelBuilder::cp_async_16(Value* smem_ptr, Value* global_ptr, Value* src_bytes) {
+  // src_bytes < 16 zero-fills the rest: predicated-off tile edges read as zeros.
+  // Inline PTX: LLVM 19 cannot select the cp.async intrinsic with 32-bit shared pointers.
+  auto* type = llvm::FunctionType::get(ir_.getVoidTy(), {i32(), global_ptr->getType(), i32()}, false);
+  auto* asm_ = llvm::InlineAsm::get(type, "cp.async.cg.shared.global [$0], [$1], 16, $2;", "r,l,r,~{memory}",
+                                    /*hasSideEffects=*/true);
+  ir_.CreateCall(asm_, {ir_.CreatePtrToInt(smem_ptr, i32()), global_ptr, src_bytes});
+}
+
+void KernelBuilder::cp_async_commit() { call(llvm::Intrinsic::nvvm_cp_async_commit_group, {}); }
+
+void KernelBuilder::cp_async_wait(int pending_groups) {
+  call(llvm::Intrinsic::nvvm_cp_async_wait_group, {c32(pending_groups)});
+}
+
+std::array<Value*, 4> KernelBuilder::ldmatrix_x4(Value* smem_ptr, bool transpose) {
+  auto id = transpose ? llvm::Intrinsic::nvvm_ldmatrix_sync_aligned_m8n8_x4_trans_b16
+                      : llvm::Intrinsic::nvvm_ldmatrix_sync_aligned_m8n8_x4_b16;
+  // .sync.aligned: every lane of the warp must execute it together.
+  llvm::CallInst* r = call(id, {smem_ptr}, {smem_ptr->getType()});
+  r->addFnAttr(llvm::Attribute::Convergent);
+  return {ir_.CreateExtractValue(r, 0), ir_.CreateExtractValue(r, 1), ir_.CreateExtractValue(r, 2),
+          ir_.CreateExtractValue(r, 3)};
+}
+
+std::array<Value*, 4> KernelBuilder::mma_16816(bool bf16, const std::array<Value*, 4>& a,
+                                               const std::array<Value*, 2>& b,
+                                               const std::array<Value*, 4>& c) {
+  std::vector<Value*> args;
+  auto* half2 = llvm::FixedVectorType::get(ir_.getHalfTy(), 2);
+  auto operand = [&](Value* v) { return bf16 ? v : ir_.CreateBitCast(v, half2); };
+  for (Value* v : a) args.push_back(operand(v));
+  for (Value* v : b) args.push_back(operand(v));
+  for (Value* v : c) args.push_back(v);
+  auto id = bf16 ? llvm::Intrinsic::nvvm_mma_m16n8k16_row_col_bf16
+                 : llvm::Intrinsic::nvvm_mma_m16n8k16_row_col_f32_f32;
+  llvm::CallInst* r = call(id, args);
+  r->addFnAttr(llvm::Attribute::Convergent);
+  return {ir_.CreateExtractValue(r, 0), ir_.CreateExtractValue(r, 1), ir_.CreateExtractValue(r, 2),
+          ir_.CreateExtractValue(r, 3)};
+}
+
+}  // namespace lfce

@@ -1,0 +1,107 @@
+// A thin layer over LLVM's IRBuilder for writing NVPTX kernels: kernel signature and
+// annotations, special registers, shared memory, structured control flow, and the
+// NVVM intrinsics the templates use. The templates read as CUDA would, one level down.
+#pragma once
+
+#include <llvm/IR/IRBuilder.h>
+#include <llvm/IR/Module.h>
+
+#include <array>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace lfce {
+
+enum class ParamType { GlobalPtr, I64, I32, F32 };
+
+struct Param {
+  std::string name;
+  ParamType type;
+  bool noalias = true;  // false where the caller may pass the same buffer twice
+};
+
+class KernelBuilder {
+ public:
+  // Creates `name` in `module` with `threads` threads per CTA (emitted as .maxntid).
+  KernelBuilder(llvm::Module& module, const std::string& name, const std::vector<Param>& params,
+                int threads);
+
+  llvm::IRBuilder<>& ir() { return ir_; }
+  llvm::LLVMContext& ctx() { return module_.getContext(); }
+  llvm::Value* arg(const std::string& name) const;
+  int threads() const { return threads_; }
+  void finish();  // terminates the kernel
+
+  // Types.
+  llvm::Type* f32() { return ir_.getFloatTy(); }
+  llvm::Type* i32() { return ir_.getInt32Ty(); }
+  llvm::Type* i64() { return ir_.getInt64Ty(); }
+  llvm::Value* c32(int64_t v) { return ir_.getInt32(static_cast<uint32_t>(v)); }
+  llvm::Value* c64(int64_t v) { return ir_.getInt64(static_cast<uint64_t>(v)); }
+  llvm::Value* cf(float v);
+
+  // Thread and CTA coordinates (i32).
+  llvm::Value* tid();
+  llvm::Value* ctaid(int dim);
+  llvm::Value* nctaid(int dim);
+
+  // Dynamic shared memory: byte offset (i32) -> addrspace(3) pointer.
+  llvm::Value* smem(llvm::Value* byte_offset);
+  llvm::Value* smem(int64_t byte_offset) { return smem(c32(byte_offset)); }
+  void barrier();
+
+  // Global memory: element `index` (i64) of a pointer argument viewed as `elem`.
+  llvm::Value* gep(llvm::Value* base, llvm::Type* elem, llvm::Value* index);
+  llvm::Value* load(llvm::Type* type, llvm::Value* ptr) { return ir_.CreateLoad(type, ptr); }
+  void store(llvm::Value* value, llvm::Value* ptr) { ir_.CreateStore(value, ptr); }
+
+  // Per-thread arrays promoted to registers by SROA when indexed by constants.
+  llvm::Value* local_array(llvm::Type* elem, int count, const std::string& name);
+  llvm::Value* at(llvm::Value* array, llvm::Type* elem, int index);
+
+  // Structured control flow.
+  void if_then(llvm::Value* cond, const std::function<void()>& then_body);
+  void if_then_else(llvm::Value* cond, const std::function<void()>& then_body,
+                    const std::function<void()>& else_body);
+  // for (iv = begin; iv < end; iv += step) body(iv); integer type taken from `begin`.
+  void for_range(llvm::Value* begin, llvm::Value* end, llvm::Value* step,
+                 const std::function<void(llvm::Value*)>& body);
+  // A value chosen by a branch, without a select on possibly-poison inputs.
+  llvm::Value* select(llvm::Value* cond, llvm::Value* a, llvm::Value* b) { return ir_.CreateSelect(cond, a, b); }
+
+  // Math.
+  llvm::Value* exp(llvm::Value* x);  // e^x through ex2.approx
+  llvm::Value* log(llvm::Value* x);  // ln x through lg2.approx
+  llvm::Value* fmax(llvm::Value* a, llvm::Value* b);
+  llvm::Value* shfl_xor(llvm::Value* value, int lane_mask);  // f32 butterfly across a warp
+  llvm::Value* warp_max(llvm::Value* x);
+  llvm::Value* warp_sum(llvm::Value* x);
+  llvm::Value* to_f32(llvm::Value* value);                     // bf16/half/float -> float
+  llvm::Value* from_f32(llvm::Value* value, llvm::Type* type);  // float -> bf16/half/float (RN)
+
+  // Asynchronous global -> shared copies (sm_80).
+  void cp_async_16(llvm::Value* smem_ptr, llvm::Value* global_ptr, llvm::Value* src_bytes);
+  void cp_async_commit();
+  void cp_async_wait(int pending_groups);
+
+  // Tensor cores (sm_80): ldmatrix x4 and mma.sync m16n8k16 with f32 accumulators.
+  std::array<llvm::Value*, 4> ldmatrix_x4(llvm::Value* smem_ptr, bool transpose);
+  std::array<llvm::Value*, 4> mma_16816(bool bf16, const std::array<llvm::Value*, 4>& a,
+                                        const std::array<llvm::Value*, 2>& b,
+                                        const std::array<llvm::Value*, 4>& c);
+
+ private:
+  llvm::CallInst* call(llvm::Intrinsic::ID id, llvm::ArrayRef<llvm::Value*> args,
+                       llvm::ArrayRef<llvm::Type*> overloads = {});
+  llvm::Value* sreg(llvm::Intrinsic::ID id);
+
+  llvm::Module& module_;
+  llvm::IRBuilder<> ir_;
+  llvm::Function* fn_;
+  llvm::BasicBlock* entry_;
+  llvm::GlobalVariable* smem_;
+  int threads_;
+};
+
+}  // namespace lfce

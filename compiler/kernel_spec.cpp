@@ -1,0 +1,179 @@
+#include "compiler/kernel_spec.h"
+
+#include <array>
+#include <charconv>
+#include <map>
+#include <sstream>
+#include <utility>
+
+#include "compiler/errors.h"
+
+namespace lfce {
+namespace {
+
+template <typename E>
+using NameTable = std::initializer_list<std::pair<E, std::string_view>>;
+
+const NameTable<KernelKind> kKinds = {
+    {KernelKind::LseForward, "lse_forward"},   {KernelKind::LseCombine, "lse_combine"},
+    {KernelKind::LossReduce, "loss_reduce"},   {KernelKind::DlogitsBackward, "dlogits_backward"},
+    {KernelKind::GradWeight, "grad_weight"},   {KernelKind::GradInput, "grad_input"},
+    {KernelKind::GradBias, "grad_bias"},
+};
+const NameTable<DType> kDTypes = {{DType::BF16, "bf16"}, {DType::FP16, "fp16"}, {DType::FP32, "fp32"}};
+const NameTable<IndexType> kIndexTypes = {{IndexType::I64, "i64"}, {IndexType::I32, "i32"}};
+const NameTable<Reduction> kReductions = {
+    {Reduction::Mean, "mean"}, {Reduction::Sum, "sum"}, {Reduction::None, "none"}};
+const NameTable<Mode> kModes = {{Mode::Recompute, "recompute"}, {Mode::Eager, "eager"}};
+
+template <typename E>
+std::string_view name_of(const NameTable<E>& table, E value) {
+  for (const auto& [v, name] : table)
+    if (v == value) return name;
+  throw InternalError("KernelSpec: enum value without a name");
+}
+
+template <typename E>
+E value_of(const NameTable<E>& table, std::string_view field, std::string_view name) {
+  std::string accepted;
+  for (const auto& [v, n] : table) {
+    if (n == name) return v;
+    accepted += (accepted.empty() ? "" : ", ") + std::string(n);
+  }
+  throw SpecError("KernelSpec field '" + std::string(field) + "' has value '" + std::string(name) +
+                  "'; expected one of " + accepted);
+}
+
+int64_t parse_int(std::string_view field, std::string_view text) {
+  int64_t value = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc() || end != text.data() + text.size())
+    throw SpecError("KernelSpec field '" + std::string(field) + "' is not an integer: '" +
+                    std::string(text) + "'");
+  return value;
+}
+
+TileConfig parse_tile(std::string_view text) {
+  TileConfig t;
+  char x1, x2, slash1, x3, slash2, s;
+  std::istringstream in{std::string(text)};
+  in >> t.bm >> x1 >> t.bn >> x2 >> t.bk >> slash1 >> t.warps_m >> x3 >> t.warps_n >> slash2 >> s >>
+      t.stages;
+  if (!in || x1 != 'x' || x2 != 'x' || slash1 != '/' || x3 != 'x' || slash2 != '/' || s != 's' ||
+      in.peek() != EOF)
+    throw SpecError("KernelSpec field 'tile' must read BMxBNxBK/WMxWN/sSTAGES, got '" +
+                    std::string(text) + "'");
+  return t;
+}
+
+bool is_gemm(KernelKind kind) {
+  return kind == KernelKind::LseForward || kind == KernelKind::DlogitsBackward ||
+         kind == KernelKind::GradWeight || kind == KernelKind::GradInput;
+}
+
+}  // namespace
+
+std::string_view kind_name(KernelKind kind) { return name_of(kKinds, kind); }
+std::string_view dtype_name(DType dtype) { return name_of(kDTypes, dtype); }
+std::string_view reduction_name(Reduction reduction) { return name_of(kReductions, reduction); }
+std::string_view mode_name(Mode mode) { return name_of(kModes, mode); }
+int dtype_bytes(DType dtype) { return dtype == DType::FP32 ? 4 : 2; }
+
+std::string KernelSpec::text() const {
+  std::ostringstream out;
+  out << kind_name(kind) << ";V=" << vocab << ";H=" << hidden << ";chunk=" << chunk
+      << ";mode=" << mode_name(mode) << ";dtype=" << dtype_name(dtype)
+      << ";targets=" << name_of(kIndexTypes, targets) << ";reduction=" << reduction_name(reduction)
+      << ";bias=" << (bias ? 1 : 0) << ";arch=" << arch_name(arch) << ";tile=" << tile.bm << 'x'
+      << tile.bn << 'x' << tile.bk << '/' << tile.warps_m << 'x' << tile.warps_n << "/s"
+      << tile.stages;
+  return out.str();
+}
+
+KernelSpec KernelSpec::parse(std::string_view text) {
+  KernelSpec spec;
+  std::map<std::string, std::string, std::less<>> fields;
+  size_t pos = 0;
+  bool first = true;
+  while (pos <= text.size()) {
+    size_t end = text.find(';', pos);
+    if (end == std::string_view::npos) end = text.size();
+    std::string_view item = text.substr(pos, end - pos);
+    if (first) {
+      spec.kind = value_of(kKinds, "kind", item);
+      first = false;
+    } else {
+      size_t eq = item.find('=');
+      if (eq == std::string_view::npos)
+        throw SpecError("KernelSpec item '" + std::string(item) + "' is not NAME=VALUE");
+      if (!fields.emplace(std::string(item.substr(0, eq)), std::string(item.substr(eq + 1))).second)
+        throw SpecError("KernelSpec field '" + std::string(item.substr(0, eq)) + "' appears twice");
+    }
+    pos = end + 1;
+  }
+  auto take = [&](std::string_view name) {
+    auto it = fields.find(name);
+    if (it == fields.end()) throw SpecError("KernelSpec text lacks field '" + std::string(name) + "'");
+    std::string value = it->second;
+    fields.erase(it);
+    return value;
+  };
+  spec.vocab = parse_int("V", take("V"));
+  spec.hidden = parse_int("H", take("H"));
+  spec.chunk = parse_int("chunk", take("chunk"));
+  spec.mode = value_of(kModes, "mode", take("mode"));
+  spec.dtype = value_of(kDTypes, "dtype", take("dtype"));
+  spec.targets = value_of(kIndexTypes, "targets", take("targets"));
+  spec.reduction = value_of(kReductions, "reduction", take("reduction"));
+  std::string bias = take("bias");
+  if (bias != "0" && bias != "1") throw SpecError("KernelSpec field 'bias' must be 0 or 1, got '" + bias + "'");
+  spec.bias = bias == "1";
+  spec.arch = parse_arch(take("arch"));
+  spec.tile = parse_tile(take("tile"));
+  if (!fields.empty()) throw SpecError("KernelSpec has unknown field '" + fields.begin()->first + "'");
+  return spec;
+}
+
+uint64_t KernelSpec::hash() const {
+  uint64_t h = 14695981039346656037ull;  // FNV-1a, 64 bit
+  for (unsigned char c : text()) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+void KernelSpec::validate() const {
+  auto fail = [&](const std::string& what) { throw SpecError(what + " (in " + text() + ")"); };
+  if (vocab < 1) fail("vocab must be >= 1, got " + std::to_string(vocab));
+  if (hidden < 1) fail("hidden must be >= 1, got " + std::to_string(hidden));
+  const int vec = 16 / dtype_bytes(dtype);  // elements per 16-byte copy
+  if (hidden % vec != 0)
+    fail("hidden must be a multiple of " + std::to_string(vec) + " for " +
+         std::string(dtype_name(dtype)) + " (16-byte rows), got " + std::to_string(hidden));
+  if (chunk < 0) fail("chunk must be >= 0, got " + std::to_string(chunk));
+  bool needs_chunk = kind == KernelKind::DlogitsBackward || kind == KernelKind::GradWeight ||
+                     kind == KernelKind::GradInput || kind == KernelKind::GradBias;
+  if (needs_chunk && chunk < 1) fail("chunk must be >= 1 for " + std::string(kind_name(kind)));
+  if (!is_gemm(kind)) return;
+  const ArchInfo& info = arch_info(arch);
+  const TileConfig& t = tile;
+  if (t.warps_m < 1 || t.warps_n < 1 || t.threads() > info.threads_per_block_max)
+    fail("tile warps " + std::to_string(t.warps_m) + "x" + std::to_string(t.warps_n) + " out of range");
+  if (t.stages < 1 || t.stages > 8) fail("tile stages must be 1..8, got " + std::to_string(t.stages));
+  // 16-bit: warps tile the CTA in 16x16 ldmatrix blocks; fp32 (SIMT): 16 thread columns.
+  bool fits = dtype == DType::FP32
+                  ? t.threads() % 16 == 0 && t.bm % (t.threads() / 16) == 0 && t.bn % 16 == 0
+                  : t.bm % (t.warps_m * 16) == 0 && t.bn % (t.warps_n * 16) == 0;
+  if (!fits)
+    fail("tile " + std::to_string(t.bm) + "x" + std::to_string(t.bn) +
+         " does not split evenly over " + std::to_string(t.warps_m) + "x" + std::to_string(t.warps_n) +
+         " warps");
+  // Swizzled 16-byte chunks need rows of at least 128 bytes in every operand layout.
+  int min_rows = 128 / dtype_bytes(dtype);
+  if (t.bk < min_rows || t.bk % min_rows != 0 || t.bm % min_rows != 0 || t.bn % min_rows != 0)
+    fail("tile dimensions must be multiples of " + std::to_string(min_rows) + " for " +
+         std::string(dtype_name(dtype)));
+}
+
+}  // namespace lfce

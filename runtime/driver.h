@@ -1,0 +1,113 @@
+// CUDA Driver API access without linking libcuda: the library loads and
+// generates PTX on machines without a GPU; only launching needs the driver.
+#pragma once
+
+#include <cuda.h>  // types and enums only; no symbol of libcuda is linked
+
+#include <cstddef>
+#include <stdexcept>
+#include <string>
+
+namespace lfce::runtime {
+
+// A driver call failed. what() names the call, the code's name and number,
+// the driver's description and any detail.
+class CudaError : public std::runtime_error {
+ public:
+  CudaError(CUresult code, std::string call, std::string detail = "");
+
+  CUresult code() const { return code_; }
+  const std::string& call() const { return call_; }
+
+ protected:
+  struct Message {
+    std::string text;
+  };
+  CudaError(CUresult code, std::string call, Message message);
+
+ private:
+  CUresult code_;
+  std::string call_;
+};
+
+// libcuda.so.1 could not be loaded or cuInit failed: this machine cannot
+// launch kernels, but code generation still works.
+class DriverUnavailable : public CudaError {
+ public:
+  DriverUnavailable(CUresult code, std::string call, std::string reason);
+};
+
+// Entry points resolved through cuGetProcAddress with the CUDA 12.0 ABI; the
+// pointer types are the un-suffixed signatures (checked against
+// cudaTypedefs.h in driver.cpp when that header exists).
+struct Driver {
+  // Loads the driver on first use (thread-safe) and returns it; throws
+  // DriverUnavailable, the same failure on every call once it has failed.
+  // The library path is libcuda.so.1 or $LFCE_LIBCUDA, read at the first call.
+  static const Driver& get();
+  // The driver if a get() has already succeeded, else nullptr. Never loads,
+  // never throws: for error messages and destructors.
+  static const Driver* loaded() noexcept;
+
+  CUresult (*cuInit)(unsigned flags) = nullptr;
+  CUresult (*cuDriverGetVersion)(int* version) = nullptr;
+  CUresult (*cuDeviceGet)(CUdevice* device, int ordinal) = nullptr;
+  CUresult (*cuDeviceGetCount)(int* count) = nullptr;
+  CUresult (*cuDeviceGetAttribute)(int* value, CUdevice_attribute attribute,
+                                   CUdevice device) = nullptr;
+  CUresult (*cuDeviceGetName)(char* name, int length,
+                              CUdevice device) = nullptr;
+  CUresult (*cuDevicePrimaryCtxRetain)(CUcontext* context,
+                                       CUdevice device) = nullptr;
+  CUresult (*cuCtxGetCurrent)(CUcontext* context) = nullptr;
+  CUresult (*cuCtxSetCurrent)(CUcontext context) = nullptr;
+  CUresult (*cuCtxGetDevice)(CUdevice* device) = nullptr;
+  CUresult (*cuModuleLoadDataEx)(CUmodule* module, const void* image,
+                                 unsigned num_options, CUjit_option* options,
+                                 void** option_values) = nullptr;
+  CUresult (*cuModuleUnload)(CUmodule module) = nullptr;
+  CUresult (*cuModuleGetFunction)(CUfunction* function, CUmodule module,
+                                  const char* name) = nullptr;
+  CUresult (*cuFuncSetAttribute)(CUfunction function,
+                                 CUfunction_attribute attribute,
+                                 int value) = nullptr;
+  CUresult (*cuFuncGetAttribute)(int* value, CUfunction_attribute attribute,
+                                 CUfunction function) = nullptr;
+  CUresult (*cuLaunchKernel)(CUfunction function, unsigned grid_x,
+                             unsigned grid_y, unsigned grid_z, unsigned block_x,
+                             unsigned block_y, unsigned block_z,
+                             unsigned shared_bytes, CUstream stream,
+                             void** params, void** extra) = nullptr;
+  CUresult (*cuGetErrorName)(CUresult code, const char** name) = nullptr;
+  CUresult (*cuGetErrorString)(CUresult code, const char** text) = nullptr;
+  CUresult (*cuMemsetD32Async)(CUdeviceptr destination, unsigned value,
+                               size_t count, CUstream stream) = nullptr;
+};
+
+// Throws CudaError naming `call` unless status is CUDA_SUCCESS.
+void check(CUresult status, const char* call);
+
+struct DeviceInfo {
+  int ordinal = 0;
+  int cc_major = 0, cc_minor = 0;
+  int sm_count = 0;
+  int max_smem_optin = 0;  // bytes per block with the opt-in attribute
+  int max_threads_per_block = 0;
+  std::string name;
+
+  // PTX target for this device: "sm_90a" on Hopper (wgmma, TMA, setmaxnreg),
+  // "sm_80" (mma.sync path) on every other GPU of compute capability >= 8.0.
+  // Throws std::invalid_argument below 8.0.
+  std::string arch() const;
+};
+
+// Cached per ordinal, thread-safe. Throws std::invalid_argument for an
+// ordinal outside [0, cuDeviceGetCount).
+const DeviceInfo& device_info(int ordinal);
+
+// Makes a context of device `ordinal` current on the calling thread: keeps the
+// current one if it belongs to that device, else sets the device's primary
+// context (the one the CUDA runtime, hence PyTorch, uses).
+void make_context_current(int ordinal);
+
+}  // namespace lfce::runtime

@@ -1,0 +1,16 @@
+// Forward and backward of one problem: which kernels run, in which order, on which buffers.
+// Only enqueues work on the caller's stream; never synchronises with the host.
+#pragma once
+
+#include "lfce/lfce.h"
+#include "runtime/plan.h"
+
+namespace lfce::runtime {
+
+void forward(const Problem& problem, const lfce_forward_args& args);
+void backward(const Problem& problem, const lfce_backward_args& args);
+
+// The plan for `problem` on `device` (its arch decides the kernels).
+Plan plan_for_device(const Problem& problem, int device);
+
+}  // namespace lfce::runtime

@@ -1,0 +1,33 @@
+#include "runtime/logging.h"
+
+#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <cstdlib>
+#include <mutex>
+#include <string>
+
+namespace lfce::runtime {
+
+bool set_log_level(std::string_view name) {
+  auto level = spdlog::level::from_str(std::string(name));
+  // from_str maps unknown names to "off": accept "off" only when asked for.
+  if (level == spdlog::level::off && name != "off") return false;
+  spdlog::set_level(level);
+  return true;
+}
+
+void init_logging() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    auto logger = spdlog::stderr_logger_mt("lfce");
+    logger->set_pattern("[lfce %l] %v");
+    spdlog::set_default_logger(logger);
+    const char* env = std::getenv("LFCE_LOG_LEVEL");
+    if (!env || !set_log_level(env)) spdlog::set_level(spdlog::level::warn);
+    if (env && spdlog::get_level() == spdlog::level::warn && std::string_view(env) != "warn")
+      spdlog::warn("LFCE_LOG_LEVEL='{}' is not a level (trace, debug, info, warn, error, off); using warn", env);
+  });
+}
+
+}  // namespace lfce::runtime

@@ -1,0 +1,79 @@
+// One kernel loaded from PTX into a device's primary context, and its launch.
+#pragma once
+
+#include <cuda.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "compiler/errors.h"
+
+namespace lfce::runtime {
+
+// The driver's JIT rejected the PTX; what() carries the kernel name, the
+// driver status and the JIT error log, log() the log alone.
+class CompileError : public lfce::CompileError {
+ public:
+  CompileError(const std::string& message, std::string log);
+  const std::string& log() const { return log_; }
+
+ private:
+  std::string log_;
+};
+
+struct Dim3 {
+  unsigned x = 1, y = 1, z = 1;
+};
+
+// What ptxas allotted, read back with cuFuncGetAttribute.
+struct KernelResources {
+  int registers = 0;    // per thread
+  int local_bytes = 0;  // per thread; > 0 means register spills
+  int static_smem = 0;  // bytes per block, excluding dynamic shared memory
+  int max_threads = 0;  // per block, given registers and launch bounds
+};
+
+class LoadedKernel {
+ public:
+  // JIT-compiles `ptx` (NUL-terminated PTX text, or a cubin image) in the
+  // current context of `device` (its primary context unless the calling
+  // thread already has one of that device current) and looks up `entry`.
+  // Throws CompileError when the JIT rejects the code, std::invalid_argument
+  // when dynamic_smem_bytes exceeds the device's opt-in limit, CudaError
+  // (DriverUnavailable without a driver) for other driver failures.
+  LoadedKernel(int device, const std::string& ptx, const std::string& entry,
+               unsigned dynamic_smem_bytes);
+  ~LoadedKernel();
+
+  LoadedKernel(const LoadedKernel&) = delete;
+  LoadedKernel& operator=(const LoadedKernel&) = delete;
+  LoadedKernel(LoadedKernel&& other) noexcept;
+  LoadedKernel& operator=(LoadedKernel&& other) noexcept;
+
+  // Launches on `stream` with the dynamic shared memory given at load time;
+  // params[i] points to the value of kernel argument i. Makes the device's
+  // context current on the calling thread first. Throws std::invalid_argument
+  // for dimensions the kernel or the hardware cannot take.
+  void launch(Dim3 grid, Dim3 block, CUstream stream, void** params) const;
+
+  const KernelResources& resources() const { return resources_; }
+  CUfunction function() const { return function_; }
+  int device() const { return device_; }
+  const std::string& entry() const { return entry_; }
+  unsigned dynamic_smem_bytes() const { return dynamic_smem_bytes_; }
+
+ private:
+  void load_module(const std::string& ptx);
+  void read_resources();
+  void configure_shared_memory();
+  void unload() noexcept;
+
+  int device_;
+  std::string entry_;
+  unsigned dynamic_smem_bytes_;
+  CUmodule module_ = nullptr;
+  CUfunction function_ = nullptr;
+  KernelResources resources_;
+};
+
+}  // namespace lfce::runtime

@@ -1,0 +1,131 @@
+#include "runtime/plan.h"
+
+#include <algorithm>
+#include <string>
+
+#include "compiler/errors.h"
+
+namespace lfce::runtime {
+namespace {
+
+// CTAs the forward aims for: two per SM of a 132-SM H200. A constant rather than the
+// device's count so that workspace sizes can be computed without a GPU.
+constexpr int64_t kForwardTargetCtas = 264;
+
+size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+int64_t next_pow2(int64_t v) {
+  int64_t p = 1;
+  while (p < v) p *= 2;
+  return p;
+}
+
+TileConfig default_tile(DType dtype) {
+  if (dtype == DType::FP32) return TileConfig{128, 128, 32, 2, 4, 2};
+  return TileConfig{128, 128, 64, 2, 4, 3};
+}
+
+template <typename E>
+E checked_enum(int32_t value, int32_t count, const char* field, const char* accepted) {
+  if (value < 0 || value >= count)
+    throw SpecError(std::string("lfce_problem.") + field + " = " + std::to_string(value) +
+                    " is not valid; expected " + accepted);
+  return static_cast<E>(value);
+}
+
+}  // namespace
+
+Problem problem_from_c(const lfce_problem* c) {
+  if (!c) throw SpecError("lfce_problem pointer is NULL");
+  auto positive = [](int64_t value, const char* field) {
+    if (value < 1)
+      throw SpecError(std::string("lfce_problem.") + field + " must be >= 1, got " + std::to_string(value));
+    return value;
+  };
+  Problem p;
+  p.tokens = positive(c->tokens, "tokens");
+  p.hidden = positive(c->hidden, "hidden");
+  p.vocab = positive(c->vocab, "vocab");
+  if (p.vocab > (int64_t{1} << 31) - 1)
+    throw SpecError("lfce_problem.vocab = " + std::to_string(p.vocab) + " exceeds 2^31 - 1");
+  p.dtype = checked_enum<DType>(c->dtype, 3, "dtype", "LFCE_DTYPE_BF16, _FP16 or _FP32");
+  p.targets = checked_enum<IndexType>(c->target_dtype, 2, "target_dtype", "LFCE_INDEX_INT64 or _INT32");
+  if (c->has_bias != 0 && c->has_bias != 1)
+    throw SpecError("lfce_problem.has_bias must be 0 or 1, got " + std::to_string(c->has_bias));
+  p.bias = c->has_bias == 1;
+  p.reduction = checked_enum<Reduction>(c->reduction, 3, "reduction", "LFCE_REDUCTION_MEAN, _SUM or _NONE");
+  p.mode = checked_enum<Mode>(c->mode, 2, "mode", "LFCE_MODE_RECOMPUTE or _EAGER");
+  if (c->reserved != 0) throw SpecError("lfce_problem.reserved must be 0, got " + std::to_string(c->reserved));
+  p.ignore_index = c->ignore_index;
+  if (c->chunk_size < 0)
+    throw SpecError("lfce_problem.chunk_size must be >= 1 (or 0 for automatic), got " + std::to_string(c->chunk_size));
+  p.chunk_size = c->chunk_size;
+  if (c->workspace_budget < 0)
+    throw SpecError("lfce_problem.workspace_budget must be >= 1 byte (or 0 for 256 MiB), got " +
+                    std::to_string(c->workspace_budget));
+  p.workspace_budget = c->workspace_budget ? c->workspace_budget : kDefaultWorkspaceBudget;
+  const int vec = 16 / dtype_bytes(p.dtype);
+  if (p.hidden % vec != 0)
+    throw SpecError("lfce_problem.hidden = " + std::to_string(p.hidden) + " must be a multiple of " +
+                    std::to_string(vec) + " for " + std::string(dtype_name(p.dtype)) +
+                    " (rows are copied in 16-byte pieces); pad hidden and weight with zeros");
+  return p;
+}
+
+Plan::Plan(const Problem& problem, Arch arch) : p_(problem), arch_(arch) {
+  const TileConfig tile = default_tile(p_.dtype);
+  const int64_t row_blocks = ceil_div(p_.tokens, tile.bm);
+  const int64_t vocab_tiles = ceil_div(p_.vocab, tile.bn);
+  splits_ = std::clamp<int64_t>(ceil_div(kForwardTargetCtas, row_blocks), 1, std::min<int64_t>(vocab_tiles, 65535));
+  ld_ = ceil_div(p_.tokens, 8) * 8;
+  if (p_.chunk_size > 0) {
+    chunk_ = std::min(p_.chunk_size, p_.vocab);
+  } else {
+    // Derived from the budget with N rounded up to a power of two, so that nearby token
+    // counts share one chunk width (and so one set of compiled kernels).
+    const int64_t per_row = next_pow2(ld_) * dtype_bytes(p_.dtype);
+    chunk_ = std::max<int64_t>(p_.workspace_budget / per_row / tile.bn * tile.bn, tile.bn);
+    chunk_ = std::min(chunk_, p_.vocab);
+  }
+}
+
+KernelSpec Plan::spec(KernelKind kind) const {
+  KernelSpec s;
+  s.kind = kind;
+  s.vocab = p_.vocab;
+  s.hidden = p_.hidden;
+  bool backward = kind == KernelKind::DlogitsBackward || kind == KernelKind::GradWeight ||
+                  kind == KernelKind::GradInput || kind == KernelKind::GradBias;
+  s.chunk = backward ? chunk_ : 0;
+  s.mode = p_.mode;
+  s.dtype = p_.dtype;
+  s.targets = p_.targets;
+  s.reduction = p_.reduction;
+  s.bias = p_.bias;
+  s.arch = arch_;
+  s.tile = default_tile(p_.dtype);
+  return s;
+}
+
+Plan::ForwardLayout Plan::forward_layout() const {
+  ForwardLayout l{};
+  const size_t partial = align256(sizeof(float) * splits_ * p_.tokens);
+  l.partial_max = 0;
+  l.partial_sum = partial;
+  l.target_logit = 2 * partial;
+  l.bytes = 2 * partial + align256(sizeof(float) * p_.tokens);
+  return l;
+}
+
+Plan::BackwardLayout Plan::backward_layout() const {
+  BackwardLayout l{};
+  l.dz = 0;
+  l.grad_input_acc = align256(static_cast<size_t>(chunk_) * ld_ * dtype_bytes(p_.dtype));
+  l.bytes = l.grad_input_acc;
+  if (needs_grad_input_accumulator()) l.bytes += align256(sizeof(float) * p_.tokens * p_.hidden);
+  return l;
+}
+
+}  // namespace lfce::runtime

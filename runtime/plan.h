@@ -1,0 +1,58 @@
+// Plan: one validated problem, the specs of the kernels it runs, its launch geometry and its
+// workspace layout. Pure host code: sizes can be asked for, and kernels generated, with no GPU.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "compiler/kernel_spec.h"
+#include "lfce/lfce.h"
+
+namespace lfce::runtime {
+
+struct Problem {
+  int64_t tokens = 0, hidden = 0, vocab = 0;
+  DType dtype = DType::BF16;
+  IndexType targets = IndexType::I64;
+  bool bias = false;
+  Reduction reduction = Reduction::Mean;
+  Mode mode = Mode::Recompute;
+  int64_t ignore_index = -100;
+  int64_t chunk_size = 0;
+  int64_t workspace_budget = 0;
+};
+
+// Converts and validates the C struct; throws SpecError naming the first bad field.
+Problem problem_from_c(const lfce_problem* problem);
+
+constexpr int64_t kDefaultWorkspaceBudget = 256ll << 20;
+
+class Plan {
+ public:
+  Plan(const Problem& problem, Arch arch);
+
+  const Problem& problem() const { return p_; }
+  Arch arch() const { return arch_; }
+  KernelSpec spec(KernelKind kind) const;
+
+  // Forward: lse_forward splits the vocabulary over `splits` CTAs per row block.
+  int64_t splits() const { return splits_; }
+  // Backward: vocabulary chunk width and the token stride of the dzᵀ workspace.
+  int64_t chunk() const { return chunk_; }
+  int64_t chunks() const { return (p_.vocab + chunk_ - 1) / chunk_; }
+  int64_t ld() const { return ld_; }
+  bool needs_grad_input_accumulator() const { return p_.dtype != DType::FP32 && chunks() > 1; }
+
+  // Workspace layouts: byte offsets into the caller's buffer, each 256-byte aligned.
+  struct ForwardLayout { size_t partial_max, partial_sum, target_logit, bytes; };
+  struct BackwardLayout { size_t dz, grad_input_acc, bytes; };
+  ForwardLayout forward_layout() const;
+  BackwardLayout backward_layout() const;
+
+ private:
+  Problem p_;
+  Arch arch_;
+  int64_t splits_ = 1, chunk_ = 1, ld_ = 8;
+};
+
+}  // namespace lfce::runtime

@@ -1,0 +1,108 @@
+// The one GEMM skeleton every matrix kernel is written against.
+//
+//   compute_tile(A, B, m0, n0, k_tiles)      C[BM x BN] = Σ_k A[m0+m, k] · B[n0+n, k]
+//     producer: cp.async copies of A and B tiles into a `stages`-deep shared-memory ring,
+//               16-byte chunks, XOR-swizzled so ldmatrix reads are bank-conflict free;
+//               edges are zero-filled, so any M, N, K works;
+//     mainloop: replaceable — mma.sync tensor cores (16-bit inputs) or SIMT FMA (fp32);
+//     staging:  the fp32 tile lands in shared memory, readable through staged();
+//   epilogue:   each template's own slot, reading staged() and writing wherever it needs.
+//
+// Operands can be K-major (K contiguous) or MN-major (M or N contiguous); the three LFCE
+// GEMMs need both (design.md §3).
+#pragma once
+
+#include <functional>
+#include <memory>
+
+#include "compiler/kernel_builder.h"
+#include "compiler/kernel_spec.h"
+
+namespace lfce {
+
+enum class Layout { KMajor, MNMajor };
+
+struct GemmOperand {
+  llvm::Value* base;       // global pointer to element (0, 0)
+  llvm::Value* ld;         // i64: elements between consecutive rows of the stored matrix
+  Layout layout;
+  llvm::Value* mn_extent;  // i64: rows (M for A, N for B) that exist
+  llvm::Value* k_extent;   // i64: K that exists; contiguous extents are multiples of 16 bytes
+};
+
+class Mainloop;
+
+class GemmSkeleton {
+ public:
+  GemmSkeleton(KernelBuilder& kb, const KernelSpec& spec, Layout a_layout, Layout b_layout);
+  ~GemmSkeleton();
+
+  // Shared memory: the pipeline ring and the staged tile overlap; templates may use the
+  // bytes from extra_offset() on (extra_bytes of them, counted into smem_bytes()).
+  int extra_offset() const;
+  int smem_bytes(int extra_bytes) const { return extra_offset() + extra_bytes; }
+
+  // Computes the tile at (m0, n0) (i64) over `k_tiles` (i32) BK-deep steps and stages it.
+  // Every thread of the CTA must call it. Ends with a barrier: staged() is readable.
+  void compute_tile(const GemmOperand& a, const GemmOperand& b, llvm::Value* m0, llvm::Value* n0,
+                    llvm::Value* k_tiles);
+  // Address of staged element (r, c), both i32.
+  llvm::Value* staged(llvm::Value* r, llvm::Value* c);
+  // Visits every (r, c) of the tile once across the CTA; rows fastest (coalesced along M)
+  // or columns fastest (coalesced along N).
+  void for_each_element(bool rows_fastest, const std::function<void(llvm::Value*, llvm::Value*)>& body);
+  // ceil(extent / BK) as i32.
+  llvm::Value* k_tiles_for(llvm::Value* k_extent_i64);
+
+  int bm() const { return tile_.bm; }
+  int bn() const { return tile_.bn; }
+
+ private:
+  void load_stage(const GemmOperand& op, int which, llvm::Value* slot, llvm::Value* mn0, llvm::Value* kt);
+
+  KernelBuilder& kb_;
+  TileConfig tile_;
+  DType dtype_;
+  Layout layouts_[2];
+  std::unique_ptr<Mainloop> mainloop_;
+};
+
+// Shared-memory geometry of one operand tile (rows x row_bytes, 16-byte chunks swizzled).
+struct SmemTile {
+  int rows;
+  int row_bytes;
+  int bytes() const { return rows * row_bytes; }
+  // Byte offset of element (row, col) within the tile; col*elem_bytes % 16 may be non-zero.
+  llvm::Value* offset(KernelBuilder& kb, llvm::Value* row, llvm::Value* col, int elem_bytes) const;
+};
+
+// A tensor-core or SIMT inner loop over one staged BK slice, plus the write-out of its
+// accumulators to the staged tile.
+class Mainloop {
+ public:
+  virtual ~Mainloop() = default;
+  virtual void init() = 0;
+  // a_base / b_base: shared-memory byte offsets (i32) of the current A and B slices.
+  virtual void consume(llvm::Value* a_base, llvm::Value* b_base) = 0;
+  virtual void store(const std::function<llvm::Value*(llvm::Value*, llvm::Value*)>& staged) = 0;
+};
+
+}  // namespace lfce
+
+namespace lfce {
+
+// What a mainloop needs to know of one operand's shared-memory tile.
+struct OperandTile {
+  SmemTile smem;
+  Layout layout;
+  // Byte offset of logical element (mn, k) within the tile.
+  llvm::Value* offset(KernelBuilder& kb, llvm::Value* mn, llvm::Value* k, int elem_bytes) const {
+    return layout == Layout::KMajor ? smem.offset(kb, mn, k, elem_bytes) : smem.offset(kb, k, mn, elem_bytes);
+  }
+};
+
+// mma.sync m16n8k16 + ldmatrix for bf16/fp16; FMA on CUDA cores for fp32.
+std::unique_ptr<Mainloop> make_mainloop(KernelBuilder& kb, const TileConfig& tile, DType dtype,
+                                        const OperandTile& a, const OperandTile& b);
+
+}  // namespace lfce

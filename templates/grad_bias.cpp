@@ -1,0 +1,39 @@
+// grad_bias: grad_b[v_begin + v] = Σ_tokens dzᵀ[v, :], one warp per vocabulary row of the
+// chunk workspace, summed in fp32 in a fixed order (deterministic).
+#include "templates/template_util.h"
+#include "templates/templates.h"
+
+namespace lfce {
+
+using llvm::Value;
+
+KernelShape build_grad_bias(llvm::Module& module, const KernelSpec& spec) {
+  constexpr int kThreads = 256, kWarps = kThreads / 32;
+  KernelBuilder kb(module, "grad_bias",
+                   {{"dz", ParamType::GlobalPtr}, {"n", ParamType::I64}, {"ld", ParamType::I64},
+                    {"v_begin", ParamType::I64}, {"v_len", ParamType::I64}, {"grad_bias", ParamType::GlobalPtr}},
+                   kThreads);
+  auto& ir = kb.ir();
+  llvm::Type* elem = elem_type(kb, spec.dtype);
+  Value* lane = ir.CreateAnd(kb.tid(), kb.c32(31));
+  Value* v = ir.CreateAdd(ir.CreateMul(ir.CreateZExt(kb.ctaid(0), kb.i64()), kb.c64(kWarps)),
+                          ir.CreateZExt(ir.CreateLShr(kb.tid(), kb.c32(5)), kb.i64()));
+  kb.if_then(ir.CreateICmpSLT(v, kb.arg("v_len")), [&] {
+    Value* acc = kb.local_array(kb.f32(), 1, "acc");
+    Value* slot = kb.at(acc, kb.f32(), 0);
+    kb.store(kb.cf(0.f), slot);
+    Value* row = ir.CreateMul(v, kb.arg("ld"));
+    kb.for_range(ir.CreateZExt(lane, kb.i64()), kb.arg("n"), kb.c64(32), [&](Value* m) {
+      Value* dz = kb.to_f32(kb.load(elem, kb.gep(kb.arg("dz"), elem, ir.CreateAdd(row, m))));
+      kb.store(ir.CreateFAdd(kb.load(kb.f32(), slot), dz), slot);
+    });
+    Value* sum = kb.warp_sum(kb.load(kb.f32(), slot));
+    kb.if_then(ir.CreateICmpEQ(lane, kb.c32(0)), [&] {
+      kb.store(kb.from_f32(sum, elem), kb.gep(kb.arg("grad_bias"), elem, ir.CreateAdd(kb.arg("v_begin"), v)));
+    });
+  });
+  kb.finish();
+  return {"grad_bias", kThreads, 0};
+}
+
+}  // namespace lfce

@@ -1,0 +1,45 @@
+// grad_weight: grad_W[v_begin + v, :] = Σ_tokens dzᵀ[v, i] · x[i, :] for one vocabulary chunk.
+// K = tokens runs entirely inside the CTA with fp32 accumulators, so each grad_W row is
+// written exactly once, already final: no [V, H] accumulator, no atomics, deterministic.
+// A = dzᵀ (K-major, rows of `ld` tokens, zero past N); B = x [N, H] (MN-major: H contiguous).
+#include "templates/gemm_skeleton.h"
+#include "templates/template_util.h"
+#include "templates/templates.h"
+
+namespace lfce {
+
+using llvm::Value;
+
+KernelShape build_grad_weight(llvm::Module& module, const KernelSpec& spec) {
+  const TileConfig& t = spec.tile;
+  KernelBuilder kb(module, "grad_weight",
+                   {{"dz", ParamType::GlobalPtr}, {"x", ParamType::GlobalPtr}, {"n", ParamType::I64},
+                    {"ld", ParamType::I64}, {"v_begin", ParamType::I64}, {"v_len", ParamType::I64},
+                    {"grad_weight", ParamType::GlobalPtr}},
+                   t.threads());
+  auto& ir = kb.ir();
+  llvm::Type* elem = elem_type(kb, spec.dtype);
+  GemmSkeleton gemm(kb, spec, Layout::KMajor, Layout::MNMajor);
+  Value* hidden = kb.c64(spec.hidden);
+  Value* v_len = kb.arg("v_len");
+  Value* ld = kb.arg("ld");
+  Value* m0 = ir.CreateMul(ir.CreateZExt(kb.ctaid(0), kb.i64()), kb.c64(t.bm));
+  Value* n0 = ir.CreateMul(ir.CreateZExt(kb.ctaid(1), kb.i64()), kb.c64(t.bn));
+
+  GemmOperand dz{kb.arg("dz"), ld, Layout::KMajor, v_len, ld};
+  GemmOperand x{kb.arg("x"), hidden, Layout::MNMajor, hidden, kb.arg("n")};
+  gemm.compute_tile(dz, x, m0, n0, gemm.k_tiles_for(ld));
+
+  gemm.for_each_element(/*rows_fastest=*/false, [&](Value* r, Value* c) {
+    Value* v = ir.CreateAdd(m0, ir.CreateZExt(r, kb.i64()));
+    Value* h = ir.CreateAdd(n0, ir.CreateZExt(c, kb.i64()));
+    kb.if_then(ir.CreateAnd(ir.CreateICmpSLT(v, v_len), ir.CreateICmpSLT(h, hidden)), [&] {
+      Value* index = ir.CreateAdd(ir.CreateMul(ir.CreateAdd(kb.arg("v_begin"), v), hidden), h);
+      kb.store(kb.from_f32(kb.load(kb.f32(), gemm.staged(r, c)), elem), kb.gep(kb.arg("grad_weight"), elem, index));
+    });
+  });
+  kb.finish();
+  return {"grad_weight", t.threads(), gemm.smem_bytes(0)};
+}
+
+}  // namespace lfce

@@ -1,0 +1,66 @@
+// lse_combine: one thread per token merges the per-split (max, Σ exp) partials of
+// lse_forward into LSE_i and the per-token loss ℓ_i = LSE_i − z_{i,y_i} (0 when y_i is
+// ignore_index; NaN when y_i is outside [0, V), so a bad target is loud, not silent).
+#include "templates/template_util.h"
+#include "templates/templates.h"
+
+namespace lfce {
+
+using llvm::Value;
+
+KernelShape build_lse_combine(llvm::Module& module, const KernelSpec& spec) {
+  constexpr int kThreads = 256;
+  KernelBuilder kb(module, "lse_combine",
+                   {{"partial_max", ParamType::GlobalPtr}, {"partial_sum", ParamType::GlobalPtr},
+                    {"target_logit", ParamType::GlobalPtr}, {"targets", ParamType::GlobalPtr},
+                    {"n", ParamType::I64}, {"ignore_index", ParamType::I64}, {"splits", ParamType::I32},
+                    {"lse", ParamType::GlobalPtr}, {"token_loss", ParamType::GlobalPtr}},
+                   kThreads);
+  auto& ir = kb.ir();
+  Value* n = kb.arg("n");
+  Value* m = ir.CreateAdd(ir.CreateMul(ir.CreateZExt(kb.ctaid(0), kb.i64()), kb.c64(kThreads)),
+                          ir.CreateZExt(kb.tid(), kb.i64()));
+  kb.if_then(ir.CreateICmpSLT(m, n), [&] {
+    Value* splits = ir.CreateZExt(kb.arg("splits"), kb.i64());
+    Value* best = kb.local_array(kb.f32(), 2, "stats");
+    Value* max_slot = kb.at(best, kb.f32(), 0);
+    Value* sum_slot = kb.at(best, kb.f32(), 1);
+    kb.store(neg_inf(kb), max_slot);
+    kb.store(kb.cf(0.f), sum_slot);
+    kb.for_range(kb.c64(0), splits, kb.c64(1), [&](Value* s) {
+      Value* index = ir.CreateAdd(ir.CreateMul(s, n), m);
+      Value* pmax = kb.load(kb.f32(), kb.gep(kb.arg("partial_max"), kb.f32(), index));
+      Value* psum = kb.load(kb.f32(), kb.gep(kb.arg("partial_sum"), kb.f32(), index));
+      // A split with no vocabulary tiles reports (-inf, 0): skip it, exp(-inf - -inf) is NaN.
+      kb.if_then(ir.CreateFCmpOGT(psum, kb.cf(0.f)), [&] {
+        Value* old_max = kb.load(kb.f32(), max_slot);
+        Value* new_max = kb.fmax(old_max, pmax);
+        Value* merged = ir.CreateFAdd(ir.CreateFMul(kb.load(kb.f32(), sum_slot), kb.exp(ir.CreateFSub(old_max, new_max))),
+                                      ir.CreateFMul(psum, kb.exp(ir.CreateFSub(pmax, new_max))));
+        kb.store(new_max, max_slot);
+        kb.store(merged, sum_slot);
+      });
+    });
+    Value* lse = ir.CreateFAdd(kb.load(kb.f32(), max_slot), kb.log(kb.load(kb.f32(), sum_slot)));
+    kb.store(lse, kb.gep(kb.arg("lse"), kb.f32(), m));
+    Value* target = load_target(kb, spec, kb.arg("targets"), m);
+    Value* ignored = ir.CreateICmpEQ(target, kb.arg("ignore_index"));
+    Value* in_range = ir.CreateAnd(ir.CreateICmpSGE(target, kb.c64(0)), ir.CreateICmpSLT(target, kb.c64(spec.vocab)));
+    Value* loss_slot = kb.gep(kb.arg("token_loss"), kb.f32(), m);
+    kb.if_then_else(
+        ignored, [&] { kb.store(kb.cf(0.f), loss_slot); },
+        [&] {
+          kb.if_then_else(
+              in_range,
+              [&] {
+                Value* z = kb.load(kb.f32(), kb.gep(kb.arg("target_logit"), kb.f32(), m));
+                kb.store(ir.CreateFSub(lse, z), loss_slot);
+              },
+              [&] { kb.store(llvm::ConstantFP::getNaN(kb.f32()), loss_slot); });
+        });
+  });
+  kb.finish();
+  return {"lse_combine", kThreads, 0};
+}
+
+}  // namespace lfce

@@ -1,0 +1,36 @@
+// The kernel templates, one file each, and the registry that turns a KernelSpec into PTX.
+#pragma once
+
+#include <llvm/IR/Module.h>
+
+#include <string>
+
+#include "compiler/kernel_spec.h"
+
+namespace lfce {
+
+// What a built kernel needs at launch beyond its arguments.
+struct KernelShape {
+  std::string entry;
+  int threads = 0;
+  int smem_bytes = 0;  // dynamic shared memory
+};
+
+KernelShape build_lse_forward(llvm::Module& module, const KernelSpec& spec);
+KernelShape build_lse_combine(llvm::Module& module, const KernelSpec& spec);
+KernelShape build_loss_reduce(llvm::Module& module, const KernelSpec& spec);
+KernelShape build_dlogits_backward(llvm::Module& module, const KernelSpec& spec);
+KernelShape build_grad_weight(llvm::Module& module, const KernelSpec& spec);
+KernelShape build_grad_input(llvm::Module& module, const KernelSpec& spec);
+KernelShape build_grad_bias(llvm::Module& module, const KernelSpec& spec);
+
+struct GeneratedKernel {
+  KernelShape shape;
+  std::string ptx;
+  double compile_ms = 0;  // IR building + O3 + PTX emission
+};
+
+// Validates the spec, builds its kernel and emits PTX. Thread-safe.
+GeneratedKernel generate_kernel(const KernelSpec& spec);
+
+}  // namespace lfce

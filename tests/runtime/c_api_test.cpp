@@ -1,0 +1,106 @@
+// The C API as a user links it: liblfce.so only. No GPU needed: the driver is pointed at a
+// missing file before anything loads it, so launches must fail cleanly on any machine.
+#include "lfce/lfce.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+namespace {
+
+const bool kNoDriver = [] { return setenv("LFCE_LIBCUDA", "/nonexistent/libcuda.so.1", 1) == 0; }();
+
+lfce_problem small_problem() {
+  lfce_problem p{};
+  p.tokens = 33;
+  p.hidden = 256;
+  p.vocab = 1000;
+  p.dtype = LFCE_DTYPE_BF16;
+  p.ignore_index = -100;
+  return p;
+}
+
+TEST(CApi, ReportsItsVersion) { EXPECT_STREQ(lfce_version(), "0.1.0"); }
+
+TEST(CApi, RejectsZeroVocabNamingIt) {
+  lfce_problem p = small_problem();
+  p.vocab = 0;
+  size_t bytes = 0;
+  EXPECT_EQ(lfce_forward_workspace_size(&p, &bytes), LFCE_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(lfce_last_error()).find("vocab must be >= 1, got 0"), std::string::npos) << lfce_last_error();
+}
+
+TEST(CApi, RejectsUnknownLogLevel) {
+  EXPECT_EQ(lfce_set_log_level("loud"), LFCE_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(lfce_last_error()).find("'loud'"), std::string::npos);
+  EXPECT_EQ(lfce_set_log_level("warn"), LFCE_OK);
+  EXPECT_STREQ(lfce_last_error(), "");
+}
+
+TEST(CApi, WorkspaceSizesNeedNoGpu) {
+  lfce_problem p = small_problem();
+  size_t fwd = 0, bwd = 0;
+  int64_t chunk = 0;
+  ASSERT_EQ(lfce_forward_workspace_size(&p, &fwd), LFCE_OK) << lfce_last_error();
+  ASSERT_EQ(lfce_backward_workspace_size(&p, &bwd), LFCE_OK) << lfce_last_error();
+  ASSERT_EQ(lfce_backward_chunk_size(&p, &chunk), LFCE_OK) << lfce_last_error();
+  EXPECT_GE(fwd, 3 * 33 * sizeof(float));
+  EXPECT_EQ(chunk, 1000);
+  EXPECT_GE(bwd, static_cast<size_t>(chunk) * 40 * 2);
+}
+
+TEST(CApi, LaunchWithoutDriverFailsWithClearError) {
+  ASSERT_TRUE(kNoDriver);
+  lfce_problem p = small_problem();
+  alignas(16) static char buffer[1 << 16];
+  float lse[33], loss[33], reduced, count;
+  int64_t targets[33] = {};
+  lfce_forward_args a{};
+  a.hidden = buffer;
+  a.weight = buffer;
+  a.targets = targets;
+  a.lse = lse;
+  a.token_loss = loss;
+  a.loss = &reduced;
+  a.valid_count = &count;
+  a.workspace = buffer;
+  a.workspace_bytes = sizeof buffer;
+  EXPECT_EQ(lfce_forward(&p, &a), LFCE_ERR_CUDA);
+  EXPECT_NE(std::string(lfce_last_error()).find("no usable NVIDIA driver"), std::string::npos) << lfce_last_error();
+}
+
+TEST(CApi, ForwardRejectsNullHiddenBeforeTouchingTheDriver) {
+  lfce_problem p = small_problem();
+  lfce_forward_args a{};
+  EXPECT_EQ(lfce_forward(&p, &a), LFCE_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(lfce_last_error()).find("hidden is NULL"), std::string::npos) << lfce_last_error();
+}
+
+TEST(CApi, GenerateHandsOverEveryKernelWithoutGpu) {
+  lfce_problem p = small_problem();
+  p.has_bias = 1;
+  std::vector<std::string> names;
+  auto collect = [](const lfce_kernel_info* k, void* user) {
+    auto* out = static_cast<std::vector<std::string>*>(user);
+    out->push_back(k->name);
+    EXPECT_NE(std::string(k->ptx).find(".entry"), std::string::npos);
+    EXPECT_EQ(std::string(k->ptx).size(), k->ptx_size);
+    EXPECT_GT(k->threads, 0u);
+  };
+  int64_t before = lfce_compile_count();
+  ASSERT_EQ(lfce_generate(&p, "sm_90a", collect, &names), LFCE_OK) << lfce_last_error();
+  EXPECT_EQ(names, (std::vector<std::string>{"lse_forward", "lse_combine", "loss_reduce", "dlogits_backward",
+                                             "grad_weight", "grad_input", "grad_bias"}));
+  EXPECT_EQ(lfce_compile_count() - before, 7);
+}
+
+TEST(CApi, GenerateRejectsUnknownArch) {
+  lfce_problem p = small_problem();
+  auto ignore = [](const lfce_kernel_info*, void*) {};
+  EXPECT_EQ(lfce_generate(&p, "sm_75", ignore, nullptr), LFCE_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(lfce_last_error()).find("sm_75"), std::string::npos);
+}
+
+}  // namespace
