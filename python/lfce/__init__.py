@@ -1,0 +1,57 @@
+"""lfce: fused linear + cross-entropy GPU kernels, generated at run time.
+
+    import lfce
+    loss = lfce.linear_cross_entropy(hidden, lm_head.weight, labels)   # [N, H], [V, H], [N]
+    loss.backward()
+
+The [tokens, vocab] logits are never materialised. Kernel generation
+(``lfce.generate``) needs neither a GPU nor PyTorch; the loss needs both.
+"""
+
+from ._lib import CompileError, CudaError
+from .kernels import generate
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "linear_cross_entropy",
+    "LinearCrossEntropyLoss",
+    "CompileError",
+    "CudaError",
+    "generate",
+    "set_log_level",
+    "__version__",
+]
+
+try:
+    import torch as _torch  # noqa: F401
+except ImportError:  # generate() and `python -m lfce` still work without PyTorch
+    _torch = None
+
+if _torch is not None:
+    from .functional import linear_cross_entropy
+    from .nn import LinearCrossEntropyLoss
+else:
+    def linear_cross_entropy(*args, **kwargs):
+        """Unavailable: PyTorch is not installed."""
+        raise ImportError("lfce.linear_cross_entropy needs PyTorch, which is not installed")
+
+    class LinearCrossEntropyLoss:
+        """Unavailable: PyTorch is not installed."""
+
+        def __init__(self, *args, **kwargs):
+            raise ImportError("lfce.LinearCrossEntropyLoss needs PyTorch, which is not installed")
+
+
+def set_log_level(level):
+    """Set liblfce's log level: "trace", "debug", "info", "warn", "error" or "off"."""
+    from . import _lib
+
+    _lib.check(_lib.load().lfce_set_log_level(str(level).encode()))
+
+
+def library_version():
+    """Version string reported by the loaded liblfce.so."""
+    from . import _lib
+
+    return _lib.load().lfce_version().decode()

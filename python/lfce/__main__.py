@@ -1,0 +1,121 @@
+"""``python -m lfce --model llama3-8b``: lfce on one model's output layer.
+
+With a CUDA GPU: times forward and backward and measures memory against PyTorch
+(lfce.bench). Without one (or with --ptxas): generates the kernels for sm_90a and
+sm_80, assembles each with ptxas and prints their resources; exits non-zero if
+ptxas rejects any.
+"""
+
+import argparse
+import json
+import sys
+
+from ._lib import CompileError, CudaError, load
+from .kernels import generate
+from .presets import PRESETS
+from . import ptxas as _ptxas
+
+OFFLINE_ARCHS = ("sm_90a", "sm_80")
+
+
+def _gpu_available():
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def _parse_args(argv):
+    parser = argparse.ArgumentParser(prog="python -m lfce", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="llama3-8b", choices=sorted(PRESETS),
+                        help="output-layer shape preset (default: llama3-8b)")
+    parser.add_argument("--tokens", type=int, default=8192, help="tokens N (default: 8192)")
+    parser.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"))
+    parser.add_argument("--mode", default="recompute", choices=("recompute", "eager"))
+    parser.add_argument("--ptxas", action="store_true",
+                        help="report the generated kernels through ptxas even when a GPU is present")
+    parser.add_argument("--json", metavar="PATH", help="also write all figures as JSON to PATH")
+    args = parser.parse_args(argv)
+    if args.tokens < 1:
+        parser.error("--tokens must be >= 1, got %d" % args.tokens)
+    return args
+
+
+def _offline_report(args, hidden, vocab):
+    """Generate + ptxas every kernel; return (exit status, rows)."""
+    ptxas = _ptxas.find_ptxas()
+    if ptxas is None:
+        print("ptxas not found (set LFCE_PTXAS, put it on PATH, or install CUDA in /usr/local/cuda): "
+              "registers and spills are not reported")
+    print("%s: N=%d H=%d V=%d %s, mode %s (no GPU: kernels generated and assembled only)"
+          % (args.model, args.tokens, hidden, vocab, args.dtype, args.mode))
+    header = ("arch", "kernel", "PTX KB", "LLVM ms", "registers", "spill B", "smem B", "threads")
+    print("%-7s %-24s %8s %8s %9s %8s %8s %7s" % header)
+    rows, rejected = [], []
+    for arch in OFFLINE_ARCHS:
+        kernels = generate(vocab, hidden, arch=arch, dtype=args.dtype, mode=args.mode, tokens=args.tokens)
+        for kernel in kernels:
+            row = {"arch": arch, "kernel": kernel["name"], "spec": kernel["spec"],
+                   "ptx_kb": kernel["ptx_size"] / 1024.0, "llvm_ms": kernel["compile_ms"],
+                   "smem_bytes": kernel["smem_bytes"], "threads": kernel["threads"]}
+            registers = spills = "-"
+            if ptxas is not None:
+                report = _ptxas.assemble(kernel["ptx"], arch, ptxas)
+                row["ptxas_ok"] = report["ok"]
+                entries = report["entries"].values()
+                if not report["ok"]:
+                    rejected.append((arch, kernel["name"], report["log"]))
+                    registers = spills = "REJECTED"
+                elif entries:
+                    row["registers"] = max(e.get("registers", 0) for e in entries)
+                    row["spill_bytes"] = sum(e.get("spill_stores", 0) + e.get("spill_loads", 0) for e in entries)
+                    row["static_smem"] = sum(e.get("static_smem", 0) for e in entries)
+                    registers, spills = row["registers"], row["spill_bytes"]
+            rows.append(row)
+            print("%-7s %-24s %8.1f %8.1f %9s %8s %8d %7d" % (
+                arch, kernel["name"], row["ptx_kb"], row["llvm_ms"], registers, spills,
+                row["smem_bytes"] + row.get("static_smem", 0), row["threads"]))
+    for arch, name, log in rejected:
+        print("\nptxas rejected %s for %s:\n%s" % (name, arch, "\n".join(log.splitlines()[:40])), file=sys.stderr)
+    spilled = [r for r in rows if r.get("spill_bytes")]
+    if spilled:
+        print("note: %d kernel(s) spill registers to local memory" % len(spilled))
+    return (1 if rejected else 0), rows
+
+
+def main(argv=None):
+    args = _parse_args(argv)
+    hidden, vocab = PRESETS[args.model]
+    load()  # fail before printing anything if liblfce.so is missing
+    if args.ptxas or not _gpu_available():
+        status, rows = _offline_report(args, hidden, vocab)
+        result = {"model": args.model, "tokens": args.tokens, "hidden": hidden, "vocab": vocab,
+                  "dtype": args.dtype, "mode": args.mode, "kernels": rows}
+    else:
+        import torch
+
+        from . import bench
+
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
+        result = bench.run(args.model, hidden, vocab, args.tokens, dtype=dtype, mode=args.mode)
+        print("\n".join(bench.format_result(result)))
+        status = 0
+    line = json.dumps(result, sort_keys=True)
+    print(line)
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(line + "\n")
+    return status
+
+
+def _entry():
+    try:
+        return main()
+    except (OSError, CompileError, CudaError, ValueError) as error:
+        print("lfce: error: %s" % error, file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(_entry())

@@ -1,0 +1,254 @@
+"""ctypes binding of liblfce.so: a field-for-field mirror of include/lfce/lfce.h.
+
+Nothing here imports torch, so kernel generation (``lfce.generate``) and the
+offline report of ``python -m lfce`` work on a machine without PyTorch or a GPU.
+
+The library is loaded on first use (``load()``), from the first of:
+
+1. the path in the environment variable ``LFCE_LIBRARY``;
+2. ``liblfce.so`` next to this file (an installed package);
+3. ``<repo>/build/liblfce.so``, the CMake build tree of a source checkout.
+"""
+
+import ctypes
+import os
+import threading
+
+__all__ = [
+    "CompileError",
+    "CudaError",
+    "Problem",
+    "ForwardArgs",
+    "BackwardArgs",
+    "KernelInfo",
+    "KERNEL_CALLBACK",
+    "load",
+    "check",
+    "library_candidates",
+]
+
+# lfce_status
+OK = 0
+ERR_INVALID_ARGUMENT = 1
+ERR_COMPILE = 2
+ERR_CUDA = 3
+ERR_INTERNAL = 4
+
+# lfce_dtype
+DTYPE_BF16 = 0
+DTYPE_FP16 = 1
+DTYPE_FP32 = 2
+
+# lfce_index_dtype
+INDEX_INT64 = 0
+INDEX_INT32 = 1
+
+# lfce_reduction
+REDUCTION_MEAN = 0
+REDUCTION_SUM = 1
+REDUCTION_NONE = 2
+
+# lfce_mode
+MODE_RECOMPUTE = 0
+MODE_EAGER = 1
+
+DTYPES = {"bf16": DTYPE_BF16, "fp16": DTYPE_FP16, "fp32": DTYPE_FP32}
+REDUCTIONS = {"mean": REDUCTION_MEAN, "sum": REDUCTION_SUM, "none": REDUCTION_NONE}
+MODES = {"recompute": MODE_RECOMPUTE, "eager": MODE_EAGER}
+# The hidden size must be a multiple of this many elements (16 bytes) per dtype.
+HIDDEN_MULTIPLE = {DTYPE_BF16: 8, DTYPE_FP16: 8, DTYPE_FP32: 4}
+
+BUILD_HINT = "build it with `cmake -S . -B build && cmake --build build` in the repository root"
+
+
+class CompileError(RuntimeError):
+    """LLVM or the driver's PTX JIT failed; the message carries the log."""
+
+
+class CudaError(RuntimeError):
+    """A CUDA driver call failed, or no driver/GPU is present."""
+
+
+class Problem(ctypes.Structure):
+    """struct lfce_problem."""
+
+    _fields_ = [
+        ("tokens", ctypes.c_int64),
+        ("hidden", ctypes.c_int64),
+        ("vocab", ctypes.c_int64),
+        ("dtype", ctypes.c_int32),
+        ("target_dtype", ctypes.c_int32),
+        ("has_bias", ctypes.c_int32),
+        ("reduction", ctypes.c_int32),
+        ("mode", ctypes.c_int32),
+        ("reserved", ctypes.c_int32),
+        ("ignore_index", ctypes.c_int64),
+        ("chunk_size", ctypes.c_int64),
+        ("workspace_budget", ctypes.c_int64),
+    ]
+
+
+class ForwardArgs(ctypes.Structure):
+    """struct lfce_forward_args."""
+
+    _fields_ = [
+        ("hidden", ctypes.c_void_p),
+        ("weight", ctypes.c_void_p),
+        ("bias", ctypes.c_void_p),
+        ("targets", ctypes.c_void_p),
+        ("lse", ctypes.c_void_p),  # float*
+        ("token_loss", ctypes.c_void_p),  # float*
+        ("loss", ctypes.c_void_p),  # float*
+        ("valid_count", ctypes.c_void_p),  # float*
+        ("workspace", ctypes.c_void_p),
+        ("workspace_bytes", ctypes.c_size_t),
+        ("device", ctypes.c_int32),
+        ("stream", ctypes.c_void_p),
+    ]
+
+
+class BackwardArgs(ctypes.Structure):
+    """struct lfce_backward_args."""
+
+    _fields_ = [
+        ("hidden", ctypes.c_void_p),
+        ("weight", ctypes.c_void_p),
+        ("bias", ctypes.c_void_p),
+        ("targets", ctypes.c_void_p),
+        ("lse", ctypes.c_void_p),  # const float*
+        ("valid_count", ctypes.c_void_p),  # const float*
+        ("grad_loss", ctypes.c_void_p),  # const float*; NULL means 1
+        ("grad_hidden", ctypes.c_void_p),
+        ("grad_weight", ctypes.c_void_p),
+        ("grad_bias", ctypes.c_void_p),
+        ("workspace", ctypes.c_void_p),
+        ("workspace_bytes", ctypes.c_size_t),
+        ("device", ctypes.c_int32),
+        ("stream", ctypes.c_void_p),
+    ]
+
+
+class KernelInfo(ctypes.Structure):
+    """struct lfce_kernel_info; its pointers live only during the callback."""
+
+    _fields_ = [
+        ("name", ctypes.c_char_p),
+        ("spec", ctypes.c_char_p),
+        ("ptx", ctypes.c_char_p),
+        ("ptx_size", ctypes.c_size_t),
+        ("compile_ms", ctypes.c_double),
+        ("smem_bytes", ctypes.c_uint32),
+        ("threads", ctypes.c_uint32),
+    ]
+
+
+KERNEL_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.POINTER(KernelInfo), ctypes.c_void_p)
+
+_P = ctypes.POINTER
+# name -> (restype, argtypes), in the order of lfce.h.
+_SIGNATURES = {
+    "lfce_version": (ctypes.c_char_p, []),
+    "lfce_last_error": (ctypes.c_char_p, []),
+    "lfce_set_log_level": (ctypes.c_int, [ctypes.c_char_p]),
+    "lfce_check_problem": (ctypes.c_int, [_P(Problem)]),
+    "lfce_forward_workspace_size": (ctypes.c_int, [_P(Problem), _P(ctypes.c_size_t)]),
+    "lfce_backward_workspace_size": (ctypes.c_int, [_P(Problem), _P(ctypes.c_size_t)]),
+    "lfce_backward_chunk_size": (ctypes.c_int, [_P(Problem), _P(ctypes.c_int64)]),
+    "lfce_forward": (ctypes.c_int, [_P(Problem), _P(ForwardArgs)]),
+    "lfce_backward": (ctypes.c_int, [_P(Problem), _P(BackwardArgs)]),
+    "lfce_generate": (ctypes.c_int, [_P(Problem), ctypes.c_char_p, KERNEL_CALLBACK, ctypes.c_void_p]),
+    "lfce_compile_count": (ctypes.c_int64, []),
+}
+
+_lock = threading.Lock()
+_lib = None
+
+
+def library_candidates():
+    """The paths ``load()`` tries, in order."""
+    env = os.environ.get("LFCE_LIBRARY")
+    if env:
+        return [env]  # an explicit choice is never silently replaced by another build
+    package_dir = os.path.dirname(os.path.abspath(__file__))
+    repo = os.path.dirname(os.path.dirname(package_dir))
+    return [os.path.join(package_dir, "liblfce.so"), os.path.join(repo, "build", "liblfce.so")]
+
+
+def load():
+    """Load liblfce.so once and return the ctypes handle with every signature set."""
+    global _lib
+    if _lib is not None:
+        return _lib
+    with _lock:
+        if _lib is None:
+            tried = library_candidates()
+            path = next((p for p in tried if os.path.isfile(p)), None)
+            if path is None:
+                raise OSError(
+                    "liblfce.so not found; tried " + ", ".join(tried)
+                    + " (set LFCE_LIBRARY to its path, or " + BUILD_HINT + ")"
+                )
+            lib = ctypes.CDLL(path)  # RTLD_LOCAL: keep our LLVM away from Triton's
+            for name, (restype, argtypes) in _SIGNATURES.items():
+                fn = getattr(lib, name)
+                fn.restype = restype
+                fn.argtypes = argtypes
+            _lib = lib
+    return _lib
+
+
+def last_error():
+    """The message of the last failed lfce call on this thread ("" if none)."""
+    message = load().lfce_last_error()
+    return message.decode("utf-8", "replace") if message else ""
+
+
+_EXCEPTIONS = {
+    ERR_INVALID_ARGUMENT: ValueError,
+    ERR_COMPILE: CompileError,
+    ERR_CUDA: CudaError,
+}
+
+
+def check(status):
+    """Raise the exception matching an lfce_status, with lfce_last_error() as its message.
+
+    LFCE_ERR_INVALID_ARGUMENT -> ValueError, LFCE_ERR_COMPILE -> CompileError,
+    LFCE_ERR_CUDA -> CudaError, anything else (an lfce bug) -> RuntimeError.
+    """
+    if status == OK:
+        return
+    message = last_error() or "(no message)"
+    if status not in _EXCEPTIONS:
+        message = "lfce internal error (status %d): %s" % (status, message)
+    raise _EXCEPTIONS.get(status, RuntimeError)(message)
+
+
+def make_problem(tokens, hidden, vocab, dtype, target_dtype=INDEX_INT64, has_bias=False,
+                 reduction=REDUCTION_MEAN, mode=MODE_RECOMPUTE, ignore_index=-100,
+                 chunk_size=None, workspace_budget=None):
+    """Fill an lfce_problem; None for chunk_size / workspace_budget means the library's default."""
+    return Problem(
+        tokens=tokens, hidden=hidden, vocab=vocab, dtype=dtype, target_dtype=target_dtype,
+        has_bias=int(bool(has_bias)), reduction=reduction, mode=mode, reserved=0,
+        ignore_index=ignore_index, chunk_size=chunk_size or 0,
+        workspace_budget=workspace_budget or 0,
+    )
+
+
+def forward_workspace_size(problem):
+    size = ctypes.c_size_t(0)
+    check(load().lfce_forward_workspace_size(ctypes.byref(problem), ctypes.byref(size)))
+    return size.value
+
+
+def backward_workspace_size(problem):
+    size = ctypes.c_size_t(0)
+    check(load().lfce_backward_workspace_size(ctypes.byref(problem), ctypes.byref(size)))
+    return size.value
+
+
+def backward_chunk_size(problem):
+    chunk = ctypes.c_int64(0)
+    check(load().lfce_backward_chunk_size(ctypes.byref(problem), ctypes.byref(chunk)))
+    return chunk.value

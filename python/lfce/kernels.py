@@ -1,0 +1,87 @@
+"""Kernel generation without a GPU: ``lfce.generate`` returns the PTX lfce would run."""
+
+import ctypes
+
+from . import _lib
+
+__all__ = ["generate", "dtype_code"]
+
+# Accepted spellings of each dtype; torch dtypes are matched by name so torch is optional.
+_DTYPE_NAMES = {
+    "bf16": _lib.DTYPE_BF16, "bfloat16": _lib.DTYPE_BF16, "torch.bfloat16": _lib.DTYPE_BF16,
+    "fp16": _lib.DTYPE_FP16, "float16": _lib.DTYPE_FP16, "half": _lib.DTYPE_FP16,
+    "torch.float16": _lib.DTYPE_FP16,
+    "fp32": _lib.DTYPE_FP32, "float32": _lib.DTYPE_FP32, "float": _lib.DTYPE_FP32,
+    "torch.float32": _lib.DTYPE_FP32,
+}
+
+
+def dtype_code(dtype):
+    """lfce_dtype for a torch dtype or one of the strings "bf16", "fp16", "fp32"."""
+    code = _DTYPE_NAMES.get(str(dtype))
+    if code is None:
+        raise ValueError("dtype must be bf16, fp16 or fp32 (a string or torch dtype), got %r" % (dtype,))
+    return code
+
+
+def _positive_int(name, value, allow_none=False):
+    if allow_none and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError("%s must be a positive int%s, got %r"
+                         % (name, " or None" if allow_none else "", value))
+
+
+def generate(vocab, hidden, *, arch="sm_90a", dtype="bf16", has_bias=False, mode="recompute",
+             reduction="mean", tokens=8192, chunk_size=None, workspace_budget=None,
+             ignore_index=-100):
+    """Generate every kernel a problem needs for ``arch`` ("sm_80" or "sm_90a"); no GPU is touched.
+
+    Returns a list of dicts, one per kernel, in the library's order::
+
+        {"name": "lse_forward", "spec": "<canonical KernelSpec>", "ptx": "<PTX text>",
+         "ptx_size": bytes, "compile_ms": LLVM time, "smem_bytes": dynamic smem per CTA,
+         "threads": threads per CTA}
+
+    ``tokens`` matters only where the library derives a tile or chunk choice from it.
+    Raises ValueError for a bad request and CompileError if LLVM fails.
+    """
+    _positive_int("vocab", vocab)
+    _positive_int("hidden", hidden)
+    _positive_int("tokens", tokens)
+    _positive_int("chunk_size", chunk_size, allow_none=True)
+    _positive_int("workspace_budget", workspace_budget, allow_none=True)
+    if reduction not in _lib.REDUCTIONS:
+        raise ValueError("reduction must be one of %s, got %r" % (", ".join(map(repr, _lib.REDUCTIONS)), reduction))
+    if mode not in _lib.MODES:
+        raise ValueError("mode must be one of %s, got %r" % (", ".join(map(repr, _lib.MODES)), mode))
+    if not isinstance(arch, str):
+        raise ValueError("arch must be a string such as 'sm_90a' or 'sm_80', got %r" % (arch,))
+    problem = _lib.make_problem(
+        tokens, hidden, vocab, dtype_code(dtype), has_bias=has_bias,
+        reduction=_lib.REDUCTIONS[reduction], mode=_lib.MODES[mode], ignore_index=ignore_index,
+        chunk_size=chunk_size, workspace_budget=workspace_budget,
+    )
+    kernels = []
+    failures = []
+
+    def collect(info_ptr, _user):
+        try:
+            info = info_ptr.contents
+            kernels.append({
+                "name": info.name.decode(),
+                "spec": info.spec.decode(),
+                "ptx": info.ptx.decode(),  # NUL-terminated
+                "ptx_size": int(info.ptx_size),
+                "compile_ms": float(info.compile_ms),
+                "smem_bytes": int(info.smem_bytes),
+                "threads": int(info.threads),
+            })
+        except BaseException as error:  # an exception cannot cross the C frame
+            failures.append(error)
+
+    callback = _lib.KERNEL_CALLBACK(collect)  # kept alive by this frame during the call
+    _lib.check(_lib.load().lfce_generate(ctypes.byref(problem), arch.encode(), callback, None))
+    if failures:
+        raise failures[0]
+    return kernels

@@ -1,0 +1,46 @@
+"""``LinearCrossEntropyLoss``: the fused loss as an ``nn.Module``."""
+
+import torch
+
+from .functional import linear_cross_entropy, validate_options
+
+__all__ = ["LinearCrossEntropyLoss"]
+
+
+class LinearCrossEntropyLoss(torch.nn.Module):
+    """Module form of :func:`lfce.linear_cross_entropy`.
+
+    The options are fixed at construction (and checked there); the weight is passed
+    to ``forward`` so the module can share the model's output projection::
+
+        loss_fn = lfce.LinearCrossEntropyLoss(ignore_index=-100)
+        loss = loss_fn(hidden_states, model.lm_head.weight, labels)
+
+    Args: see :func:`lfce.linear_cross_entropy` (ignore_index, reduction, mode,
+    chunk_size, workspace_budget).
+    """
+
+    def __init__(self, *, ignore_index=-100, reduction="mean", mode="recompute", chunk_size=None,
+                 workspace_budget=None):
+        super().__init__()
+        validate_options(ignore_index, reduction, mode, chunk_size, workspace_budget)
+        self.ignore_index = ignore_index
+        self.reduction = reduction
+        self.mode = mode
+        self.chunk_size = chunk_size
+        self.workspace_budget = workspace_budget
+
+    def forward(self, hidden, weight, targets, bias=None):
+        """Loss of ``hidden @ weight.T + bias`` against ``targets``; see linear_cross_entropy."""
+        return linear_cross_entropy(
+            hidden, weight, targets, bias, ignore_index=self.ignore_index, reduction=self.reduction,
+            mode=self.mode, chunk_size=self.chunk_size, workspace_budget=self.workspace_budget,
+        )
+
+    def extra_repr(self):
+        options = ["ignore_index=%r" % self.ignore_index, "reduction=%r" % self.reduction, "mode=%r" % self.mode]
+        if self.chunk_size is not None:
+            options.append("chunk_size=%r" % self.chunk_size)
+        if self.workspace_budget is not None:
+            options.append("workspace_budget=%r" % self.workspace_budget)
+        return ", ".join(options)

@@ -1,0 +1,57 @@
+"""Shared setup of the Python tests.
+
+Markers:
+
+* ``gpu``: needs a CUDA GPU. Skipped with reason "no CUDA GPU" on a machine
+  without one, but FAILS when the machine should have one (/dev/nvidia0 exists or
+  LFCE_REQUIRE_GPU=1) and torch cannot use it: a GPU test is never silently
+  skipped on a GPU machine.
+* ``lib``: needs liblfce.so. Never skipped: if the library is missing the test
+  errors with the paths tried and how to build it.
+
+The package under test is the one in this checkout (python/), not an installed copy.
+"""
+
+import os
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(REPO, "python"))
+
+import torch  # noqa: E402
+
+from lfce import _lib  # noqa: E402
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a CUDA GPU (fails instead of skipping on a GPU machine)")
+    config.addinivalue_line("markers", "lib: needs liblfce.so (errors, never skips, when it is missing)")
+
+
+def _gpu_expected():
+    return os.path.exists("/dev/nvidia0") or os.environ.get("LFCE_REQUIRE_GPU") == "1"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("gpu") is None or torch.cuda.is_available():
+        return
+    if _gpu_expected():
+        pytest.fail("this machine should have a GPU (/dev/nvidia0 exists or LFCE_REQUIRE_GPU=1) but "
+                    "torch.cuda.is_available() is False (torch %s, CUDA build %s)"
+                    % (torch.__version__, torch.version.cuda), pytrace=False)
+    pytest.skip("no CUDA GPU")
+
+
+@pytest.fixture(scope="session")
+def lib():
+    """The loaded liblfce.so; raises (the test errors) with the paths tried if it is missing."""
+    return _lib.load()
+
+
+@pytest.fixture(autouse=True)
+def _load_library_for_marked_tests(request):
+    if request.node.get_closest_marker("lib") is not None or request.node.get_closest_marker("gpu") is not None:
+        request.getfixturevalue("lib")

@@ -1,0 +1,218 @@
+"""Misuse is reported before any work, with a message that names the bad value.
+
+One misuse per test. The Python checks run on CPU tensors: options, shapes and
+dtypes are checked before the device, so no GPU is needed. The tests marked
+``lib`` exercise the C library's own validation through ctypes (no GPU either).
+"""
+
+import ctypes
+import re
+
+import pytest
+import torch
+
+import lfce
+from lfce import _lib
+
+N, H, V = 4, 16, 10
+
+
+def inputs(n=N, h=H, v=V, dtype=torch.bfloat16):
+    return torch.randn(n, h).to(dtype), torch.randn(v, h).to(dtype), torch.randint(0, v, (n,))
+
+
+def raises(exception, *fragments):
+    """pytest.raises matching every fragment literally, in order."""
+    return pytest.raises(exception, match=".*".join(re.escape(f) for f in fragments))
+
+
+# --- options -------------------------------------------------------------------------------
+
+def test_bad_reduction_is_named():
+    with raises(ValueError, "reduction", "'avg'"):
+        lfce.linear_cross_entropy(*inputs(), reduction="avg")
+
+
+def test_bad_mode_is_named():
+    with raises(ValueError, "mode", "'lazy'"):
+        lfce.linear_cross_entropy(*inputs(), mode="lazy")
+
+
+def test_zero_chunk_size_is_named():
+    with raises(ValueError, "chunk_size", "0"):
+        lfce.linear_cross_entropy(*inputs(), chunk_size=0)
+
+
+def test_negative_workspace_budget_is_named():
+    with raises(ValueError, "workspace_budget", "-1"):
+        lfce.linear_cross_entropy(*inputs(), workspace_budget=-1)
+
+
+def test_float_ignore_index_is_named():
+    with raises(TypeError, "ignore_index", "1.5"):
+        lfce.linear_cross_entropy(*inputs(), ignore_index=1.5)
+
+
+def test_module_checks_options_at_construction():
+    with raises(ValueError, "reduction", "'avg'"):
+        lfce.LinearCrossEntropyLoss(reduction="avg")
+
+
+# --- tensors -------------------------------------------------------------------------------
+
+def test_non_tensor_hidden_is_named():
+    _, w, y = inputs()
+    with raises(TypeError, "hidden", "list"):
+        lfce.linear_cross_entropy([[0.0] * H] * N, w, y)
+
+
+def test_weight_hidden_size_mismatch_is_named():
+    x, _, y = inputs()
+    w = torch.randn(V, H + 8).to(torch.bfloat16)
+    with raises(ValueError, "weight", "H = %d" % H, "(%d, %d)" % (V, H + 8)):
+        lfce.linear_cross_entropy(x, w, y)
+
+
+def test_targets_shape_mismatch_is_named():
+    x, w, _ = inputs()
+    with raises(ValueError, "targets", "(%d,)" % N, "(%d,)" % (N + 1)):
+        lfce.linear_cross_entropy(x, w, torch.zeros(N + 1, dtype=torch.int64))
+
+
+def test_float_targets_are_named():
+    x, w, _ = inputs()
+    with raises(TypeError, "targets", "torch.float32"):
+        lfce.linear_cross_entropy(x, w, torch.zeros(N))
+
+
+def test_mixed_dtypes_are_named():
+    x, w, y = inputs()
+    with raises(TypeError, "weight", "torch.bfloat16", "torch.float32"):
+        lfce.linear_cross_entropy(x, w.float(), y)
+
+
+def test_int8_hidden_is_named():
+    x, w, y = inputs()
+    with raises(TypeError, "hidden", "torch.int8"):
+        lfce.linear_cross_entropy(x.to(torch.int8), w.to(torch.int8), y)
+
+
+def test_bias_wrong_shape_is_named():
+    x, w, y = inputs()
+    with raises(ValueError, "bias", "(%d,)" % V, "(%d,)" % (V + 1)):
+        lfce.linear_cross_entropy(x, w, y, torch.zeros(V + 1, dtype=torch.bfloat16))
+
+
+def test_no_tokens_is_named():
+    _, w, _ = inputs()
+    with raises(ValueError, "no tokens", "(0, %d)" % H, "N = 0"):
+        lfce.linear_cross_entropy(torch.empty(0, H, dtype=torch.bfloat16), w, torch.empty(0, dtype=torch.int64))
+
+
+def test_cpu_tensors_are_refused():
+    with raises(ValueError, "CUDA tensors only", "hidden", "cpu"):
+        lfce.linear_cross_entropy(*inputs())
+
+
+def test_cpu_tensors_are_refused_through_the_module():
+    with raises(ValueError, "CUDA tensors only", "cpu"):
+        lfce.LinearCrossEntropyLoss()(*inputs())
+
+
+# --- the C library's own checks, through ctypes (no GPU) ---------------------------------
+
+def problem(**changes):
+    fields = dict(tokens=64, hidden=256, vocab=1000, dtype=_lib.DTYPE_BF16)
+    fields.update(changes)
+    return _lib.make_problem(**fields)
+
+
+def check_problem(p):
+    _lib.check(_lib.load().lfce_check_problem(ctypes.byref(p)))
+
+
+@pytest.mark.lib
+def test_library_accepts_a_valid_problem():
+    check_problem(problem())
+
+
+@pytest.mark.lib
+def test_library_names_zero_vocab():
+    with raises(ValueError, "vocab"):
+        check_problem(problem(vocab=0))
+
+
+@pytest.mark.lib
+def test_library_names_hidden_not_a_multiple_of_8_for_bf16():
+    with raises(ValueError, "multiple of 8"):
+        check_problem(problem(hidden=12))
+
+
+@pytest.mark.lib
+def test_library_names_nonzero_reserved_field():
+    p = problem()
+    p.reserved = 1
+    with raises(ValueError, "reserved"):
+        check_problem(p)
+
+
+@pytest.mark.lib
+def test_workspace_sizes_need_no_gpu():
+    p = problem()
+    assert _lib.forward_workspace_size(p) >= 0
+    assert _lib.backward_workspace_size(p) > 0
+    assert _lib.backward_chunk_size(p) >= 1
+
+
+@pytest.mark.lib
+def test_workspace_budget_bounds_the_backward_chunk():
+    p = problem(tokens=4096, vocab=128256, hidden=4096, workspace_budget=64 << 20)
+    chunk = _lib.backward_chunk_size(p)
+    assert 4096 * chunk * 2 <= (64 << 20), "chunk %d of 4096 bf16 rows exceeds the 64 MiB budget" % chunk
+
+
+@pytest.mark.lib
+def test_library_reports_a_version():
+    assert lfce.library_version()
+
+
+@pytest.mark.lib
+def test_generate_sm80_bf16_emits_mma_sync():
+    kernels = lfce.generate(1000, 256, arch="sm_80", dtype="bf16", tokens=64)
+    assert kernels, "lfce_generate produced no kernels"
+    for kernel in kernels:
+        assert ".entry" in kernel["ptx"], "%s has no .entry" % kernel["name"]
+        assert kernel["ptx_size"] in (len(kernel["ptx"]), len(kernel["ptx"]) + 1), kernel["name"]
+        assert kernel["threads"] > 0, kernel["name"]
+    assert any("mma.sync" in k["ptx"] for k in kernels), \
+        "no mma.sync in " + ", ".join(k["name"] for k in kernels)
+
+
+@pytest.mark.lib
+def test_generate_accepts_torch_dtypes():
+    names = [k["name"] for k in lfce.generate(1000, 256, arch="sm_80", dtype=torch.bfloat16, tokens=64)]
+    assert names == [k["name"] for k in lfce.generate(1000, 256, arch="sm_80", dtype="bf16", tokens=64)]
+
+
+@pytest.mark.lib
+def test_generate_names_unknown_arch():
+    with raises(ValueError, "sm_70"):
+        lfce.generate(1000, 256, arch="sm_70")
+
+
+def test_generate_names_bad_dtype_before_loading():
+    with raises(ValueError, "dtype", "'int8'"):
+        lfce.generate(1000, 256, dtype="int8")
+
+
+@pytest.mark.lib
+@pytest.mark.parametrize("status, exception", [
+    (_lib.ERR_INVALID_ARGUMENT, ValueError),
+    (_lib.ERR_COMPILE, lfce.CompileError),
+    (_lib.ERR_CUDA, lfce.CudaError),
+    (_lib.ERR_INTERNAL, RuntimeError),
+])
+def test_check_maps_status_to_exception(status, exception):
+    with pytest.raises(exception):
+        _lib.check(status)
+    _lib.check(_lib.OK)

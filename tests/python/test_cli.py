@@ -1,0 +1,48 @@
+"""``python -m lfce``'s pieces that need neither the library nor a GPU."""
+
+import pytest
+
+from lfce import __main__ as cli
+from lfce import ptxas
+from lfce.presets import PRESETS
+
+PTXAS_OUTPUT = """\
+ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function 'lse_forward' for 'sm_90a'
+ptxas info    : Function properties for lse_forward
+    0 bytes stack frame, 8 bytes spill stores, 12 bytes spill loads
+ptxas info    : Used 168 registers, used 1 barriers, 1024 bytes smem, 400 bytes cmem[0]
+ptxas info    : Compile time = 32.737 ms
+ptxas info    : Compiling entry function 'lse_combine' for 'sm_90a'
+ptxas info    : Function properties for lse_combine
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 4 registers, used 0 barriers
+"""
+
+
+def test_ptxas_report_is_parsed_per_entry():
+    entries = ptxas.parse_report(PTXAS_OUTPUT)
+    assert entries == {
+        "lse_forward": {"stack_bytes": 0, "spill_stores": 8, "spill_loads": 12, "registers": 168,
+                        "static_smem": 1024},
+        "lse_combine": {"stack_bytes": 0, "spill_stores": 0, "spill_loads": 0, "registers": 4,
+                        "static_smem": 0},
+    }
+
+
+def test_presets_hold_hidden_then_vocab():
+    assert PRESETS["llama3-8b"] == (4096, 128256)
+    assert PRESETS["gemma2-2b"] == (2304, 256000)
+    assert len(PRESETS) == 10
+
+
+def test_cli_rejects_unknown_model(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli._parse_args(["--model", "gpt-5"])
+    assert exit_info.value.code == 2
+    assert "gpt-5" in capsys.readouterr().err
+
+
+def test_cli_defaults():
+    args = cli._parse_args([])
+    assert (args.model, args.tokens, args.dtype, args.mode) == ("llama3-8b", 8192, "bf16", "recompute")

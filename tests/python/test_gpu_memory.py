@@ -1,0 +1,107 @@
+"""What lfce keeps alive, measured with PyTorch's caching-allocator counters (needs a GPU).
+
+Shape: llama3-8b's output layer at N = 4096 (H = 4096, V = 128256), bf16.
+
+* Recompute mode holds only the log-sum-exp (4 bytes a token) and a count between
+  forward and backward: bound 8·N bytes + 1 MiB of allocator rounding.
+* The backward's transient memory beyond its own outputs (grad_hidden, grad_weight)
+  is the workspace: a bf16 logit-gradient chunk of N_pad × chunk plus the fp32
+  grad_hidden accumulator 4·N·H, + 1 MiB.
+"""
+
+import pytest
+import torch
+
+import lfce
+from lfce import _lib
+
+pytestmark = pytest.mark.gpu
+
+N, H, V = 4096, 4096, 128256
+MIB = 1 << 20
+ROW_PADDING = 256  # generous: no tile of lfce's kernels is taller than this
+
+
+def nbytes(tensor):
+    return tensor.numel() * tensor.element_size()
+
+
+@pytest.fixture(scope="module")
+def inputs():
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(N, H, device="cuda", generator=g).to(torch.bfloat16).requires_grad_()
+    w = (torch.randn(V, H, device="cuda", generator=g) * (2.5 / H ** 0.5)).to(torch.bfloat16).requires_grad_()
+    y = torch.randint(0, V, (N,), device="cuda", generator=g)
+    y[::17] = -100
+    return x, w, y
+
+
+def measure(inputs, **options):
+    """(held after forward, backward peak beyond its start and its gradients, workspace bytes)."""
+    x, w, y = inputs
+    # Warm-up: kernels compiled and any lazily allocated state (e.g. a BLAS workspace) in place.
+    warm = lfce.linear_cross_entropy(x, w, y, **options)
+    torch.autograd.grad(warm, (x, w), torch.ones_like(warm))
+    del warm
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    loss = lfce.linear_cross_entropy(x, w, y, **options)
+    torch.cuda.synchronize()
+    held = torch.cuda.memory_allocated() - before - nbytes(loss)
+
+    start = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    grad_x, grad_w = torch.autograd.grad(loss, (x, w), torch.ones_like(loss))
+    torch.cuda.synchronize()
+    transient = torch.cuda.max_memory_allocated() - start - nbytes(grad_x) - nbytes(grad_w)
+    del loss, grad_x, grad_w
+    return held, transient
+
+
+def problem(**options):
+    return _lib.make_problem(N, H, V, _lib.DTYPE_BF16, reduction=_lib.REDUCTION_MEAN,
+                             mode=_lib.MODE_RECOMPUTE, **options)
+
+
+def backward_bound(**options):
+    """Allowed transient bytes of the backward, and a description for failure messages."""
+    p = problem(**options)
+    chunk = _lib.backward_chunk_size(p)
+    n_pad = -(-N // ROW_PADDING) * ROW_PADDING
+    bound = n_pad * chunk * 2 + 4 * N * H + MIB
+    return bound, "chunk %d, library workspace %.1f MiB, bound %.1f MiB" % (
+        chunk, _lib.backward_workspace_size(p) / MIB, bound / MIB)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_recompute_holds_only_the_log_sum_exp(inputs, reduction):
+    held, _ = measure(inputs, reduction=reduction)
+    bound = 8 * N + MIB
+    assert held <= bound, "held %d bytes between forward and backward; bound 8*N + 1 MiB = %d" % (held, bound)
+
+
+def test_backward_transient_memory_is_the_workspace(inputs):
+    _, transient = measure(inputs)
+    bound, detail = backward_bound()
+    assert transient <= bound, "backward used %.1f MiB beyond its gradients; %s" % (transient / MIB, detail)
+
+
+def test_workspace_budget_caps_the_backward(inputs):
+    budget = 64 * MIB
+    _, transient = measure(inputs, workspace_budget=budget)
+    bound, detail = backward_bound(workspace_budget=budget)
+    assert transient <= bound, "backward used %.1f MiB beyond its gradients; %s" % (transient / MIB, detail)
+    cap = budget + 4 * N * H + MIB
+    assert transient <= cap, "backward used %.1f MiB with a 64 MiB budget; cap budget + 4*N*H + 1 MiB = %.1f MiB" % (
+        transient / MIB, cap / MIB)
+
+
+def test_eager_holds_the_gradients(inputs, record_property):
+    held_recompute, _ = measure(inputs, mode="recompute")
+    held_eager, transient_eager = measure(inputs, mode="eager")
+    record_property("held_recompute_mib", held_recompute / MIB)
+    record_property("held_eager_mib", held_eager / MIB)
+    record_property("backward_transient_eager_mib", transient_eager / MIB)
+    print("held between forward and backward: recompute %.2f MiB, eager %.1f MiB"
+          % (held_recompute / MIB, held_eager / MIB))
+    assert held_eager > held_recompute
