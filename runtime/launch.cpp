@@ -41,8 +41,8 @@ char* at(void* base, size_t offset) { return static_cast<char*>(base) + offset; 
 }  // namespace
 
 Plan plan_for_device(const Problem& problem, int device) {
-  const DeviceInfo& info = device_info(device);
-  return Plan(problem, parse_arch(info.arch()));
+  const Arch arch = parse_arch(device_info(device).arch());
+  return Plan(problem, arch, lookup_tuning(problem, arch, device));
 }
 
 void forward(const Problem& problem, const lfce_forward_args& a) {

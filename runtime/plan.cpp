@@ -8,10 +8,6 @@
 namespace lfce::runtime {
 namespace {
 
-// CTAs the forward aims for: two per SM of a 132-SM H200. A constant rather than the
-// device's count so that workspace sizes can be computed without a GPU.
-constexpr int64_t kForwardTargetCtas = 264;
-
 size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -20,11 +16,6 @@ int64_t next_pow2(int64_t v) {
   int64_t p = 1;
   while (p < v) p *= 2;
   return p;
-}
-
-TileConfig default_tile(DType dtype) {
-  if (dtype == DType::FP32) return TileConfig{128, 128, 32, 2, 4, 2};
-  return TileConfig{128, 128, 64, 2, 4, 3};
 }
 
 template <typename E>
@@ -36,6 +27,16 @@ E checked_enum(int32_t value, int32_t count, const char* field, const char* acce
 }
 
 }  // namespace
+
+TileConfig default_tile(DType dtype) {
+  if (dtype == DType::FP32) return TileConfig{128, 128, 32, 2, 4, 2};
+  return TileConfig{128, 128, 64, 2, 4, 3};
+}
+
+TileConfig Tuning::tile(KernelKind kind, DType dtype) const {
+  auto it = tiles.find(kind);
+  return it == tiles.end() ? default_tile(dtype) : it->second;
+}
 
 Problem problem_from_c(const lfce_problem* c) {
   if (!c) throw SpecError("lfce_problem pointer is NULL");
@@ -74,20 +75,31 @@ Problem problem_from_c(const lfce_problem* c) {
   return p;
 }
 
-Plan::Plan(const Problem& problem, Arch arch) : p_(problem), arch_(arch) {
-  const TileConfig tile = default_tile(p_.dtype);
-  const int64_t row_blocks = ceil_div(p_.tokens, tile.bm);
-  const int64_t vocab_tiles = ceil_div(p_.vocab, tile.bn);
-  splits_ = std::clamp<int64_t>(ceil_div(kForwardTargetCtas, row_blocks), 1, std::min<int64_t>(vocab_tiles, 65535));
+Plan::Plan(const Problem& problem, Arch arch, const Tuning& tuning)
+    : p_(problem), arch_(arch), tuning_(tuning) {
+  const TileConfig fwd = tuning_.tile(KernelKind::LseForward, p_.dtype);
+  auto splits_for = [&](int64_t ctas, int64_t bm, int64_t bn) {
+    return std::clamp<int64_t>(ceil_div(ctas, ceil_div(p_.tokens, bm)), 1,
+                               std::min<int64_t>(ceil_div(p_.vocab, bn), 65535));
+  };
+  const int64_t ctas = std::min(tuning_.forward_ctas > 0 ? tuning_.forward_ctas : kDefaultForwardCtas, kMaxForwardCtas);
+  splits_ = splits_for(ctas, fwd.bm, fwd.bn);
+  max_splits_ = splits_for(kMaxForwardCtas, 256, 64);  // bounds every tuning's tiles
   ld_ = ceil_div(p_.tokens, 8) * 8;
+  // The budget's chunk, with N rounded up to a power of two so that nearby token counts
+  // share one chunk width (and so one set of compiled kernels).
+  const int64_t per_row = next_pow2(ld_) * dtype_bytes(p_.dtype);
+  const int64_t granule = 128;
+  budget_chunk_ = std::min(std::max<int64_t>(p_.workspace_budget / per_row / granule * granule, granule), p_.vocab);
   if (p_.chunk_size > 0) {
     chunk_ = std::min(p_.chunk_size, p_.vocab);
+    budget_chunk_ = chunk_;
+  } else if (tuning_.chunk > 0 && budget_chunk_ < p_.vocab) {
+    // A tuning never exceeds the budget, and only re-splits a vocabulary that takes several
+    // chunks anyway: the workspace (sized without the tuning) then has the accumulator.
+    chunk_ = std::min(tuning_.chunk, budget_chunk_);
   } else {
-    // Derived from the budget with N rounded up to a power of two, so that nearby token
-    // counts share one chunk width (and so one set of compiled kernels).
-    const int64_t per_row = next_pow2(ld_) * dtype_bytes(p_.dtype);
-    chunk_ = std::max<int64_t>(p_.workspace_budget / per_row / tile.bn * tile.bn, tile.bn);
-    chunk_ = std::min(chunk_, p_.vocab);
+    chunk_ = budget_chunk_;
   }
 }
 
@@ -105,13 +117,13 @@ KernelSpec Plan::spec(KernelKind kind) const {
   s.reduction = p_.reduction;
   s.bias = p_.bias;
   s.arch = arch_;
-  s.tile = default_tile(p_.dtype);
+  s.tile = tuning_.tile(kind, p_.dtype);
   return s;
 }
 
 Plan::ForwardLayout Plan::forward_layout() const {
   ForwardLayout l{};
-  const size_t partial = align256(sizeof(float) * splits_ * p_.tokens);
+  const size_t partial = align256(sizeof(float) * max_splits_ * p_.tokens);
   l.partial_max = 0;
   l.partial_sum = partial;
   l.target_logit = 2 * partial;
@@ -122,7 +134,7 @@ Plan::ForwardLayout Plan::forward_layout() const {
 Plan::BackwardLayout Plan::backward_layout() const {
   BackwardLayout l{};
   l.dz = 0;
-  l.grad_input_acc = align256(static_cast<size_t>(chunk_) * ld_ * dtype_bytes(p_.dtype));
+  l.grad_input_acc = align256(static_cast<size_t>(budget_chunk_) * ld_ * dtype_bytes(p_.dtype));
   l.bytes = l.grad_input_acc;
   if (needs_grad_input_accumulator()) l.bytes += align256(sizeof(float) * p_.tokens * p_.hidden);
   return l;

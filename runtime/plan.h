@@ -7,6 +7,7 @@
 
 #include "compiler/kernel_spec.h"
 #include "lfce/lfce.h"
+#include "runtime/tuning.h"
 
 namespace lfce::runtime {
 
@@ -29,7 +30,10 @@ constexpr int64_t kDefaultWorkspaceBudget = 256ll << 20;
 
 class Plan {
  public:
-  Plan(const Problem& problem, Arch arch);
+  // `tuning` picks tiles, the forward's CTA target and the chunk; workspace sizes are the
+  // same for every tuning (they bound what any tuning may use), so they can be asked for
+  // before the tuning is known.
+  Plan(const Problem& problem, Arch arch, const Tuning& tuning = {});
 
   const Problem& problem() const { return p_; }
   Arch arch() const { return arch_; }
@@ -52,6 +56,8 @@ class Plan {
  private:
   Problem p_;
   Arch arch_;
+  Tuning tuning_;
+  int64_t budget_chunk_ = 1, max_splits_ = 1;
   int64_t splits_ = 1, chunk_ = 1, ld_ = 8;
 };
 

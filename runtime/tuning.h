@@ -1,0 +1,39 @@
+// Tuning: the launch choices a problem can be run with — the CTA tile of each GEMM kernel,
+// the forward's CTA target and the backward's vocabulary chunk. Defaults come from
+// default_tile(); the autotuner (autotune/) finds and persists better ones.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "compiler/kernel_spec.h"
+
+namespace lfce::runtime {
+
+struct Problem;
+
+struct Tuning {
+  std::map<KernelKind, TileConfig> tiles;  // GEMM kinds without an entry use default_tile()
+  int64_t forward_ctas = 0;                // lse_forward CTAs to aim for; 0 = kDefaultForwardCtas
+  int64_t chunk = 0;                       // backward vocabulary chunk; 0 = derived from the budget
+
+  TileConfig tile(KernelKind kind, DType dtype) const;
+  bool operator==(const Tuning& o) const {
+    return tiles == o.tiles && forward_ctas == o.forward_ctas && chunk == o.chunk;
+  }
+};
+
+TileConfig default_tile(DType dtype);
+
+// CTAs the forward aims for by default: two per SM of a 132-SM H200. A constant rather than
+// the device's count so that workspace sizes can be computed without a GPU. Tuned values
+// stay within kMaxForwardCtas, which sizes the forward workspace.
+constexpr int64_t kDefaultForwardCtas = 264;
+constexpr int64_t kMaxForwardCtas = 1056;
+
+// The persisted tuning for this problem on `arch` (autotune/tuning_store.cpp), or the
+// defaults when none was stored. With LFCE_AUTOTUNE=1 a missing entry is tuned first.
+Tuning lookup_tuning(const Problem& problem, Arch arch, int device);
+
+}  // namespace lfce::runtime
