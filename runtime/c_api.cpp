@@ -11,6 +11,7 @@
 #include "runtime/logging.h"
 #include "runtime/module.h"
 #include "runtime/plan.h"
+#include "runtime/presets.h"
 #include "templates/templates.h"
 
 namespace {
@@ -127,6 +128,26 @@ int lfce_generate(const lfce_problem* problem, const char* arch, lfce_kernel_cal
                             static_cast<uint32_t>(kernel.shape.smem_bytes), static_cast<uint32_t>(kernel.shape.threads)};
       callback(&info, user);
     }
+  });
+}
+
+const char* lfce_preset_names(void) {
+  static const std::string names = [] {
+    std::string out;
+    for (const auto& p : lfce::runtime::model_presets()) out += (out.empty() ? "" : ",") + std::string(p.name);
+    return out;
+  }();
+  return names.c_str();
+}
+
+int lfce_preset(const char* name, int64_t* hidden, int64_t* vocab) {
+  return guarded("lfce_preset", [&] {
+    require_out(name, "name");
+    require_out(hidden, "hidden");
+    require_out(vocab, "vocab");
+    const auto& preset = lfce::runtime::model_preset(name);
+    *hidden = preset.hidden;
+    *vocab = preset.vocab;
   });
 }
 

@@ -122,6 +122,10 @@ LFCE_API int lfce_backward(const lfce_problem* problem, const lfce_backward_args
 LFCE_API int lfce_generate(const lfce_problem* problem, const char* arch, lfce_kernel_callback callback,
                            void* user);
 
+/* Model presets: comma-separated names, and one preset's output-layer shape. */
+LFCE_API const char* lfce_preset_names(void);
+LFCE_API int lfce_preset(const char* name, int64_t* hidden, int64_t* vocab);
+
 /* Number of kernels compiled by LLVM in this process (a hook for cache tests). */
 LFCE_API int64_t lfce_compile_count(void);
 

@@ -157,6 +157,8 @@ _SIGNATURES = {
     "lfce_forward": (ctypes.c_int, [_P(Problem), _P(ForwardArgs)]),
     "lfce_backward": (ctypes.c_int, [_P(Problem), _P(BackwardArgs)]),
     "lfce_generate": (ctypes.c_int, [_P(Problem), ctypes.c_char_p, KERNEL_CALLBACK, ctypes.c_void_p]),
+    "lfce_preset_names": (ctypes.c_char_p, []),
+    "lfce_preset": (ctypes.c_int, [ctypes.c_char_p, _P(ctypes.c_int64), _P(ctypes.c_int64)]),
     "lfce_compile_count": (ctypes.c_int64, []),
 }
 
@@ -252,3 +254,14 @@ def backward_chunk_size(problem):
     chunk = ctypes.c_int64(0)
     check(load().lfce_backward_chunk_size(ctypes.byref(problem), ctypes.byref(chunk)))
     return chunk.value
+
+
+def presets():
+    """Model presets from the library's table: name -> (hidden size, vocabulary size)."""
+    lib = load()
+    table = {}
+    for name in lib.lfce_preset_names().decode().split(","):
+        hidden, vocab = ctypes.c_int64(0), ctypes.c_int64(0)
+        check(lib.lfce_preset(name.encode(), ctypes.byref(hidden), ctypes.byref(vocab)))
+        table[name] = (hidden.value, vocab.value)
+    return table

@@ -1,14 +1,8 @@
-"""Output-layer shapes of common models: name -> (hidden size, vocabulary size)."""
+"""Output-layer shapes of common models: name -> (hidden size, vocabulary size).
 
-PRESETS = {
-    "llama2-7b": (4096, 32000),
-    "llama3-8b": (4096, 128256),
-    "llama3-70b": (8192, 128256),
-    "mistral-7b": (4096, 32768),
-    "qwen2.5-7b": (3584, 152064),
-    "qwen2.5-14b": (5120, 152064),
-    "qwen2.5-72b": (8192, 152064),
-    "gemma2-2b": (2304, 256000),
-    "gemma2-9b": (3584, 256000),
-    "deepseek-v3": (7168, 129280),
-}
+The table lives in the library (runtime/presets.cpp), shared with the `lfce` command line.
+"""
+
+from ._lib import presets as _presets
+
+PRESETS = _presets()
