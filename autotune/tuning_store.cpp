@@ -1,9 +1,248 @@
-// Placeholder until the tuning store lands: every problem runs with the default tuning.
-#include "runtime/plan.h"
-#include "runtime/tuning.h"
+#include "autotune/tuning_store.h"
+
+#include <spdlog/spdlog.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <stdexcept>
+
+#include "autotune/tuner.h"
+#include "compiler/errors.h"
+#include "runtime/cache_files.h"
+#include "runtime/disk_cache.h"
+
+namespace lfce::autotune {
+namespace {
+
+namespace fs = std::filesystem;
+// Ordered: the file reads key, winner, then the candidates, as written.
+using json = nlohmann::ordered_json;
+using runtime::Problem;
+using runtime::Tuning;
+
+// Bumped when the file layout changes; files of another format read as missing.
+constexpr int kFormat = 1;
+
+std::string index_name(IndexType t) { return t == IndexType::I64 ? "i64" : "i32"; }
+
+json key_json(const TuningKey& k) {
+  return {{"kind", kind_name(k.kind)},       {"vocab", k.vocab},
+          {"hidden", k.hidden},              {"dtype", dtype_name(k.dtype)},
+          {"mode", mode_name(k.mode)},       {"bias", k.bias},
+          {"reduction", reduction_name(k.reduction)}, {"targets", index_name(k.targets)},
+          {"arch", arch_name(k.arch)},       {"n_bucket", k.n_bucket}};
+}
+
+json record_json(const Record& r) {
+  json j = {{"config", r.candidate.text()}};
+  j["ms"] = r.result.ok() ? json(r.result.ms) : json(nullptr);  // JSON has no infinity
+  if (!r.result.error.empty()) j["error"] = r.result.error;
+  if (r.result.verify_error >= 0) j["verify_error"] = r.result.verify_error;
+  return j;
+}
+
+json entry_json(const TuningEntry& e) {
+  json j = {{"format", kFormat},
+            {"key", key_json(e.key)},
+            {"tokens", e.tokens},
+            {"device", e.device},
+            {"default", e.default_config.text()},
+            {"measured_with", e.measured_with}};
+  if (const Record* w = e.winner()) {
+    j["winner"] = {{"config", w->candidate.text()}, {"ms", w->result.ms}};
+    if (auto s = e.speedup()) j["winner"]["speedup_vs_default"] = *s;
+  } else {
+    j["winner"] = nullptr;
+  }
+  j["candidates"] = json::array();
+  for (const Record& r : e.records) j["candidates"].push_back(record_json(r));
+  return j;
+}
+
+// Throws (json or SpecError) on anything unexpected: the caller treats the file as missing.
+TuningEntry entry_from_json(const json& j, const TuningKey& key) {
+  if (j.at("format").get<int>() != kFormat) throw std::runtime_error("format " + j.at("format").dump());
+  // Compared unordered: a file whose key fields were reordered by hand still matches.
+  if (nlohmann::json::parse(j.at("key").dump()) != nlohmann::json::parse(key_json(key).dump()))
+    throw std::runtime_error("its key is " + j.at("key").dump());
+  TuningEntry e;
+  e.key = key;
+  e.tokens = j.at("tokens").get<int64_t>();
+  e.device = j.at("device").get<std::string>();
+  e.default_config = Candidate::parse(key.kind, j.at("default").get<std::string>());
+  e.measured_with = j.at("measured_with").get<std::map<std::string, std::string>>();
+  for (const json& r : j.at("candidates")) {
+    Record rec;
+    rec.candidate = Candidate::parse(key.kind, r.at("config").get<std::string>());
+    if (!r.at("ms").is_null()) rec.result.ms = r.at("ms").get<double>();
+    rec.result.error = r.value("error", "");
+    rec.result.verify_error = r.value("verify_error", -1.0);
+    e.records.push_back(std::move(rec));
+  }
+  return e;
+}
+
+void write_entry(const fs::path& path, const std::string& text) {
+  std::error_code ec;
+  fs::create_directories(path.parent_path(), ec);
+  if (ec) throw std::runtime_error("tuning store: cannot create " + path.parent_path().string() + ": " + ec.message());
+  std::string error;
+  if (!runtime::write_atomically(path.parent_path().string(), path.filename().string(), text, error))
+    throw std::runtime_error("tuning store: " + error);
+  runtime::sync_directory(path.parent_path().string());
+}
+
+}  // namespace
+
+bool autotune_on_first_use_from_env() {
+  const char* v = std::getenv("LFCE_AUTOTUNE");
+  return v && std::string(v) == "1";
+}
+
+int64_t token_bucket(int64_t tokens) {
+  int64_t bucket = 1;
+  while (bucket < tokens) bucket *= 2;
+  return bucket;
+}
+
+TuningKey TuningKey::of(KernelKind kind, const Problem& p, Arch arch) {
+  return TuningKey{kind, p.vocab, p.hidden, p.dtype, p.mode, p.bias, p.reduction, p.targets, arch,
+                   token_bucket(p.tokens)};
+}
+
+std::string TuningKey::text() const {
+  std::ostringstream out;
+  out << kind_name(kind) << '-' << arch_name(arch) << '-' << dtype_name(dtype) << "-V" << vocab << "-H" << hidden
+      << "-N" << n_bucket << '-' << mode_name(mode) << '-' << reduction_name(reduction) << '-'
+      << index_name(targets) << '-' << (bias ? "bias" : "nobias");
+  return out.str();
+}
+
+const Record* TuningEntry::find(const Candidate& candidate) const {
+  for (const Record& r : records)
+    if (r.candidate == candidate) return &r;
+  return nullptr;
+}
+
+const Record* TuningEntry::winner() const {
+  const Record* best = nullptr;
+  for (const Record& r : records)
+    if (r.result.ok() && (!best || r.result.ms < best->result.ms)) best = &r;
+  return best;
+}
+
+std::optional<double> TuningEntry::speedup() const {
+  const Record* w = winner();
+  const Record* d = find(default_config);
+  if (!w || !d || !d->result.ok()) return std::nullopt;
+  return d->result.ms / w->result.ms;
+}
+
+TuningStore::TuningStore(std::string cache_dir)
+    : dir_(cache_dir.empty() ? "" : (fs::path(cache_dir) / "tuning").string()) {}
+
+std::string TuningStore::path(const TuningKey& key) const { return (fs::path(dir_) / (key.text() + ".json")).string(); }
+
+std::optional<TuningEntry> TuningStore::load(const TuningKey& key) const {
+  if (dir_.empty()) return std::nullopt;
+  const std::string file = path(key);
+  std::ifstream in(file);
+  if (!in) return std::nullopt;
+  try {
+    return entry_from_json(json::parse(in), key);
+  } catch (const std::exception& e) {
+    spdlog::warn("ignoring tuning file {}: {}", file, e.what());
+    return std::nullopt;
+  }
+}
+
+void TuningStore::save(const TuningEntry& entry) const {
+  if (dir_.empty()) throw std::runtime_error("tuning store: no cache directory (set LFCE_CACHE_DIR)");
+  write_entry(path(entry.key), entry_json(entry).dump(2) + "\n");
+}
+
+Tuning stored_tuning(const TuningStore& store, const Problem& problem, Arch arch) {
+  Tuning tuning;
+  for (KernelKind kind : tuned_kinds()) {
+    const TuningKey key = TuningKey::of(kind, problem, arch);
+    std::optional<TuningEntry> entry = store.load(key);
+    const Record* winner = entry ? entry->winner() : nullptr;
+    if (!winner) continue;
+    // A file written by another generator version may hold a config this one cannot run.
+    if (auto reason = rejection(winner->candidate, problem, arch)) {
+      spdlog::warn("ignoring tuned config {} of {}: {}", winner->candidate.text(), store.path(key), *reason);
+      continue;
+    }
+    spdlog::info("using tuned config {} for {} from {}", winner->candidate.text(), kind_name(kind), store.path(key));
+    tuning = winner->candidate.apply(tuning);
+  }
+  return tuning;
+}
+
+namespace {
+
+struct Memo {
+  std::mutex mutex;
+  std::map<std::string, Tuning> tunings;  // by cache dir and problem key
+};
+
+Memo& memo() {
+  static Memo* instance = new Memo;  // leaked: launches may run during static destruction
+  return *instance;
+}
+
+}  // namespace
+
+void forget_memoized_tunings() {
+  std::lock_guard<std::mutex> lock(memo().mutex);
+  memo().tunings.clear();
+}
+
+}  // namespace lfce::autotune
 
 namespace lfce::runtime {
 
-Tuning lookup_tuning(const Problem&, Arch, int) { return {}; }
+// Called on every forward and backward: the files are read once per problem key and process.
+Tuning lookup_tuning(const Problem& problem, Arch arch, int device) {
+  using namespace lfce::autotune;
+  const std::string cache_dir = runtime::default_cache_dir();
+  TuningKey key = TuningKey::of(KernelKind::LseForward, problem, arch);
+  const std::string memo_key = cache_dir + "|" + key.text();
+  {
+    std::lock_guard<std::mutex> lock(memo().mutex);
+    if (auto it = memo().tunings.find(memo_key); it != memo().tunings.end()) return it->second;
+  }
+  TuningStore store(cache_dir);
+  std::optional<Tuning> tuned;
+  if (device >= 0 && autotune_on_first_use_from_env()) {  // device < 0: offline, nothing to tune on
+    // One sweep at a time; a thread that waited here finds the winners stored and skips.
+    static std::mutex tuning_mutex;
+    std::lock_guard<std::mutex> lock(tuning_mutex);
+    bool missing = false;
+    for (KernelKind kind : tuned_kinds()) missing = missing || !store.load(TuningKey::of(kind, problem, arch));
+    if (missing) {
+      spdlog::info("LFCE_AUTOTUNE=1: tuning {} before its first use", key.text());
+      try {
+        TuneOptions options;
+        options.cache_dir = cache_dir;
+        // The small space: first use happens inside a training job, which should not stall
+        // for the default space's quarter of an hour. `lfce tune` sweeps the full one.
+        options.space = "small";
+        tuned = tune(problem, device, options).tuning;  // also right where nothing persists
+      } catch (const std::exception& e) {
+        // Tuning is an optimisation: a failed sweep must not fail the training step.
+        spdlog::warn("autotuning {} failed, running untuned: {}", key.text(), e.what());
+      }
+    }
+  }
+  Tuning tuning = tuned ? *tuned : stored_tuning(store, problem, arch);
+  std::lock_guard<std::mutex> lock(memo().mutex);
+  return memo().tunings.emplace(memo_key, tuning).first->second;
+}
 
 }  // namespace lfce::runtime

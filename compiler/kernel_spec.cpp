@@ -169,6 +169,11 @@ void KernelSpec::validate() const {
     fail("tile " + std::to_string(t.bm) + "x" + std::to_string(t.bn) +
          " does not split evenly over " + std::to_string(t.warps_m) + "x" + std::to_string(t.warps_n) +
          " warps");
+  // lse_forward and dlogits_backward set up their per-row statistics one row per thread.
+  bool row_per_thread = kind == KernelKind::LseForward || kind == KernelKind::DlogitsBackward;
+  if (row_per_thread && t.bm > t.threads())
+    fail("tile BM = " + std::to_string(t.bm) + " exceeds the " + std::to_string(t.threads()) +
+         " threads of the CTA, which " + std::string(kind_name(kind)) + " needs one per row");
   // Swizzled 16-byte chunks need rows of at least 128 bytes in every operand layout.
   int min_rows = 128 / dtype_bytes(dtype);
   if (t.bk < min_rows || t.bk % min_rows != 0 || t.bm % min_rows != 0 || t.bn % min_rows != 0)

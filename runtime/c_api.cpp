@@ -1,12 +1,16 @@
 // The C API of liblfce.so: every entry point converts exceptions into a status and a
 // per-thread message, so no C++ exception ever crosses into the caller.
 #include <exception>
+#include <optional>
 #include <string>
 
+#include "autotune/tuner.h"
 #include "compiler/errors.h"
 #include "compiler/nvptx_backend.h"
 #include "lfce/lfce.h"
+#include "runtime/disk_cache.h"
 #include "runtime/driver.h"
+#include "runtime/kernel_cache.h"
 #include "runtime/launch.h"
 #include "runtime/logging.h"
 #include "runtime/module.h"
@@ -48,6 +52,15 @@ int guarded(const char* function, F&& body) {
 
 void require_out(const void* ptr, const char* name) {
   if (!ptr) throw lfce::SpecError(std::string(name) + " is NULL");
+}
+
+// Every kernel kind a problem runs, in launch order.
+std::vector<lfce::KernelKind> kernel_kinds(const lfce::runtime::Problem& problem) {
+  std::vector<lfce::KernelKind> kinds = {lfce::KernelKind::LseForward, lfce::KernelKind::LseCombine,
+                                         lfce::KernelKind::LossReduce, lfce::KernelKind::DlogitsBackward,
+                                         lfce::KernelKind::GradWeight, lfce::KernelKind::GradInput};
+  if (problem.bias) kinds.push_back(lfce::KernelKind::GradBias);
+  return kinds;
 }
 
 // Workspace sizes do not depend on the arch; any arch gives the same plan geometry.
@@ -116,10 +129,7 @@ int lfce_generate(const lfce_problem* problem, const char* arch, lfce_kernel_cal
     require_out(arch, "arch");
     require_out(reinterpret_cast<const void*>(callback), "callback");
     lfce::runtime::Plan plan(lfce::runtime::problem_from_c(problem), lfce::parse_arch(arch));
-    std::vector<lfce::KernelKind> kinds = {lfce::KernelKind::LseForward, lfce::KernelKind::LseCombine,
-                                           lfce::KernelKind::LossReduce, lfce::KernelKind::DlogitsBackward,
-                                           lfce::KernelKind::GradWeight, lfce::KernelKind::GradInput};
-    if (plan.problem().bias) kinds.push_back(lfce::KernelKind::GradBias);
+    const auto kinds = kernel_kinds(plan.problem());
     for (lfce::KernelKind kind : kinds) {
       lfce::KernelSpec spec = plan.spec(kind);
       lfce::GeneratedKernel kernel = lfce::generate_kernel(spec);
@@ -127,6 +137,124 @@ int lfce_generate(const lfce_problem* problem, const char* arch, lfce_kernel_cal
       lfce_kernel_info info{name.c_str(), text.c_str(), kernel.ptx.c_str(), kernel.ptx.size(), kernel.compile_ms,
                             static_cast<uint32_t>(kernel.shape.smem_bytes), static_cast<uint32_t>(kernel.shape.threads)};
       callback(&info, user);
+    }
+  });
+}
+
+const char* lfce_cache_dir(void) {
+  thread_local std::string dir;
+  dir = lfce::runtime::disk_cache()->dir();
+  return dir.c_str();
+}
+
+int lfce_set_cache_dir(const char* dir) {
+  return guarded("lfce_set_cache_dir", [&] {
+    require_out(dir, "dir");
+    if (!*dir) throw lfce::SpecError("dir is empty");
+    lfce::runtime::use_cache_dir(dir);
+  });
+}
+
+int lfce_precompile(const lfce_problem* problem, const char* arch, lfce_precompile_callback callback, void* user) {
+  return guarded("lfce_precompile", [&] {
+    require_out(arch, "arch");
+    const lfce::runtime::Problem p = lfce::runtime::problem_from_c(problem);
+    const lfce::Arch target = lfce::parse_arch(arch);
+    lfce::runtime::Plan plan(p, target, lfce::runtime::lookup_tuning(p, target, -1));
+    for (lfce::KernelKind kind : kernel_kinds(p)) {
+      const lfce::KernelSpec spec = plan.spec(kind);
+      const lfce::runtime::PrecompileResult r = lfce::runtime::precompile(spec);
+      if (!callback) continue;
+      std::string name(lfce::kind_name(kind)), text = spec.text();
+      lfce_precompiled info{name.c_str(), text.c_str(), r.key.c_str(), r.hit ? 1 : 0, r.compile_ms, r.elapsed_ms,
+                            r.ptx_bytes};
+      callback(&info, user);
+    }
+  });
+}
+
+int lfce_cache_list(lfce_cache_entry_callback callback, void* user) {
+  return guarded("lfce_cache_list", [&] {
+    require_out(reinterpret_cast<const void*>(callback), "callback");
+    for (const lfce::runtime::EntryRecord& r : lfce::runtime::disk_cache()->list()) {
+      std::string kind(lfce::runtime::entry_kind_name(r.kind));
+      lfce_cache_entry e{r.key.c_str(), kind.c_str(), r.spec.c_str(), r.arch.c_str(),
+                         static_cast<int64_t>(r.payload_bytes), r.created_unix, r.registers, r.local_bytes};
+      callback(&e, user);
+    }
+  });
+}
+
+int lfce_cache_info(const char* key, lfce_text_callback callback, void* user) {
+  return guarded("lfce_cache_info", [&] {
+    require_out(key, "key");
+    require_out(reinterpret_cast<const void*>(callback), "callback");
+    callback(lfce::runtime::disk_cache()->info(key).c_str(), user);
+  });
+}
+
+int lfce_cache_verify(int32_t remove_bad, lfce_text_callback callback, void* user, int64_t* checked, int64_t* bad) {
+  return guarded("lfce_cache_verify", [&] {
+    const lfce::runtime::VerifyReport report = lfce::runtime::disk_cache()->verify(remove_bad != 0);
+    if (callback)
+      for (const auto& b : report.bad)
+        callback((b.key + ": " + b.file + ": " + b.problem + (b.removed ? " (removed)" : "")).c_str(), user);
+    if (checked) *checked = static_cast<int64_t>(report.checked);
+    if (bad) *bad = static_cast<int64_t>(report.bad.size());
+  });
+}
+
+int lfce_cache_clear(double older_than_days, int64_t* removed, int64_t* bytes) {
+  return guarded("lfce_cache_clear", [&] {
+    std::optional<double> age;
+    if (older_than_days >= 0) age = older_than_days;
+    const lfce::runtime::ClearReport report = lfce::runtime::disk_cache()->clear(age);
+    if (removed) *removed = static_cast<int64_t>(report.removed);
+    if (bytes) *bytes = static_cast<int64_t>(report.bytes);
+  });
+}
+
+int lfce_kernel_load_stats(lfce_kernel_load_callback callback, void* user) {
+  return guarded("lfce_kernel_load_stats", [&] {
+    require_out(reinterpret_cast<const void*>(callback), "callback");
+    for (const auto& s : lfce::runtime::kernel_load_stats()) {
+      lfce_kernel_load l{s.spec.c_str(), s.device, s.source.c_str(), s.llvm_ms, s.jit_ms, s.disk_ms, s.load_ms,
+                         s.total_ms, s.registers, s.local_bytes};
+      callback(&l, user);
+    }
+  });
+}
+
+int lfce_tune(const lfce_problem* problem, const lfce_tune_options* options, lfce_tune_callback callback, void* user,
+              int32_t* stopped_by_budget) {
+  return guarded("lfce_tune", [&] {
+    require_out(options, "options");
+    const lfce::runtime::Problem p = lfce::runtime::problem_from_c(problem);
+    lfce::autotune::TuneOptions o;
+    if (options->space) o.space = options->space;
+    if (options->budget_minutes < 0)
+      throw lfce::SpecError("budget_minutes must be >= 0, got " + std::to_string(options->budget_minutes));
+    o.budget_minutes = options->budget_minutes;
+    o.verify = options->verify != 0;
+    if (options->repetitions < 0)
+      throw lfce::SpecError("repetitions must be >= 0, got " + std::to_string(options->repetitions));
+    if (options->repetitions > 0) o.repetitions = options->repetitions;
+    o.cache_dir = lfce::runtime::disk_cache()->dir();
+    if (options->progress) {
+      o.progress = [options](const lfce::autotune::Progress& g) {
+        std::string kind(lfce::kind_name(g.kind));
+        options->progress(g.done, g.total, g.eta_seconds, kind.c_str(), g.candidate.c_str(), options->user);
+      };
+    }
+    const lfce::autotune::TuneResult result = lfce::autotune::tune(p, options->device, o);
+    if (stopped_by_budget) *stopped_by_budget = result.stopped_by_budget ? 1 : 0;
+    if (!callback) return;
+    for (const auto& k : result.kinds) {
+      std::string kind(lfce::kind_name(k.kind)), def = k.default_config.text();
+      std::string winner = k.winner ? k.winner->text() : "";
+      lfce_tune_result r{kind.c_str(), def.c_str(), k.winner ? winner.c_str() : nullptr, k.default_ms, k.winner_ms,
+                         k.speedup.value_or(0.0), k.measured, k.reused, k.failed, k.rejected, k.path.c_str()};
+      callback(&r, user);
     }
   });
 }

@@ -41,6 +41,10 @@ LFCE_SAME_ABI(cuLaunchKernel, PFN_cuLaunchKernel_v4000);
 LFCE_SAME_ABI(cuGetErrorName, PFN_cuGetErrorName_v6000);
 LFCE_SAME_ABI(cuGetErrorString, PFN_cuGetErrorString_v6000);
 LFCE_SAME_ABI(cuMemsetD32Async, PFN_cuMemsetD32Async_v3020);
+LFCE_SAME_ABI(cuLinkCreate, PFN_cuLinkCreate_v6050);
+LFCE_SAME_ABI(cuLinkAddData, PFN_cuLinkAddData_v6050);
+LFCE_SAME_ABI(cuLinkComplete, PFN_cuLinkComplete_v5050);
+LFCE_SAME_ABI(cuLinkDestroy, PFN_cuLinkDestroy_v5050);
 
 namespace {
 
@@ -188,6 +192,10 @@ const Driver* load() {
   resolve(get_proc, "cuGetErrorName", d->cuGetErrorName);
   resolve(get_proc, "cuGetErrorString", d->cuGetErrorString);
   resolve(get_proc, "cuMemsetD32Async", d->cuMemsetD32Async);
+  resolve(get_proc, "cuLinkCreate", d->cuLinkCreate);
+  resolve(get_proc, "cuLinkAddData", d->cuLinkAddData);
+  resolve(get_proc, "cuLinkComplete", d->cuLinkComplete);
+  resolve(get_proc, "cuLinkDestroy", d->cuLinkDestroy);
 
   // cuInit fails with CUDA_ERROR_NO_DEVICE on a machine with a driver but no
   // GPU, and with CUDA_ERROR_STUB_LIBRARY if the toolkit stub was found.
@@ -304,6 +312,15 @@ const Driver* Driver::loaded() noexcept {
 
 void check(CUresult status, const char* call) {
   if (status != CUDA_SUCCESS) throw CudaError(status, call);
+}
+
+int driver_version() {
+  static const int version = [] {
+    int v = 0;
+    check(Driver::get().cuDriverGetVersion(&v), "cuDriverGetVersion");
+    return v;
+  }();
+  return version;
 }
 
 std::string DeviceInfo::arch() const {

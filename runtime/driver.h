@@ -82,7 +82,24 @@ struct Driver {
   CUresult (*cuGetErrorString)(CUresult code, const char** text) = nullptr;
   CUresult (*cuMemsetD32Async)(CUdeviceptr destination, unsigned value,
                                size_t count, CUstream stream) = nullptr;
+  // The JIT linker, to keep the cubin the driver makes from PTX. cuda.h
+  // #defines cuLinkCreate and cuLinkAddData to their _v2 names; the members
+  // are renamed with them, consistently, and cuGetProcAddress resolves the
+  // un-suffixed names to those _v2 entry points.
+  CUresult (*cuLinkCreate)(unsigned num_options, CUjit_option* options,
+                           void** option_values, CUlinkState* state) = nullptr;
+  CUresult (*cuLinkAddData)(CUlinkState state, CUjitInputType type, void* data,
+                            size_t size, const char* name, unsigned num_options,
+                            CUjit_option* options,
+                            void** option_values) = nullptr;
+  CUresult (*cuLinkComplete)(CUlinkState state, void** cubin,
+                             size_t* size) = nullptr;
+  CUresult (*cuLinkDestroy)(CUlinkState state) = nullptr;
 };
+
+// cuDriverGetVersion, e.g. 13000 for CUDA 13.0; read once. Throws
+// DriverUnavailable without a driver.
+int driver_version();
 
 // Throws CudaError naming `call` unless status is CUDA_SUCCESS.
 void check(CUresult status, const char* call);

@@ -38,14 +38,14 @@ void require_workspace(void* workspace, size_t given, size_t needed, const char*
 
 char* at(void* base, size_t offset) { return static_cast<char*>(base) + offset; }
 
-}  // namespace
-
-Plan plan_for_device(const Problem& problem, int device) {
-  const Arch arch = parse_arch(device_info(device).arch());
-  return Plan(problem, arch, lookup_tuning(problem, arch, device));
+// The plan with `tuning` if given, else with the looked-up one.
+Plan plan_with(const Problem& problem, int device, const Tuning* tuning) {
+  if (!tuning) return plan_for_device(problem, device);
+  return Plan(problem, parse_arch(device_info(device).arch()), *tuning);
 }
 
-void forward(const Problem& problem, const lfce_forward_args& a) {
+
+void run_forward(const Problem& problem, const lfce_forward_args& a, const Tuning* tuning) {
   require_aligned(a.hidden, "hidden");
   require_aligned(a.weight, "weight");
   if (problem.bias) require(a.bias, "bias");
@@ -55,7 +55,7 @@ void forward(const Problem& problem, const lfce_forward_args& a) {
   require(a.valid_count, "valid_count");
   if (problem.reduction != Reduction::None) require(a.loss, "loss");
   make_context_current(a.device);
-  const Plan plan = plan_for_device(problem, a.device);
+  const Plan plan = plan_with(problem, a.device, tuning);
   const auto layout = plan.forward_layout();
   require_workspace(a.workspace, a.workspace_bytes, layout.bytes, "lfce_forward");
   auto stream = static_cast<CUstream>(a.stream);
@@ -85,7 +85,7 @@ void forward(const Problem& problem, const lfce_forward_args& a) {
   kernel_for(a.device, plan.spec(KernelKind::LossReduce)).launch({1, 1, 1}, stream, reduce_args);
 }
 
-void backward(const Problem& problem, const lfce_backward_args& a) {
+void run_backward(const Problem& problem, const lfce_backward_args& a, const Tuning* tuning) {
   require_aligned(a.hidden, "hidden");
   require_aligned(a.weight, "weight");
   if (problem.bias) {
@@ -99,7 +99,7 @@ void backward(const Problem& problem, const lfce_backward_args& a) {
   require_aligned(a.grad_hidden, "grad_hidden");
   require(a.grad_weight, "grad_weight");
   make_context_current(a.device);
-  const Plan plan = plan_for_device(problem, a.device);
+  const Plan plan = plan_with(problem, a.device, tuning);
   const auto layout = plan.backward_layout();
   require_workspace(a.workspace, a.workspace_bytes, layout.bytes, "lfce_backward");
   auto stream = static_cast<CUstream>(a.stream);
@@ -148,6 +148,22 @@ void backward(const Problem& problem, const lfce_backward_args& a) {
     void* gx_args[] = {&dz, &w, &n, &ld, &v_begin, &v_len, &acc, &grad_hidden, &first, &last};
     gx_kernel.launch({grid_dim(n, gx.tile.bm, "x"), grid_dim(problem.hidden, gx.tile.bn, "y"), 1}, stream, gx_args);
   }
+}
+
+}  // namespace
+
+Plan plan_for_device(const Problem& problem, int device) {
+  const Arch arch = parse_arch(device_info(device).arch());
+  return Plan(problem, arch, lookup_tuning(problem, arch, device));
+}
+
+void forward(const Problem& problem, const lfce_forward_args& args) { run_forward(problem, args, nullptr); }
+void backward(const Problem& problem, const lfce_backward_args& args) { run_backward(problem, args, nullptr); }
+void forward(const Problem& problem, const lfce_forward_args& args, const Tuning& tuning) {
+  run_forward(problem, args, &tuning);
+}
+void backward(const Problem& problem, const lfce_backward_args& args, const Tuning& tuning) {
+  run_backward(problem, args, &tuning);
 }
 
 }  // namespace lfce::runtime

@@ -7,8 +7,12 @@
 
 namespace lfce::runtime {
 
+// Run with the persisted (or default) tuning for the problem: lookup_tuning().
 void forward(const Problem& problem, const lfce_forward_args& args);
 void backward(const Problem& problem, const lfce_backward_args& args);
+// Run with an explicit tuning, as the autotuner does to measure one candidate.
+void forward(const Problem& problem, const lfce_forward_args& args, const Tuning& tuning);
+void backward(const Problem& problem, const lfce_backward_args& args, const Tuning& tuning);
 
 // The plan for `problem` on `device` (its arch decides the kernels).
 Plan plan_for_device(const Problem& problem, int device);

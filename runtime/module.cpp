@@ -49,6 +49,53 @@ std::string log_text(const std::string& buffer) {
 
 std::string str(Dim3 d) { return fmt::format("({}, {}, {})", d.x, d.y, d.z); }
 
+// Error and info log buffers for the driver's JIT and the options that point
+// it at them; sizes and the verbose flag are passed by value in the pointer.
+// Must outlive the call (or link state) the options are given to.
+struct JitLogs {
+  std::string errors = std::string(kJitLogBytes, '\0');
+  std::string info = std::string(kJitLogBytes, '\0');
+  CUjit_option options[5] = {
+      CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
+      CU_JIT_INFO_LOG_BUFFER,  CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES,
+      CU_JIT_LOG_VERBOSE,
+  };
+  void* values[5] = {
+      errors.data(),
+      reinterpret_cast<void*>(std::uintptr_t{kJitLogBytes}),
+      info.data(),
+      reinterpret_cast<void*>(std::uintptr_t{kJitLogBytes}),
+      reinterpret_cast<void*>(std::uintptr_t{1}),
+  };
+
+  JitLogs() = default;
+  JitLogs(const JitLogs&) = delete;  // values point into this object
+  JitLogs& operator=(const JitLogs&) = delete;
+
+  void debug_info(const std::string& entry) const {
+    if (const std::string text = log_text(info); !text.empty()) {
+      spdlog::debug("lfce: driver JIT log for {}:\n{}", entry, text);
+    }
+  }
+};
+
+// A failed JIT step: CompileError with the JIT's log if the code was
+// rejected, CudaError if the driver failed otherwise.
+[[noreturn]] void throw_jit_failure(CUresult status, const char* call,
+                                    const char* action,
+                                    const std::string& entry, int device,
+                                    const JitLogs& logs) {
+  const std::string errors = log_text(logs.errors);
+  if (is_compile_failure(status) || !errors.empty()) {
+    const CudaError cause(status, call);
+    throw CompileError("driver JIT failed to compile kernel '" + entry +
+                           "' for CUDA device " + std::to_string(device) +
+                           ": " + cause.what(),
+                       errors);
+  }
+  throw CudaError(status, call, std::string(action) + " kernel " + entry);
+}
+
 }  // namespace
 
 CompileError::CompileError(const std::string& message, std::string log)
@@ -85,40 +132,17 @@ LoadedKernel::LoadedKernel(int device, const std::string& ptx,
   }
 }
 
-void LoadedKernel::load_module(const std::string& ptx) {
-  const Driver& d = Driver::get();
-  std::string error_log(kJitLogBytes, '\0');
-  std::string info_log(kJitLogBytes, '\0');
-  // Buffer sizes and the verbose flag are passed by value in the pointer.
-  CUjit_option options[] = {
-      CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
-      CU_JIT_INFO_LOG_BUFFER,  CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES,
-      CU_JIT_LOG_VERBOSE,
-  };
-  void* values[] = {
-      error_log.data(),
-      reinterpret_cast<void*>(std::uintptr_t{kJitLogBytes}),
-      info_log.data(),
-      reinterpret_cast<void*>(std::uintptr_t{kJitLogBytes}),
-      reinterpret_cast<void*>(std::uintptr_t{1}),
-  };
-  const CUresult status = d.cuModuleLoadDataEx(
-      &module_, ptx.c_str(), std::size(options), options, values);
-  const std::string errors = log_text(error_log);
+void LoadedKernel::load_module(const std::string& image) {
+  JitLogs logs;
+  const CUresult status = Driver::get().cuModuleLoadDataEx(
+      &module_, image.c_str(), std::size(logs.options), logs.options,
+      logs.values);
   if (status != CUDA_SUCCESS) {
     module_ = nullptr;
-    if (is_compile_failure(status) || !errors.empty()) {
-      const CudaError cause(status, "cuModuleLoadDataEx");
-      throw CompileError("driver JIT failed to compile kernel '" + entry_ +
-                             "' for CUDA device " + std::to_string(device_) +
-                             ": " + cause.what(),
-                         errors);
-    }
-    throw CudaError(status, "cuModuleLoadDataEx", "loading kernel " + entry_);
+    throw_jit_failure(status, "cuModuleLoadDataEx", "loading", entry_, device_,
+                      logs);
   }
-  if (const std::string info = log_text(info_log); !info.empty()) {
-    spdlog::debug("lfce: driver JIT log for {}:\n{}", entry_, info);
-  }
+  logs.debug_info(entry_);
 }
 
 void LoadedKernel::read_resources() {
@@ -189,6 +213,52 @@ void LoadedKernel::launch(Dim3 grid, Dim3 block, CUstream stream,
                                      block.y, block.z, dynamic_smem_bytes_,
                                      stream, params, nullptr),
         "cuLaunchKernel");
+}
+
+LoadedKernel LoadedKernel::from_cubin(int device, const std::string& cubin,
+                                      const std::string& entry,
+                                      unsigned dynamic_smem_bytes) {
+  // cuModuleLoadDataEx tells a cubin from PTX by its ELF magic: anything
+  // else would be parsed as PTX text.
+  constexpr char kElfMagic[] = {0x7f, 'E', 'L', 'F'};
+  if (cubin.compare(0, sizeof kElfMagic, kElfMagic, sizeof kElfMagic) != 0) {
+    throw std::invalid_argument("kernel " + entry +
+                                ": the cubin image is not an ELF file");
+  }
+  return LoadedKernel(device, cubin, entry, dynamic_smem_bytes);
+}
+
+std::string compile_to_cubin(int device, const std::string& ptx,
+                             const std::string& name) {
+  const Driver& d = Driver::get();
+  // The link targets the device of the current context.
+  make_context_current(device);
+  JitLogs logs;  // outlives the link state, which writes into it
+  CUlinkState state = nullptr;
+  check(d.cuLinkCreate(std::size(logs.options), logs.options, logs.values,
+                       &state),
+        "cuLinkCreate");
+  struct Destroy {
+    const Driver& d;
+    CUlinkState state;
+    ~Destroy() { d.cuLinkDestroy(state); }
+  } destroy{d, state};
+  // The size counts the terminating NUL, which the PTX parser expects.
+  CUresult status =
+      d.cuLinkAddData(state, CU_JIT_INPUT_PTX, const_cast<char*>(ptx.c_str()),
+                      ptx.size() + 1, name.c_str(), 0, nullptr, nullptr);
+  if (status != CUDA_SUCCESS) {
+    throw_jit_failure(status, "cuLinkAddData", "compiling", name, device, logs);
+  }
+  void* cubin = nullptr;
+  std::size_t size = 0;
+  status = d.cuLinkComplete(state, &cubin, &size);
+  if (status != CUDA_SUCCESS) {
+    throw_jit_failure(status, "cuLinkComplete", "linking", name, device, logs);
+  }
+  logs.debug_info(name);
+  // The image belongs to the link state: copy it before cuLinkDestroy.
+  return std::string(static_cast<const char*>(cubin), size);
 }
 
 LoadedKernel::~LoadedKernel() { unload(); }

@@ -1,4 +1,5 @@
-// One kernel loaded from PTX into a device's primary context, and its launch.
+// One kernel loaded from PTX or a cubin into a device's context, its launch,
+// and the driver's PTX -> cubin compilation (whose cubin the disk cache keeps).
 #pragma once
 
 #include <cuda.h>
@@ -43,6 +44,13 @@ class LoadedKernel {
   // (DriverUnavailable without a driver) for other driver failures.
   LoadedKernel(int device, const std::string& ptx, const std::string& entry,
                unsigned dynamic_smem_bytes);
+  // The same from a cubin image (compile_to_cubin's, or the disk cache's):
+  // no JIT, just loading. Throws std::invalid_argument if `cubin` is not an
+  // ELF image, CompileError if the driver rejects it (another GPU, a newer
+  // toolchain than the driver), and as the constructor otherwise.
+  static LoadedKernel from_cubin(int device, const std::string& cubin,
+                                 const std::string& entry,
+                                 unsigned dynamic_smem_bytes);
   ~LoadedKernel();
 
   LoadedKernel(const LoadedKernel&) = delete;
@@ -63,7 +71,7 @@ class LoadedKernel {
   unsigned dynamic_smem_bytes() const { return dynamic_smem_bytes_; }
 
  private:
-  void load_module(const std::string& ptx);
+  void load_module(const std::string& image);
   void read_resources();
   void configure_shared_memory();
   void unload() noexcept;
@@ -75,5 +83,13 @@ class LoadedKernel {
   CUfunction function_ = nullptr;
   KernelResources resources_;
 };
+
+// The cubin the driver's JIT makes from `ptx` (PTX text) for `device`, in the
+// device's current context as for LoadedKernel, through the JIT linker
+// (cuLinkCreate / cuLinkAddData / cuLinkComplete) so that it can be kept on
+// disk. `name` names the kernel in errors. Throws CompileError with the JIT's
+// error log if the PTX is rejected, CudaError for other driver failures.
+std::string compile_to_cubin(int device, const std::string& ptx,
+                             const std::string& name);
 
 }  // namespace lfce::runtime

@@ -38,12 +38,14 @@ GemmSkeleton::GemmSkeleton(KernelBuilder& kb, const KernelSpec& spec, Layout a_l
 
 GemmSkeleton::~GemmSkeleton() = default;
 
-int GemmSkeleton::extra_offset() const {
-  int ring = tile_.stages * (operand_tile(tile_, dtype_, layouts_[0], tile_.bm).smem.bytes() +
-                             operand_tile(tile_, dtype_, layouts_[1], tile_.bn).smem.bytes());
-  int staging = tile_.bm * staging_row_floats(tile_) * 4;
-  return (std::max(ring, staging) + 15) / 16 * 16;
+int gemm_smem_bytes(const TileConfig& tile, DType dtype, Layout a, Layout b, int extra_bytes) {
+  int ring = tile.stages * (operand_tile(tile, dtype, a, tile.bm).smem.bytes() +
+                            operand_tile(tile, dtype, b, tile.bn).smem.bytes());
+  int staging = tile.bm * staging_row_floats(tile) * 4;
+  return (std::max(ring, staging) + 15) / 16 * 16 + extra_bytes;
 }
+
+int GemmSkeleton::extra_offset() const { return gemm_smem_bytes(tile_, dtype_, layouts_[0], layouts_[1]); }
 
 Value* GemmSkeleton::k_tiles_for(Value* k_extent) {
   auto& ir = kb_.ir();

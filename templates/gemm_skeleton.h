@@ -32,6 +32,12 @@ struct GemmOperand {
 
 class Mainloop;
 
+// Shared-memory bytes of the skeleton for one tile, computed without building IR (the
+// autotuner prunes configs with it): the cp.async ring (stages x (A + B tiles)) and the staged
+// fp32 tile (BM rows of BN+1 floats) overlap, so the larger of the two, rounded up to 16
+// bytes; a template's own `extra_bytes` follow.
+int gemm_smem_bytes(const TileConfig& tile, DType dtype, Layout a, Layout b, int extra_bytes = 0);
+
 class GemmSkeleton {
  public:
   GemmSkeleton(KernelBuilder& kb, const KernelSpec& spec, Layout a_layout, Layout b_layout);

@@ -122,6 +122,95 @@ LFCE_API int lfce_backward(const lfce_problem* problem, const lfce_backward_args
 LFCE_API int lfce_generate(const lfce_problem* problem, const char* arch, lfce_kernel_callback callback,
                            void* user);
 
+/* ---- Kernel cache (on disk; see docs/cache.md) ------------------------------------------- */
+
+/* The cache directory in use: $LFCE_CACHE_DIR, else $XDG_CACHE_HOME/lfce, else ~/.cache/lfce. */
+LFCE_API const char* lfce_cache_dir(void);
+/* Use another cache directory from now on in this process. */
+LFCE_API int lfce_set_cache_dir(const char* dir);
+
+typedef struct lfce_precompiled {
+  const char* name;     /* template name */
+  const char* spec;     /* canonical KernelSpec text */
+  const char* key;      /* cache key of the PTX entry */
+  int32_t cache_hit;    /* 1: found in the cache, LLVM did not run */
+  double compile_ms;    /* LLVM time (recorded in the entry on a hit) */
+  double elapsed_ms;    /* this call's time for the kernel */
+  size_t ptx_size;
+} lfce_precompiled;
+typedef void (*lfce_precompile_callback)(const lfce_precompiled* kernel, void* user);
+
+/* Fills the cache with the PTX of every kernel the problem needs on `arch` ("sm_90a", "sm_80"),
+ * with the tuned tiles where a tuning is stored. No GPU needed. */
+LFCE_API int lfce_precompile(const lfce_problem* problem, const char* arch, lfce_precompile_callback callback,
+                             void* user);
+
+typedef struct lfce_cache_entry {
+  const char* key;
+  const char* kind;     /* "ptx" or "cubin" */
+  const char* spec;
+  const char* arch;
+  int64_t bytes;        /* payload size */
+  int64_t created_unix;
+  int32_t registers;    /* -1 where unknown (PTX entries) */
+  int32_t local_bytes;  /* spill bytes; -1 where unknown */
+} lfce_cache_entry;
+typedef void (*lfce_cache_entry_callback)(const lfce_cache_entry* entry, void* user);
+typedef void (*lfce_text_callback)(const char* text, void* user);
+
+LFCE_API int lfce_cache_list(lfce_cache_entry_callback callback, void* user);
+/* The metadata (JSON) of the entry whose key is `key` or starts with it. */
+LFCE_API int lfce_cache_info(const char* key, lfce_text_callback callback, void* user);
+/* Checks every entry; hands each bad one to `callback` as "key: file: problem"; removes them if
+ * remove_bad. */
+LFCE_API int lfce_cache_verify(int32_t remove_bad, lfce_text_callback callback, void* user, int64_t* checked,
+                               int64_t* bad);
+/* Removes entries older than older_than_days (all entries if it is < 0). */
+LFCE_API int lfce_cache_clear(double older_than_days, int64_t* removed, int64_t* bytes);
+
+typedef struct lfce_kernel_load {
+  const char* spec;
+  int32_t device;
+  const char* source;   /* "cubin-cache", "ptx-cache" or "llvm": where the kernel came from */
+  double llvm_ms, jit_ms, disk_ms, load_ms, total_ms;
+  int32_t registers, local_bytes;
+} lfce_kernel_load;
+typedef void (*lfce_kernel_load_callback)(const lfce_kernel_load* load, void* user);
+/* How each kernel loaded in this process got there, and what it cost. */
+LFCE_API int lfce_kernel_load_stats(lfce_kernel_load_callback callback, void* user);
+
+/* ---- Autotuning (on the GPU; winners persist in the cache directory) ------------------------ */
+
+typedef void (*lfce_tune_progress)(int64_t done, int64_t total, double eta_seconds, const char* kernel,
+                                   const char* candidate, void* user);
+
+typedef struct lfce_tune_options {
+  int32_t device;
+  const char* space;         /* "default" or "small"; NULL = "default" */
+  double budget_minutes;     /* stop cleanly after this long, keeping what was measured; 0 = no limit */
+  int32_t verify;            /* 1: check every config's loss and gradients against the default config's */
+  int32_t repetitions;       /* timed runs per config (median); 0 = 10 */
+  lfce_tune_progress progress; /* may be NULL */
+  void* user;
+} lfce_tune_options;
+
+typedef struct lfce_tune_result {
+  const char* kernel;
+  const char* default_config;
+  const char* winner;        /* NULL when no config could be measured */
+  double default_ms, winner_ms;
+  double speedup;            /* default_ms / winner_ms; 0 when unknown */
+  int32_t measured, reused, failed, rejected;
+  const char* path;          /* the tuning file */
+} lfce_tune_result;
+typedef void (*lfce_tune_callback)(const lfce_tune_result* result, void* user);
+
+/* Sweeps the config space of each GEMM kernel of the problem on options->device, persisting the
+ * winners (and every measurement: a later call resumes) in the cache directory. Later forward and
+ * backward calls use the winners; so do new processes. */
+LFCE_API int lfce_tune(const lfce_problem* problem, const lfce_tune_options* options, lfce_tune_callback callback,
+                       void* user, int32_t* stopped_by_budget);
+
 /* Model presets: comma-separated names, and one preset's output-layer shape. */
 LFCE_API const char* lfce_preset_names(void);
 LFCE_API int lfce_preset(const char* name, int64_t* hidden, int64_t* vocab);

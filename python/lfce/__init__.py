@@ -9,6 +9,7 @@ The [tokens, vocab] logits are never materialised. Kernel generation
 """
 
 from ._lib import CompileError, CudaError
+from .cache import cache_dir, kernel_load_stats, precompile, set_cache_dir
 from .kernels import generate
 
 __version__ = "0.1.0"
@@ -19,6 +20,10 @@ __all__ = [
     "CompileError",
     "CudaError",
     "generate",
+    "cache_dir",
+    "set_cache_dir",
+    "precompile",
+    "kernel_load_stats",
     "set_log_level",
     "__version__",
 ]

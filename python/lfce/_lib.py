@@ -144,6 +144,41 @@ class KernelInfo(ctypes.Structure):
 
 KERNEL_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.POINTER(KernelInfo), ctypes.c_void_p)
 
+
+class Precompiled(ctypes.Structure):
+    """lfce_precompiled."""
+
+    _fields_ = [
+        ("name", ctypes.c_char_p),
+        ("spec", ctypes.c_char_p),
+        ("key", ctypes.c_char_p),
+        ("cache_hit", ctypes.c_int32),
+        ("compile_ms", ctypes.c_double),
+        ("elapsed_ms", ctypes.c_double),
+        ("ptx_size", ctypes.c_size_t),
+    ]
+
+
+class KernelLoad(ctypes.Structure):
+    """lfce_kernel_load."""
+
+    _fields_ = [
+        ("spec", ctypes.c_char_p),
+        ("device", ctypes.c_int32),
+        ("source", ctypes.c_char_p),
+        ("llvm_ms", ctypes.c_double),
+        ("jit_ms", ctypes.c_double),
+        ("disk_ms", ctypes.c_double),
+        ("load_ms", ctypes.c_double),
+        ("total_ms", ctypes.c_double),
+        ("registers", ctypes.c_int32),
+        ("local_bytes", ctypes.c_int32),
+    ]
+
+
+PRECOMPILE_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.POINTER(Precompiled), ctypes.c_void_p)
+KERNEL_LOAD_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.POINTER(KernelLoad), ctypes.c_void_p)
+
 _P = ctypes.POINTER
 # name -> (restype, argtypes), in the order of lfce.h.
 _SIGNATURES = {
@@ -157,6 +192,10 @@ _SIGNATURES = {
     "lfce_forward": (ctypes.c_int, [_P(Problem), _P(ForwardArgs)]),
     "lfce_backward": (ctypes.c_int, [_P(Problem), _P(BackwardArgs)]),
     "lfce_generate": (ctypes.c_int, [_P(Problem), ctypes.c_char_p, KERNEL_CALLBACK, ctypes.c_void_p]),
+    "lfce_cache_dir": (ctypes.c_char_p, []),
+    "lfce_set_cache_dir": (ctypes.c_int, [ctypes.c_char_p]),
+    "lfce_precompile": (ctypes.c_int, [_P(Problem), ctypes.c_char_p, PRECOMPILE_CALLBACK, ctypes.c_void_p]),
+    "lfce_kernel_load_stats": (ctypes.c_int, [KERNEL_LOAD_CALLBACK, ctypes.c_void_p]),
     "lfce_preset_names": (ctypes.c_char_p, []),
     "lfce_preset": (ctypes.c_int, [ctypes.c_char_p, _P(ctypes.c_int64), _P(ctypes.c_int64)]),
     "lfce_compile_count": (ctypes.c_int64, []),

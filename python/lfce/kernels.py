@@ -4,7 +4,7 @@ import ctypes
 
 from . import _lib
 
-__all__ = ["generate", "dtype_code"]
+__all__ = ["generate", "dtype_code", "problem_for"]
 
 # Accepted spellings of each dtype; torch dtypes are matched by name so torch is optional.
 _DTYPE_NAMES = {
@@ -32,6 +32,25 @@ def _positive_int(name, value, allow_none=False):
                          % (name, " or None" if allow_none else "", value))
 
 
+def problem_for(vocab, hidden, *, dtype="bf16", has_bias=False, mode="recompute", reduction="mean",
+                tokens=8192, chunk_size=None, workspace_budget=None, ignore_index=-100):
+    """Validate the options of a problem description and fill an lfce_problem."""
+    _positive_int("vocab", vocab)
+    _positive_int("hidden", hidden)
+    _positive_int("tokens", tokens)
+    _positive_int("chunk_size", chunk_size, allow_none=True)
+    _positive_int("workspace_budget", workspace_budget, allow_none=True)
+    if reduction not in _lib.REDUCTIONS:
+        raise ValueError("reduction must be one of %s, got %r" % (", ".join(map(repr, _lib.REDUCTIONS)), reduction))
+    if mode not in _lib.MODES:
+        raise ValueError("mode must be one of %s, got %r" % (", ".join(map(repr, _lib.MODES)), mode))
+    return _lib.make_problem(
+        tokens, hidden, vocab, dtype_code(dtype), has_bias=has_bias,
+        reduction=_lib.REDUCTIONS[reduction], mode=_lib.MODES[mode], ignore_index=ignore_index,
+        chunk_size=chunk_size, workspace_budget=workspace_budget,
+    )
+
+
 def generate(vocab, hidden, *, arch="sm_90a", dtype="bf16", has_bias=False, mode="recompute",
              reduction="mean", tokens=8192, chunk_size=None, workspace_budget=None,
              ignore_index=-100):
@@ -46,22 +65,11 @@ def generate(vocab, hidden, *, arch="sm_90a", dtype="bf16", has_bias=False, mode
     ``tokens`` matters only where the library derives a tile or chunk choice from it.
     Raises ValueError for a bad request and CompileError if LLVM fails.
     """
-    _positive_int("vocab", vocab)
-    _positive_int("hidden", hidden)
-    _positive_int("tokens", tokens)
-    _positive_int("chunk_size", chunk_size, allow_none=True)
-    _positive_int("workspace_budget", workspace_budget, allow_none=True)
-    if reduction not in _lib.REDUCTIONS:
-        raise ValueError("reduction must be one of %s, got %r" % (", ".join(map(repr, _lib.REDUCTIONS)), reduction))
-    if mode not in _lib.MODES:
-        raise ValueError("mode must be one of %s, got %r" % (", ".join(map(repr, _lib.MODES)), mode))
+    problem = problem_for(vocab, hidden, dtype=dtype, has_bias=has_bias, mode=mode, reduction=reduction,
+                          tokens=tokens, chunk_size=chunk_size, workspace_budget=workspace_budget,
+                          ignore_index=ignore_index)
     if not isinstance(arch, str):
         raise ValueError("arch must be a string such as 'sm_90a' or 'sm_80', got %r" % (arch,))
-    problem = _lib.make_problem(
-        tokens, hidden, vocab, dtype_code(dtype), has_bias=has_bias,
-        reduction=_lib.REDUCTIONS[reduction], mode=_lib.MODES[mode], ignore_index=ignore_index,
-        chunk_size=chunk_size, workspace_budget=workspace_budget,
-    )
     kernels = []
     failures = []
 

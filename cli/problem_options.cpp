@@ -1,0 +1,91 @@
+#include "cli/problem_options.h"
+
+#include <map>
+#include <sstream>
+
+namespace lfce::cli {
+namespace {
+
+const std::map<std::string, int32_t> kDtypes = {
+    {"bf16", LFCE_DTYPE_BF16}, {"fp16", LFCE_DTYPE_FP16}, {"fp32", LFCE_DTYPE_FP32}};
+const std::map<std::string, int32_t> kModes = {{"recompute", LFCE_MODE_RECOMPUTE}, {"eager", LFCE_MODE_EAGER}};
+const std::map<std::string, int32_t> kReductions = {
+    {"mean", LFCE_REDUCTION_MEAN}, {"sum", LFCE_REDUCTION_SUM}, {"none", LFCE_REDUCTION_NONE}};
+const std::map<std::string, int32_t> kTargets = {{"i64", LFCE_INDEX_INT64}, {"i32", LFCE_INDEX_INT32}};
+
+template <typename T>
+std::vector<std::string> keys(const std::map<std::string, T>& m) {
+  std::vector<std::string> out;
+  for (const auto& [k, v] : m) out.push_back(k);
+  return out;
+}
+
+}  // namespace
+
+CLI::Validator at_least(int64_t minimum) {
+  return CLI::Validator(
+      [minimum](std::string& text) -> std::string {
+        try {
+          size_t end = 0;
+          long long value = std::stoll(text, &end);
+          if (end == text.size() && value >= minimum) return "";
+        } catch (const std::exception&) {
+        }
+        return "must be an integer >= " + std::to_string(minimum) + ", got '" + text + "'";
+      },
+      "INT>=" + std::to_string(minimum));
+}
+
+void ProblemOptions::add_to(CLI::App& app) {
+  app.add_option("--tokens,-n", tokens, "tokens N (run-time size; picks the chunk width)")
+      ->check(at_least(1))
+      ->capture_default_str();
+  app.add_option("--dtype", dtype, "dtype of hidden, weight and gradients")
+      ->check(CLI::IsMember(keys(kDtypes)))
+      ->capture_default_str();
+  app.add_option("--mode", mode, "recompute or eager")->check(CLI::IsMember(keys(kModes)))->capture_default_str();
+  app.add_option("--reduction", reduction, "mean, sum or none")
+      ->check(CLI::IsMember(keys(kReductions)))
+      ->capture_default_str();
+  app.add_option("--targets", targets, "index dtype of the targets")
+      ->check(CLI::IsMember(keys(kTargets)))
+      ->capture_default_str();
+  app.add_flag("--bias", bias, "the layer has a bias");
+  app.add_option("--chunk", chunk, "vocabulary chunk of the backward (0: from the budget)")
+      ->check(at_least(0))
+      ->capture_default_str();
+  app.add_option("--budget-mib", budget_mib, "backward workspace budget in MiB (0: 256)")
+      ->check(at_least(0))
+      ->capture_default_str();
+}
+
+lfce_problem ProblemOptions::problem(int64_t vocab, int64_t hidden) const {
+  lfce_problem p{};
+  p.tokens = tokens;
+  p.hidden = hidden;
+  p.vocab = vocab;
+  p.dtype = kDtypes.at(dtype);
+  p.target_dtype = kTargets.at(targets);
+  p.has_bias = bias ? 1 : 0;
+  p.reduction = kReductions.at(reduction);
+  p.mode = kModes.at(mode);
+  p.ignore_index = ignore_index;
+  p.chunk_size = chunk;
+  p.workspace_budget = budget_mib << 20;
+  return p;
+}
+
+void check(int status, const std::string& what) {
+  if (status != LFCE_OK) throw CLI::ValidationError(what, lfce_last_error());
+}
+
+std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ','))
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+}  // namespace lfce::cli

@@ -1,0 +1,87 @@
+"""The kernel cache from Python: where it is, filling it ahead of time, what loaded from it.
+
+Kernels are cached on disk (PTX for each spec, plus the driver-compiled cubin per GPU and
+driver) under ``lfce.cache_dir()``: $LFCE_CACHE_DIR, else $XDG_CACHE_HOME/lfce, else
+~/.cache/lfce. The training path uses the cache with no code change; ``precompile`` fills it
+without a GPU, e.g. while building a container image.
+"""
+
+import ctypes
+
+from . import _lib
+from .kernels import problem_for
+
+__all__ = ["cache_dir", "set_cache_dir", "precompile", "kernel_load_stats"]
+
+
+def cache_dir():
+    """The kernel cache directory this process uses."""
+    return _lib.load().lfce_cache_dir().decode()
+
+
+def set_cache_dir(path):
+    """Use ``path`` as the kernel cache directory from now on in this process."""
+    if not isinstance(path, str) or not path:
+        raise ValueError("path must be a non-empty string, got %r" % (path,))
+    _lib.check(_lib.load().lfce_set_cache_dir(path.encode()))
+
+
+def _collect(callback_type, convert, call):
+    rows, failures = [], []
+
+    def on_row(pointer, _user):
+        try:
+            rows.append(convert(pointer.contents))
+        except BaseException as error:  # an exception cannot cross the C frame
+            failures.append(error)
+
+    callback = callback_type(on_row)
+    _lib.check(call(callback))
+    if failures:
+        raise failures[0]
+    return rows
+
+
+def precompile(model=None, *, vocab=None, hidden=None, archs=("sm_90a", "sm_80"), dtype="bf16", has_bias=False,
+               mode="recompute", reduction="mean", tokens=8192, chunk_size=None, workspace_budget=None):
+    """Fill the cache with every kernel of a model preset (or of ``vocab``/``hidden``) for ``archs``.
+
+    No GPU is needed. Returns one dict per kernel and arch: name, arch, spec, key, cache_hit,
+    compile_ms (LLVM), elapsed_ms, ptx_size.
+    """
+    if model is not None:
+        if vocab is not None or hidden is not None:
+            raise ValueError("give either model or vocab and hidden, not both")
+        from .presets import PRESETS
+
+        if model not in PRESETS:
+            raise ValueError("unknown model %r; known models: %s" % (model, ", ".join(sorted(PRESETS))))
+        hidden, vocab = PRESETS[model]
+    elif vocab is None or hidden is None:
+        raise ValueError("precompile needs a model preset or both vocab and hidden")
+    if isinstance(archs, str):
+        archs = (archs,)
+    problem = problem_for(vocab, hidden, dtype=dtype, has_bias=has_bias, mode=mode, reduction=reduction,
+                          tokens=tokens, chunk_size=chunk_size, workspace_budget=workspace_budget)
+    rows = []
+    for arch in archs:
+        def convert(k, arch=arch):
+            return {"name": k.name.decode(), "arch": arch, "spec": k.spec.decode(), "key": k.key.decode(),
+                    "cache_hit": bool(k.cache_hit), "compile_ms": k.compile_ms, "elapsed_ms": k.elapsed_ms,
+                    "ptx_size": int(k.ptx_size)}
+
+        rows += _collect(_lib.PRECOMPILE_CALLBACK, convert,
+                         lambda cb, arch=arch: _lib.load().lfce_precompile(ctypes.byref(problem), str(arch).encode(),
+                                                                           cb, None))
+    return rows
+
+
+def kernel_load_stats():
+    """How each kernel this process loaded got there: source ("cubin-cache", "ptx-cache" or
+    "llvm") and the milliseconds spent in LLVM, the driver JIT, disk reads and module loading."""
+    def convert(k):
+        return {"spec": k.spec.decode(), "device": k.device, "source": k.source.decode(), "llvm_ms": k.llvm_ms,
+                "jit_ms": k.jit_ms, "disk_ms": k.disk_ms, "load_ms": k.load_ms, "total_ms": k.total_ms,
+                "registers": k.registers, "local_bytes": k.local_bytes}
+
+    return _collect(_lib.KERNEL_LOAD_CALLBACK, convert, lambda cb: _lib.load().lfce_kernel_load_stats(cb, None))

@@ -1,0 +1,90 @@
+// The sweep on a real GPU (label gpu): every config of the small space gives the default
+// config's loss and gradients within the dtype's tolerance, and the winners it stores are what
+// the next lookup_tuning() returns. Skips without a GPU unless LFCE_REQUIRE_GPU=1.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+
+#include "autotune/tuner.h"
+#include "runtime/driver.h"
+
+namespace lfce::autotune {
+namespace {
+
+namespace fs = std::filesystem;
+
+bool gpu_usable(std::string& why) {
+  try {
+    runtime::device_info(0);
+    return true;
+  } catch (const std::exception& e) {
+    why = e.what();
+    return false;
+  }
+}
+
+class TunerGpu : public testing::TestWithParam<DType> {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!gpu_usable(why)) {
+      const char* require = std::getenv("LFCE_REQUIRE_GPU");
+      if (require && std::string(require) == "1") FAIL() << "LFCE_REQUIRE_GPU=1 but no usable GPU: " << why;
+      GTEST_SKIP() << "no usable GPU: " << why;
+    }
+    char tmpl[] = "/tmp/lfce_tuner_gpu_XXXXXX";
+    dir_ = mkdtemp(tmpl);
+    setenv("LFCE_CACHE_DIR", dir_.c_str(), 1);
+    forget_memoized_tunings();
+  }
+  void TearDown() override {
+    forget_memoized_tunings();
+    unsetenv("LFCE_CACHE_DIR");
+    if (!dir_.empty()) fs::remove_all(dir_);
+  }
+  std::string dir_;
+};
+
+TEST_P(TunerGpu, SmallSpaceAgreesWithTheDefaultAndItsWinnersAreUsed) {
+  runtime::Problem p;
+  p.tokens = 1000;  // not a multiple of any tile: edges are exercised
+  p.hidden = 512;
+  p.vocab = 5000;
+  p.dtype = GetParam();
+  p.bias = true;
+  p.workspace_budget = 1 << 20;  // several vocabulary chunks
+  TuneOptions options;
+  options.space = "small";
+  options.verify = true;
+  options.warmup = 1;
+  options.repetitions = 3;
+  TuneResult r = tune(p, 0, options);
+  const Arch arch = parse_arch(runtime::device_info(0).arch());
+  ASSERT_EQ(r.kinds.size(), 4u);
+  TuningStore store(dir_);
+  for (const KindResult& k : r.kinds) {
+    SCOPED_TRACE(std::string(kind_name(k.kind)));
+    EXPECT_EQ(k.failed, 0);
+    EXPECT_TRUE(k.winner);
+    std::optional<TuningEntry> entry = store.load(TuningKey::of(k.kind, p, arch));
+    ASSERT_TRUE(entry);
+    for (const Record& rec : entry->records) {
+      EXPECT_TRUE(rec.result.ok()) << rec.candidate.text() << ": " << rec.result.error;
+      EXPECT_GE(rec.result.verify_error, 0) << rec.candidate.text();
+      EXPECT_LE(rec.result.verify_error, verify_tolerance(p.dtype)) << rec.candidate.text();
+    }
+  }
+  // A later process: no memo, only the files.
+  forget_memoized_tunings();
+  EXPECT_EQ(runtime::lookup_tuning(p, arch, 0), r.tuning);
+  // and nothing is measured again
+  TuneResult again = tune(p, 0, options);
+  for (const KindResult& k : again.kinds) EXPECT_EQ(k.measured, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Autotune, TunerGpu, testing::Values(DType::BF16, DType::FP32),
+                         [](const testing::TestParamInfo<DType>& info) { return std::string(dtype_name(info.param)); });
+
+}  // namespace
+}  // namespace lfce::autotune

@@ -1,0 +1,172 @@
+// The tuning store with no GPU: entries round-trip through their JSON file, writes are atomic,
+// a damaged file reads as missing, and lookup_tuning() returns the stored winners for problems
+// of the same key and N bucket (and the defaults for others), reading each file once.
+#include "autotune/tuning_store.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "runtime/tuning.h"
+
+namespace lfce::autotune {
+namespace {
+
+namespace fs = std::filesystem;
+
+runtime::Problem problem(int64_t tokens = 8192) {
+  runtime::Problem p;
+  p.tokens = tokens;
+  p.hidden = 4096;
+  p.vocab = 128256;
+  p.workspace_budget = runtime::kDefaultWorkspaceBudget;
+  return p;
+}
+
+// A fresh cache directory, also exported as LFCE_CACHE_DIR for lookup_tuning().
+class StoreTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/lfce_tuning_XXXXXX";
+    dir_ = mkdtemp(tmpl);
+    setenv("LFCE_CACHE_DIR", dir_.c_str(), 1);
+    unsetenv("LFCE_AUTOTUNE");
+    forget_memoized_tunings();
+  }
+  void TearDown() override {
+    forget_memoized_tunings();
+    unsetenv("LFCE_CACHE_DIR");
+    fs::remove_all(dir_);
+  }
+
+  TuningEntry entry(KernelKind kind, const runtime::Problem& p, const Candidate& fast) {
+    TuningEntry e;
+    e.key = TuningKey::of(kind, p, Arch::SM90A);
+    e.tokens = p.tokens;
+    e.device = "NVIDIA H200";
+    e.default_config = default_candidate(kind, p);
+    e.measured_with = {{"lse_forward", "128x128x64/2x4/s3;ctas=264"}};
+    e.records.push_back({e.default_config, Measurement{2.0, "", 0.0}});
+    e.records.push_back({fast, Measurement{1.5, "", 0.001}});
+    Measurement failed;
+    failed.error = "spills: 96 bytes of local memory per thread";
+    e.records.push_back({Candidate{kind, TileConfig{256, 128, 64, 2, 4, 4}, fast.forward_ctas, fast.chunk}, failed});
+    return e;
+  }
+
+  std::string dir_;
+};
+
+const Candidate kFastForward{KernelKind::LseForward, TileConfig{128, 256, 64, 2, 4, 3}, 528, 0};
+
+TEST_F(StoreTest, RoundTripsAnEntry) {
+  TuningStore store(dir_);
+  TuningEntry saved = entry(KernelKind::LseForward, problem(), kFastForward);
+  store.save(saved);
+  std::optional<TuningEntry> loaded = store.load(saved.key);
+  ASSERT_TRUE(loaded);
+  EXPECT_EQ(loaded->tokens, 8192);
+  EXPECT_EQ(loaded->device, "NVIDIA H200");
+  EXPECT_EQ(loaded->default_config, saved.default_config);
+  EXPECT_EQ(loaded->measured_with, saved.measured_with);
+  ASSERT_EQ(loaded->records.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(loaded->records[i].candidate, saved.records[i].candidate);
+    EXPECT_EQ(loaded->records[i].result.ms, saved.records[i].result.ms);
+    EXPECT_EQ(loaded->records[i].result.error, saved.records[i].result.error);
+    EXPECT_EQ(loaded->records[i].result.verify_error, saved.records[i].result.verify_error);
+  }
+  EXPECT_FALSE(loaded->records[2].result.ok());
+  ASSERT_TRUE(loaded->winner());
+  EXPECT_EQ(loaded->winner()->candidate, kFastForward);
+  EXPECT_DOUBLE_EQ(*loaded->speedup(), 2.0 / 1.5);
+}
+
+TEST_F(StoreTest, FileIsReadableJsonNamedAfterTheKey) {
+  TuningStore store(dir_);
+  TuningEntry saved = entry(KernelKind::LseForward, problem(5000), kFastForward);
+  store.save(saved);
+  const std::string path = store.path(saved.key);
+  EXPECT_EQ(fs::path(path).filename(), "lse_forward-sm_90a-bf16-V128256-H4096-N8192-recompute-mean-i64-nobias.json");
+  nlohmann::json j = nlohmann::json::parse(std::ifstream(path));
+  EXPECT_EQ(j["key"]["n_bucket"], 8192);
+  EXPECT_EQ(j["winner"]["config"], kFastForward.text());
+  EXPECT_TRUE(j["candidates"][2]["ms"].is_null());  // +inf: failed
+  EXPECT_EQ(j["candidates"][2]["error"], "spills: 96 bytes of local memory per thread");
+}
+
+TEST_F(StoreTest, WriteLeavesNoTemporaryFiles) {
+  TuningStore store(dir_);
+  for (int i = 0; i < 3; ++i) store.save(entry(KernelKind::LseForward, problem(), kFastForward));
+  int files = 0;
+  for (const auto& f : fs::directory_iterator(store.dir())) {
+    EXPECT_EQ(f.path().extension(), ".json") << f.path();
+    EXPECT_NE(f.path().filename().string()[0], '.') << f.path();
+    ++files;
+  }
+  EXPECT_EQ(files, 1);
+}
+
+TEST_F(StoreTest, CorruptFileReadsAsMissing) {
+  TuningStore store(dir_);
+  TuningEntry saved = entry(KernelKind::GradInput, problem(), Candidate{KernelKind::GradInput, TileConfig{64, 128, 64, 2, 2, 3}, 0, 0});
+  store.save(saved);
+  std::ofstream(store.path(saved.key), std::ios::trunc) << "{\"format\": 1, \"key\":";
+  EXPECT_FALSE(store.load(saved.key));
+}
+
+TEST_F(StoreTest, FileOfAnotherKeyReadsAsMissing) {
+  TuningStore store(dir_);
+  TuningEntry saved = entry(KernelKind::LseForward, problem(), kFastForward);
+  store.save(saved);
+  TuningKey other = saved.key;
+  other.hidden = 2048;
+  fs::copy_file(store.path(saved.key), store.path(other));
+  EXPECT_FALSE(store.load(other));
+}
+
+TEST_F(StoreTest, LookupReturnsTheStoredWinnerForTheSameBucket) {
+  TuningStore store(dir_);
+  const Candidate fast_gw{KernelKind::GradWeight, TileConfig{128, 64, 64, 2, 2, 4}, 0, 0};
+  store.save(entry(KernelKind::LseForward, problem(8192), kFastForward));
+  store.save(entry(KernelKind::GradWeight, problem(8192), fast_gw));
+
+  runtime::Tuning tuned = runtime::lookup_tuning(problem(5000), Arch::SM90A, 0);  // bucket 8192 as well
+  EXPECT_EQ(tuned.tile(KernelKind::LseForward, DType::BF16), kFastForward.tile);
+  EXPECT_EQ(tuned.forward_ctas, 528);
+  EXPECT_EQ(tuned.tile(KernelKind::GradWeight, DType::BF16), fast_gw.tile);
+  EXPECT_EQ(tuned.tile(KernelKind::GradInput, DType::BF16), runtime::default_tile(DType::BF16));  // none stored
+  EXPECT_EQ(tuned.chunk, 0);
+
+  EXPECT_EQ(runtime::lookup_tuning(problem(8193), Arch::SM90A, 0), runtime::Tuning{});  // bucket 16384
+  EXPECT_EQ(runtime::lookup_tuning(problem(8192), Arch::SM80, 0), runtime::Tuning{});   // another arch
+}
+
+TEST_F(StoreTest, LookupReadsTheFilesOncePerProblem) {
+  TuningStore store(dir_);
+  store.save(entry(KernelKind::LseForward, problem(), kFastForward));
+  runtime::Tuning first = runtime::lookup_tuning(problem(), Arch::SM90A, 0);
+  fs::remove_all(store.dir());
+  EXPECT_EQ(runtime::lookup_tuning(problem(), Arch::SM90A, 0), first);  // memoized
+  forget_memoized_tunings();
+  EXPECT_EQ(runtime::lookup_tuning(problem(), Arch::SM90A, 0), runtime::Tuning{});
+}
+
+TEST_F(StoreTest, LookupIgnoresAWinnerThePrunerRejects) {
+  TuningStore store(dir_);
+  // As a file from another generator version might hold: over sm_90a's shared memory.
+  store.save(entry(KernelKind::LseForward, problem(), Candidate{KernelKind::LseForward, TileConfig{256, 256, 64, 2, 4, 4}, 264, 0}));
+  EXPECT_EQ(runtime::lookup_tuning(problem(), Arch::SM90A, 0), runtime::Tuning{});
+}
+
+TEST(TokenBucket, IsTheNextPowerOfTwo) {
+  EXPECT_EQ(token_bucket(1), 1);
+  EXPECT_EQ(token_bucket(4097), 8192);
+  EXPECT_EQ(token_bucket(8192), 8192);
+}
+
+}  // namespace
+}  // namespace lfce::autotune

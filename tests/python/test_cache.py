@@ -1,0 +1,90 @@
+"""The kernel cache from Python: location, offline precompilation, and (GPU) the training path
+picking cached kernels up in a new process with no code change."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import lfce
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture
+def cache(tmp_path):
+    previous = lfce.cache_dir()
+    lfce.set_cache_dir(str(tmp_path))
+    yield tmp_path
+    lfce.set_cache_dir(previous)
+
+
+def run_python(code, env_extra):
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"), **env_extra)
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_cache_dir_follows_the_environment(tmp_path):
+    out = run_python("import lfce; print(lfce.cache_dir())", {"LFCE_CACHE_DIR": str(tmp_path / "c")})
+    assert out.strip() == str(tmp_path / "c")
+
+
+def test_precompile_fills_the_cache_then_hits(cache):
+    first = lfce.precompile("llama2-7b", archs=("sm_90a", "sm_80"), tokens=256)
+    assert len(first) == 12 and not any(k["cache_hit"] for k in first)
+    assert all(k["compile_ms"] > 0 and k["ptx_size"] > 0 for k in first)
+    second = lfce.precompile("llama2-7b", archs=("sm_90a", "sm_80"), tokens=256)
+    assert all(k["cache_hit"] for k in second)
+    assert [k["key"] for k in second] == [k["key"] for k in first]
+    assert len(list((cache / "kernels").glob("*.ptx"))) == 12
+
+
+def test_precompile_in_another_process_reuses_the_entries(cache):
+    lfce.precompile(vocab=1000, hidden=64, archs="sm_80", tokens=64)
+    out = run_python(
+        "import json, lfce; print(json.dumps(lfce.precompile(vocab=1000, hidden=64, archs='sm_80', tokens=64)))",
+        {"LFCE_CACHE_DIR": str(cache)})
+    assert all(k["cache_hit"] for k in json.loads(out))
+
+
+def test_precompile_names_an_unknown_model():
+    with pytest.raises(ValueError, match="unknown model 'gpt-9'"):
+        lfce.precompile("gpt-9")
+
+
+def test_precompile_rejects_model_and_shape_together():
+    with pytest.raises(ValueError, match="not both"):
+        lfce.precompile("llama3-8b", vocab=10, hidden=8)
+
+
+def test_precompile_names_a_bad_arch(cache):
+    with pytest.raises(ValueError, match="sm_75"):
+        lfce.precompile(vocab=1000, hidden=64, archs="sm_75")
+
+
+STEP = """
+import json, torch, lfce
+x = torch.randn(300, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+w = torch.randn(5000, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+y = torch.randint(0, 5000, (300,), device="cuda")
+lfce.linear_cross_entropy(x, w, y).backward()
+torch.cuda.synchronize()
+print(json.dumps(lfce.kernel_load_stats()))
+"""
+
+
+@pytest.mark.gpu
+def test_a_new_process_loads_cached_cubins_without_compiling(tmp_path):
+    env = {"LFCE_CACHE_DIR": str(tmp_path), "CUDA_CACHE_DISABLE": "1"}
+    cold = json.loads(run_python(STEP, env))
+    warm = json.loads(run_python(STEP, env))
+    assert {k["source"] for k in cold} == {"llvm"}, cold
+    assert len(warm) == len(cold) == 6
+    assert {k["source"] for k in warm} == {"cubin-cache"}, warm
+    assert all(k["llvm_ms"] == 0 and k["jit_ms"] == 0 for k in warm), warm
+    print("cold ms per kernel (LLVM + JIT):", [round(k["llvm_ms"] + k["jit_ms"], 1) for k in cold])
+    print("warm load ms per kernel:", [round(k["total_ms"], 2) for k in warm])
