@@ -9,7 +9,7 @@ The [tokens, vocab] logits are never materialised. Kernel generation
 """
 
 from ._lib import CompileError, CudaError
-from .cache import cache_dir, kernel_load_stats, precompile, set_cache_dir
+from .cache import cache_dir, kernel_load_stats, precompile, set_cache_dir, tune
 from .kernels import generate
 
 __version__ = "0.1.0"
@@ -23,6 +23,7 @@ __all__ = [
     "cache_dir",
     "set_cache_dir",
     "precompile",
+    "tune",
     "kernel_load_stats",
     "set_log_level",
     "__version__",

@@ -176,6 +176,43 @@ class KernelLoad(ctypes.Structure):
     ]
 
 
+TUNE_PROGRESS = ctypes.CFUNCTYPE(None, ctypes.c_int64, ctypes.c_int64, ctypes.c_double, ctypes.c_char_p,
+                                 ctypes.c_char_p, ctypes.c_void_p)
+
+
+class TuneOptions(ctypes.Structure):
+    """lfce_tune_options."""
+
+    _fields_ = [
+        ("device", ctypes.c_int32),
+        ("space", ctypes.c_char_p),
+        ("budget_minutes", ctypes.c_double),
+        ("verify", ctypes.c_int32),
+        ("repetitions", ctypes.c_int32),
+        ("progress", TUNE_PROGRESS),
+        ("user", ctypes.c_void_p),
+    ]
+
+
+class TuneResult(ctypes.Structure):
+    """lfce_tune_result."""
+
+    _fields_ = [
+        ("kernel", ctypes.c_char_p),
+        ("default_config", ctypes.c_char_p),
+        ("winner", ctypes.c_char_p),
+        ("default_ms", ctypes.c_double),
+        ("winner_ms", ctypes.c_double),
+        ("speedup", ctypes.c_double),
+        ("measured", ctypes.c_int32),
+        ("reused", ctypes.c_int32),
+        ("failed", ctypes.c_int32),
+        ("rejected", ctypes.c_int32),
+        ("path", ctypes.c_char_p),
+    ]
+
+
+TUNE_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.POINTER(TuneResult), ctypes.c_void_p)
 PRECOMPILE_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.POINTER(Precompiled), ctypes.c_void_p)
 KERNEL_LOAD_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.POINTER(KernelLoad), ctypes.c_void_p)
 
@@ -196,6 +233,7 @@ _SIGNATURES = {
     "lfce_set_cache_dir": (ctypes.c_int, [ctypes.c_char_p]),
     "lfce_precompile": (ctypes.c_int, [_P(Problem), ctypes.c_char_p, PRECOMPILE_CALLBACK, ctypes.c_void_p]),
     "lfce_kernel_load_stats": (ctypes.c_int, [KERNEL_LOAD_CALLBACK, ctypes.c_void_p]),
+    "lfce_tune": (ctypes.c_int, [_P(Problem), _P(TuneOptions), TUNE_CALLBACK, ctypes.c_void_p, _P(ctypes.c_int32)]),
     "lfce_preset_names": (ctypes.c_char_p, []),
     "lfce_preset": (ctypes.c_int, [ctypes.c_char_p, _P(ctypes.c_int64), _P(ctypes.c_int64)]),
     "lfce_compile_count": (ctypes.c_int64, []),

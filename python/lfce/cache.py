@@ -11,7 +11,7 @@ import ctypes
 from . import _lib
 from .kernels import problem_for
 
-__all__ = ["cache_dir", "set_cache_dir", "precompile", "kernel_load_stats"]
+__all__ = ["cache_dir", "set_cache_dir", "precompile", "tune", "kernel_load_stats"]
 
 
 def cache_dir():
@@ -42,13 +42,8 @@ def _collect(callback_type, convert, call):
     return rows
 
 
-def precompile(model=None, *, vocab=None, hidden=None, archs=("sm_90a", "sm_80"), dtype="bf16", has_bias=False,
-               mode="recompute", reduction="mean", tokens=8192, chunk_size=None, workspace_budget=None):
-    """Fill the cache with every kernel of a model preset (or of ``vocab``/``hidden``) for ``archs``.
-
-    No GPU is needed. Returns one dict per kernel and arch: name, arch, spec, key, cache_hit,
-    compile_ms (LLVM), elapsed_ms, ptx_size.
-    """
+def _shape(model, vocab, hidden):
+    """(vocab, hidden) from a preset name or the explicit sizes."""
     if model is not None:
         if vocab is not None or hidden is not None:
             raise ValueError("give either model or vocab and hidden, not both")
@@ -58,7 +53,18 @@ def precompile(model=None, *, vocab=None, hidden=None, archs=("sm_90a", "sm_80")
             raise ValueError("unknown model %r; known models: %s" % (model, ", ".join(sorted(PRESETS))))
         hidden, vocab = PRESETS[model]
     elif vocab is None or hidden is None:
-        raise ValueError("precompile needs a model preset or both vocab and hidden")
+        raise ValueError("give a model preset or both vocab and hidden")
+    return vocab, hidden
+
+
+def precompile(model=None, *, vocab=None, hidden=None, archs=("sm_90a", "sm_80"), dtype="bf16", has_bias=False,
+               mode="recompute", reduction="mean", tokens=8192, chunk_size=None, workspace_budget=None):
+    """Fill the cache with every kernel of a model preset (or of ``vocab``/``hidden``) for ``archs``.
+
+    No GPU is needed. Returns one dict per kernel and arch: name, arch, spec, key, cache_hit,
+    compile_ms (LLVM), elapsed_ms, ptx_size.
+    """
+    vocab, hidden = _shape(model, vocab, hidden)
     if isinstance(archs, str):
         archs = (archs,)
     problem = problem_for(vocab, hidden, dtype=dtype, has_bias=has_bias, mode=mode, reduction=reduction,
@@ -73,6 +79,49 @@ def precompile(model=None, *, vocab=None, hidden=None, archs=("sm_90a", "sm_80")
         rows += _collect(_lib.PRECOMPILE_CALLBACK, convert,
                          lambda cb, arch=arch: _lib.load().lfce_precompile(ctypes.byref(problem), str(arch).encode(),
                                                                            cb, None))
+    return rows
+
+
+def tune(model=None, *, vocab=None, hidden=None, tokens=8192, dtype="bf16", has_bias=False, mode="recompute",
+         reduction="mean", device=0, space="default", budget_minutes=0.0, verify=False, repetitions=0,
+         progress=None):
+    """Autotune the GEMM kernels of one problem on CUDA device ``device``.
+
+    Winners and every measurement persist in the cache directory: later calls (and new
+    processes) run with the winners, and a sweep stopped by ``budget_minutes`` resumes where it
+    stopped. ``progress(done, total, eta_seconds, kernel, candidate)`` is called before each
+    config. Returns one dict per kernel: kernel, default_config, default_ms, winner, winner_ms,
+    speedup, measured, reused, failed, rejected, path.
+    """
+    vocab, hidden = _shape(model, vocab, hidden)
+    if space not in ("default", "small"):
+        raise ValueError("space must be 'default' or 'small', got %r" % (space,))
+    problem = problem_for(vocab, hidden, dtype=dtype, has_bias=has_bias, mode=mode, reduction=reduction,
+                          tokens=tokens)
+    failures = []
+
+    def on_progress(done, total, eta, kernel, candidate, _user):
+        try:
+            progress(done, total, eta, kernel.decode(), candidate.decode())
+        except BaseException as error:  # an exception cannot cross the C frame
+            failures.append(error)
+
+    options = _lib.TuneOptions(device=device, space=space.encode(), budget_minutes=float(budget_minutes),
+                               verify=int(bool(verify)), repetitions=int(repetitions),
+                               progress=_lib.TUNE_PROGRESS(on_progress) if progress else _lib.TUNE_PROGRESS())
+
+    def convert(r):
+        return {"kernel": r.kernel.decode(), "default_config": r.default_config.decode(),
+                "default_ms": r.default_ms, "winner": r.winner.decode() if r.winner else None,
+                "winner_ms": r.winner_ms, "speedup": r.speedup or None, "measured": r.measured,
+                "reused": r.reused, "failed": r.failed, "rejected": r.rejected, "path": r.path.decode()}
+
+    stopped = ctypes.c_int32(0)
+    rows = _collect(_lib.TUNE_CALLBACK, convert,
+                    lambda cb: _lib.load().lfce_tune(ctypes.byref(problem), ctypes.byref(options), cb, None,
+                                                     ctypes.byref(stopped)))
+    if failures:
+        raise failures[0]
     return rows
 
 
