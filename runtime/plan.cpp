@@ -28,14 +28,20 @@ E checked_enum(int32_t value, int32_t count, const char* field, const char* acce
 
 }  // namespace
 
-TileConfig default_tile(DType dtype) {
+TileConfig default_tile(KernelKind kind, DType dtype) {
   if (dtype == DType::FP32) return TileConfig{128, 128, 32, 2, 4, 2};
-  return TileConfig{128, 128, 64, 2, 4, 3};
+  switch (kind) {
+    case KernelKind::LseForward: return TileConfig{64, 256, 64, 1, 4, 2};
+    case KernelKind::DlogitsBackward: return TileConfig{256, 128, 64, 4, 2, 2};
+    case KernelKind::GradWeight: return TileConfig{128, 256, 64, 2, 4, 2};
+    case KernelKind::GradInput: return TileConfig{256, 128, 64, 4, 2, 2};
+    default: return TileConfig{128, 128, 64, 2, 4, 3};  // not a GEMM: the tile is unused
+  }
 }
 
 TileConfig Tuning::tile(KernelKind kind, DType dtype) const {
   auto it = tiles.find(kind);
-  return it == tiles.end() ? default_tile(dtype) : it->second;
+  return it == tiles.end() ? default_tile(kind, dtype) : it->second;
 }
 
 Problem problem_from_c(const lfce_problem* c) {

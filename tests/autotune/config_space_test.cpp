@@ -122,7 +122,7 @@ TEST(ConfigSpace, SmallSpaceHasAFewConfigsPerKind) {
     for (DType dtype : {DType::BF16, DType::FP32}) {
       ConfigSpace space = config_space(kind, llama3_8b(dtype), Arch::SM80, "small");
       EXPECT_GE(space.kept.size(), 3u) << kind_name(kind);
-      EXPECT_LE(space.kept.size(), 4u) << kind_name(kind);
+      EXPECT_LE(space.kept.size(), 5u) << kind_name(kind);  // the default + up to 4
       EXPECT_TRUE(space.rejected.empty()) << space.rejected.front().reason;
     }
 }
@@ -140,8 +140,8 @@ TEST(Candidate, TextRoundTrips) {
   for (KernelKind kind : tuned_kinds())
     for (const Candidate& c : config_space(kind, llama3_8b(), Arch::SM90A, "small").kept)
       EXPECT_EQ(Candidate::parse(kind, c.text()), c) << c.text();
-  EXPECT_EQ(default_candidate(KernelKind::LseForward, llama3_8b()).text(), "128x128x64/2x4/s3;ctas=264");
-  EXPECT_EQ(default_candidate(KernelKind::GradWeight, llama3_8b()).text(), "128x128x64/2x4/s3");
+  EXPECT_EQ(default_candidate(KernelKind::LseForward, llama3_8b()).text(), "64x256x64/1x4/s2;ctas=132");
+  EXPECT_EQ(default_candidate(KernelKind::GradWeight, llama3_8b()).text(), "128x256x64/2x4/s2");
 }
 
 TEST(Candidate, ParseNamesTheBadText) {

@@ -172,7 +172,7 @@ TEST_F(TunerTest, MeasuresTheDefaultFirst) {
   options_.budget_minutes = 0;
   tune_with(bench, problem(), Arch::SM90A, options_);
   ASSERT_FALSE(bench.calls.empty());
-  EXPECT_EQ(bench.calls.front().second.tile(KernelKind::GradInput, DType::BF16), runtime::default_tile(DType::BF16));
+  EXPECT_EQ(bench.calls.front().second.tile(KernelKind::GradInput, DType::BF16), runtime::default_tile(KernelKind::GradInput, DType::BF16));
   EXPECT_EQ(bench.calls.size(), space_size(KernelKind::GradInput, "default"));
 }
 
@@ -204,7 +204,7 @@ TEST_F(TunerTest, LaterKindsAreMeasuredWithTheEarlierWinners) {
       EXPECT_EQ(tuning.chunk, dlogits_winner.chunk);
     }
     if (kind == KernelKind::DlogitsBackward) {
-      EXPECT_EQ(tuning.tile(KernelKind::GradWeight, DType::BF16), runtime::default_tile(DType::BF16));
+      EXPECT_EQ(tuning.tile(KernelKind::GradWeight, DType::BF16), runtime::default_tile(KernelKind::GradWeight, DType::BF16));
     }
   }
 }

@@ -138,7 +138,7 @@ TEST_F(StoreTest, LookupReturnsTheStoredWinnerForTheSameBucket) {
   EXPECT_EQ(tuned.tile(KernelKind::LseForward, DType::BF16), kFastForward.tile);
   EXPECT_EQ(tuned.forward_ctas, 528);
   EXPECT_EQ(tuned.tile(KernelKind::GradWeight, DType::BF16), fast_gw.tile);
-  EXPECT_EQ(tuned.tile(KernelKind::GradInput, DType::BF16), runtime::default_tile(DType::BF16));  // none stored
+  EXPECT_EQ(tuned.tile(KernelKind::GradInput, DType::BF16), runtime::default_tile(KernelKind::GradInput, DType::BF16));  // none stored
   EXPECT_EQ(tuned.chunk, 0);
 
   EXPECT_EQ(runtime::lookup_tuning(problem(8193), Arch::SM90A, 0), runtime::Tuning{});  // bucket 16384
