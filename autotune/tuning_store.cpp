@@ -15,6 +15,7 @@
 #include "compiler/errors.h"
 #include "runtime/cache_files.h"
 #include "runtime/disk_cache.h"
+#include "runtime/options.h"
 
 namespace lfce::autotune {
 namespace {
@@ -100,8 +101,7 @@ void write_entry(const fs::path& path, const std::string& text) {
 }  // namespace
 
 bool autotune_on_first_use_from_env() {
-  const char* v = std::getenv("LFCE_AUTOTUNE");
-  return v && std::string(v) == "1";
+  return runtime::Options::from_env().autotune_on_first_use;
 }
 
 int64_t token_bucket(int64_t tokens) {

@@ -18,6 +18,7 @@
 
 #include "compiler/errors.h"
 #include "runtime/cache_files.h"
+#include "runtime/options.h"
 #include "runtime/sha256.h"
 
 namespace lfce::runtime {
@@ -220,10 +221,11 @@ bool remove_entry_files(const std::string& kernels, const std::string& locks, co
 }  // namespace
 
 std::string default_cache_dir() {
-  if (const char* dir = std::getenv("LFCE_CACHE_DIR"); dir && *dir) return dir;
+  const Options options = Options::from_env();
+  if (!options.cache_dir_env.empty()) return options.cache_dir_env;
   // The XDG spec says to ignore a relative XDG_CACHE_HOME.
-  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && xdg[0] == '/') return std::string(xdg) + "/lfce";
-  if (const char* home = std::getenv("HOME"); home && *home) return std::string(home) + "/.cache/lfce";
+  if (options.xdg_cache_home.rfind('/', 0) == 0) return options.xdg_cache_home + "/lfce";
+  if (!options.home.empty()) return options.home + "/.cache/lfce";
   passwd entry{};
   passwd* found = nullptr;
   char buffer[4096];

@@ -10,6 +10,8 @@
 #include <mutex>
 #include <type_traits>
 
+#include "runtime/options.h"
+
 #if __has_include(<cudaTypedefs.h>)
 #include <cudaTypedefs.h>
 #define LFCE_SAME_ABI(member, pfn) \
@@ -156,8 +158,7 @@ void resolve(GetProcAddress get_proc, const char* symbol, Fn& function) {
 // Runs once per process. Never dlclose'd and never freed: modules destroyed
 // during static destruction may still call cuModuleUnload through it.
 const Driver* load() {
-  const char* env = std::getenv("LFCE_LIBCUDA");
-  const std::string path = env && *env ? env : "libcuda.so.1";
+  const std::string path = Options::from_env().libcuda;
   void* library = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (!library) {
     const char* reason = dlerror();

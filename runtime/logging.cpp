@@ -1,9 +1,9 @@
 #include "runtime/logging.h"
+#include "runtime/options.h"
 
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
 
-#include <cstdlib>
 #include <mutex>
 #include <string>
 
@@ -23,10 +23,10 @@ void init_logging() {
     auto logger = spdlog::stderr_logger_mt("lfce");
     logger->set_pattern("[lfce %l] %v");
     spdlog::set_default_logger(logger);
-    const char* env = std::getenv("LFCE_LOG_LEVEL");
-    if (!env || !set_log_level(env)) spdlog::set_level(spdlog::level::warn);
-    if (env && spdlog::get_level() == spdlog::level::warn && std::string_view(env) != "warn")
-      spdlog::warn("LFCE_LOG_LEVEL='{}' is not a level (trace, debug, info, warn, error, off); using warn", env);
+    const std::string level = Options::from_env().log_level;
+    if (level.empty() || !set_log_level(level)) spdlog::set_level(spdlog::level::warn);
+    if (!level.empty() && spdlog::get_level() == spdlog::level::warn && level != "warn")
+      spdlog::warn("LFCE_LOG_LEVEL='{}' is not a level (trace, debug, info, warn, error, off); using warn", level);
   });
 }
 
