@@ -146,7 +146,7 @@ Candidate Candidate::parse(KernelKind kind, std::string_view text) {
   // Round trip: rejects trailing text and non-canonical spellings (" 128", "+128").
   if (!ok || static_cast<size_t>(used) != s.size() || c.text() != s)
     throw SpecError("'" + s + "' is not a " + std::string(kind_name(kind)) + " candidate; expected e.g. '" +
-                    Candidate{kind, runtime::default_tile(kind, DType::BF16), kind == KernelKind::LseForward ? 264 : 0,
+                    Candidate{kind, runtime::default_tile(kind, DType::BF16), kind == KernelKind::LseForward ? runtime::kDefaultForwardCtas : 0,
                               kind == KernelKind::DlogitsBackward ? 16384 : 0}
                         .text() +
                     "'");

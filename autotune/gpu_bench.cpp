@@ -59,7 +59,7 @@ struct Outputs {
 class GpuBench final : public Bench {
  public:
   GpuBench(const Problem& problem, int device, const TuneOptions& options)
-      : p_(problem), device_(device), options_(options), arch_(parse_arch(runtime::device_info(device).arch())) {}
+      : p_(problem), device_(device), options_(options), arch_(runtime::device_info(device).arch()) {}
 
   std::string device_name() const override { return runtime::device_info(device_).name; }
 
@@ -228,7 +228,7 @@ class GpuBench final : public Bench {
 TuneResult tune(const Problem& problem, int device, const TuneOptions& options) {
   runtime::make_context_current(device);
   GpuBench bench(problem, device, options);
-  const Arch arch = parse_arch(runtime::device_info(device).arch());
+  const Arch arch = runtime::device_info(device).arch();
   spdlog::info("tuning on {} ({}): N={} H={} V={} {}", bench.device_name(), arch_name(arch), problem.tokens,
                problem.hidden, problem.vocab, dtype_name(problem.dtype));
   return tune_with(bench, problem, arch, options);

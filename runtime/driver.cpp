@@ -10,6 +10,7 @@
 #include <mutex>
 #include <type_traits>
 
+#include "compiler/errors.h"
 #include "runtime/options.h"
 
 #if __has_include(<cudaTypedefs.h>)
@@ -324,24 +325,12 @@ int driver_version() {
   return version;
 }
 
-std::string DeviceInfo::arch() const {
-  // "a" targets run only on their exact compute capability (sm_90a code
-  // does not run on sm_100), so every other GPU takes the sm_80 path.
-  struct Target {
-    int major, minor;
-    const char* arch;
-  };
-  static constexpr Target kSpecificTargets[] = {{9, 0, "sm_90a"}};
-  for (const Target& t : kSpecificTargets) {
-    if (t.major == cc_major && t.minor == cc_minor) return t.arch;
+Arch DeviceInfo::arch() const {
+  try {
+    return arch_for_compute_capability(cc_major, cc_minor);  // the one table: compiler/arch.cpp
+  } catch (const SpecError& e) {
+    throw SpecError("CUDA device " + std::to_string(ordinal) + " (" + name + "): " + e.what());
   }
-  if (cc_major >= 8) return "sm_80";
-  throw std::invalid_argument(
-      "CUDA device " + std::to_string(ordinal) + " (" + name +
-      ", compute capability " + std::to_string(cc_major) + "." +
-      std::to_string(cc_minor) +
-      ") is not supported: lfce requires an Ampere (compute capability 8.0) "
-      "or newer GPU");
 }
 
 const DeviceInfo& device_info(int ordinal) {

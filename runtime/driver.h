@@ -8,6 +8,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "compiler/arch.h"
+
 namespace lfce::runtime {
 
 // A driver call failed. what() names the call, the code's name and number,
@@ -115,7 +117,7 @@ struct DeviceInfo {
   // PTX target for this device: "sm_90a" on Hopper (wgmma, TMA, setmaxnreg),
   // "sm_80" (mma.sync path) on every other GPU of compute capability >= 8.0.
   // Throws std::invalid_argument below 8.0.
-  std::string arch() const;
+  Arch arch() const;  // the kernels it runs; throws SpecError before Ampere
 };
 
 // Cached per ordinal, thread-safe. Throws std::invalid_argument for an

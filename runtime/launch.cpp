@@ -41,7 +41,7 @@ char* at(void* base, size_t offset) { return static_cast<char*>(base) + offset; 
 // The plan with `tuning` if given, else with the looked-up one.
 Plan plan_with(const Problem& problem, int device, const Tuning* tuning) {
   if (!tuning) return plan_for_device(problem, device);
-  return Plan(problem, parse_arch(device_info(device).arch()), *tuning);
+  return Plan(problem, device_info(device).arch(), *tuning);
 }
 
 
@@ -153,7 +153,7 @@ void run_backward(const Problem& problem, const lfce_backward_args& a, const Tun
 }  // namespace
 
 Plan plan_for_device(const Problem& problem, int device) {
-  const Arch arch = parse_arch(device_info(device).arch());
+  const Arch arch = device_info(device).arch();
   return Plan(problem, arch, lookup_tuning(problem, arch, device));
 }
 

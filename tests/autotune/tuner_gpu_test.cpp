@@ -60,7 +60,7 @@ TEST_P(TunerGpu, SmallSpaceAgreesWithTheDefaultAndItsWinnersAreUsed) {
   options.warmup = 1;
   options.repetitions = 3;
   TuneResult r = tune(p, 0, options);
-  const Arch arch = parse_arch(runtime::device_info(0).arch());
+  const Arch arch = runtime::device_info(0).arch();
   ASSERT_EQ(r.kinds.size(), 4u);
   TuningStore store(dir_);
   for (const KindResult& k : r.kinds) {

@@ -115,13 +115,13 @@ DeviceInfo device(int major, int minor) {
 }
 
 TEST(DeviceInfo, UsesSm90aOnHopper) {
-  EXPECT_EQ(device(9, 0).arch(), "sm_90a");
+  EXPECT_EQ(device(9, 0).arch(), Arch::SM90A);
 }
 
 TEST(DeviceInfo, FallsBackToSm80OnOtherAmpereOrNewer) {
   for (auto [major, minor] :
        {std::pair{8, 0}, {8, 6}, {8, 9}, {10, 0}, {12, 0}}) {
-    EXPECT_EQ(device(major, minor).arch(), "sm_80")
+    EXPECT_EQ(device(major, minor).arch(), Arch::SM80)
         << "compute capability " << major << "." << minor;
   }
 }

@@ -29,7 +29,7 @@ class KernelCacheGpu : public testing::Test {
  protected:
   void SetUp() override {
     try {
-      arch_ = parse_arch(device_info(0).arch());
+      arch_ = device_info(0).arch();
     } catch (const std::exception& e) {
       const char* require = std::getenv("LFCE_REQUIRE_GPU");
       if (require && std::string(require) == "1") FAIL() << "LFCE_REQUIRE_GPU=1 but no usable GPU: " << e.what();
