@@ -1,6 +1,5 @@
 // Device memory, copies and events for the autotuner, which (unlike the library's launch
-// path) owns its buffers and times its runs. The entry points are resolved from the libcuda
-// that runtime::Driver loaded, through the same cuGetProcAddress ABI (CUDA 12.0).
+// path) owns its buffers and times its runs, through runtime::Driver's entry points.
 #pragma once
 
 #include <cuda.h>
@@ -8,22 +7,6 @@
 #include <cstddef>
 
 namespace lfce::autotune {
-
-struct DeviceApi {
-  // Needs runtime::Driver::get() to succeed (throws its DriverUnavailable otherwise).
-  static const DeviceApi& get();
-
-  CUresult (*cuMemAlloc)(CUdeviceptr* ptr, size_t bytes) = nullptr;
-  CUresult (*cuMemFree)(CUdeviceptr ptr) = nullptr;
-  CUresult (*cuMemcpyHtoD)(CUdeviceptr dst, const void* src, size_t bytes) = nullptr;
-  CUresult (*cuMemcpyDtoH)(void* dst, CUdeviceptr src, size_t bytes) = nullptr;
-  CUresult (*cuEventCreate)(CUevent* event, unsigned flags) = nullptr;
-  CUresult (*cuEventRecord)(CUevent event, CUstream stream) = nullptr;
-  CUresult (*cuEventSynchronize)(CUevent event) = nullptr;
-  CUresult (*cuEventElapsedTime)(float* ms, CUevent start, CUevent end) = nullptr;
-  CUresult (*cuEventDestroy)(CUevent event) = nullptr;
-  CUresult (*cuCtxSynchronize)() = nullptr;
-};
 
 // cuMemAlloc'd memory in the current context, freed on destruction.
 class DeviceBuffer {

@@ -25,13 +25,14 @@
 #include <vector>
 
 #include "compiler/kernel_spec.h"
+#include "lfce_generator_version.h"  // generated: LFCE_GENERATOR_VERSION
 
 namespace lfce::runtime {
 
 // Bump whenever generated code may change for an unchanged spec (templates, codegen, LLVM
 // options): it enters every key, so older entries are never found again; verify() calls them
 // stale and clear() removes them.
-inline constexpr char kGeneratorVersion[] = "lfce-gen-1";
+inline constexpr char kGeneratorVersion[] = LFCE_GENERATOR_VERSION;  // cmake/generator_version.cmake
 
 // $LFCE_CACHE_DIR, else $XDG_CACHE_HOME/lfce, else ~/.cache/lfce. The only place the cache
 // reads the environment.

@@ -48,6 +48,16 @@ LFCE_SAME_ABI(cuLinkCreate, PFN_cuLinkCreate_v6050);
 LFCE_SAME_ABI(cuLinkAddData, PFN_cuLinkAddData_v6050);
 LFCE_SAME_ABI(cuLinkComplete, PFN_cuLinkComplete_v5050);
 LFCE_SAME_ABI(cuLinkDestroy, PFN_cuLinkDestroy_v5050);
+LFCE_SAME_ABI(cuMemAlloc, PFN_cuMemAlloc_v3020);
+LFCE_SAME_ABI(cuMemFree, PFN_cuMemFree_v3020);
+LFCE_SAME_ABI(cuMemcpyHtoD, PFN_cuMemcpyHtoD_v3020);
+LFCE_SAME_ABI(cuMemcpyDtoH, PFN_cuMemcpyDtoH_v3020);
+LFCE_SAME_ABI(cuEventCreate, PFN_cuEventCreate_v2000);
+LFCE_SAME_ABI(cuEventRecord, PFN_cuEventRecord_v2000);
+LFCE_SAME_ABI(cuEventSynchronize, PFN_cuEventSynchronize_v2000);
+LFCE_SAME_ABI(cuEventElapsedTime, PFN_cuEventElapsedTime_v2000);
+LFCE_SAME_ABI(cuEventDestroy, PFN_cuEventDestroy_v4000);
+LFCE_SAME_ABI(cuCtxSynchronize, PFN_cuCtxSynchronize_v2000);
 
 namespace {
 
@@ -198,6 +208,16 @@ const Driver* load() {
   resolve(get_proc, "cuLinkAddData", d->cuLinkAddData);
   resolve(get_proc, "cuLinkComplete", d->cuLinkComplete);
   resolve(get_proc, "cuLinkDestroy", d->cuLinkDestroy);
+  resolve(get_proc, "cuMemAlloc", d->cuMemAlloc);
+  resolve(get_proc, "cuMemFree", d->cuMemFree);
+  resolve(get_proc, "cuMemcpyHtoD", d->cuMemcpyHtoD);
+  resolve(get_proc, "cuMemcpyDtoH", d->cuMemcpyDtoH);
+  resolve(get_proc, "cuEventCreate", d->cuEventCreate);
+  resolve(get_proc, "cuEventRecord", d->cuEventRecord);
+  resolve(get_proc, "cuEventSynchronize", d->cuEventSynchronize);
+  resolve(get_proc, "cuEventElapsedTime", d->cuEventElapsedTime);
+  resolve(get_proc, "cuEventDestroy", d->cuEventDestroy);
+  resolve(get_proc, "cuCtxSynchronize", d->cuCtxSynchronize);
 
   // cuInit fails with CUDA_ERROR_NO_DEVICE on a machine with a driver but no
   // GPU, and with CUDA_ERROR_STUB_LIBRARY if the toolkit stub was found.

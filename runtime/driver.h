@@ -97,6 +97,17 @@ struct Driver {
   CUresult (*cuLinkComplete)(CUlinkState state, void** cubin,
                              size_t* size) = nullptr;
   CUresult (*cuLinkDestroy)(CUlinkState state) = nullptr;
+  // Memory, copies and events: the autotuner owns its buffers and times its runs.
+  CUresult (*cuMemAlloc)(CUdeviceptr* ptr, size_t bytes) = nullptr;
+  CUresult (*cuMemFree)(CUdeviceptr ptr) = nullptr;
+  CUresult (*cuMemcpyHtoD)(CUdeviceptr dst, const void* src, size_t bytes) = nullptr;
+  CUresult (*cuMemcpyDtoH)(void* dst, CUdeviceptr src, size_t bytes) = nullptr;
+  CUresult (*cuEventCreate)(CUevent* event, unsigned flags) = nullptr;
+  CUresult (*cuEventRecord)(CUevent event, CUstream stream) = nullptr;
+  CUresult (*cuEventSynchronize)(CUevent event) = nullptr;
+  CUresult (*cuEventElapsedTime)(float* ms, CUevent start, CUevent end) = nullptr;
+  CUresult (*cuEventDestroy)(CUevent event) = nullptr;
+  CUresult (*cuCtxSynchronize)() = nullptr;
 };
 
 // cuDriverGetVersion, e.g. 13000 for CUDA 13.0; read once. Throws

@@ -137,15 +137,15 @@ void run_backward(const Problem& problem, const lfce_backward_args& a, const Tun
     dlogits_kernel.launch({grid_dim(n, dlogits.tile.bm, "x"), grid_dim(v_len, dlogits.tile.bn, "y"), 1}, stream,
                           dlogits_args);
 
-    void* gw_args[] = {&dz, &x, &n, &ld, &v_begin, &v_len, &grad_weight};
+    void* gw_args[] = {&dz, &x, &n, &ld, &v_begin, &v_len, &grad_weight, &grad_loss, &count};
     gw_kernel.launch({grid_dim(v_len, gw.tile.bm, "x"), grid_dim(problem.hidden, gw.tile.bn, "y"), 1}, stream, gw_args);
 
     if (gb_kernel) {
-      void* gb_args[] = {&dz, &n, &ld, &v_begin, &v_len, &grad_bias};
+      void* gb_args[] = {&dz, &n, &ld, &v_begin, &v_len, &grad_bias, &grad_loss, &count};
       gb_kernel->launch({grid_dim(v_len, 8, "x"), 1, 1}, stream, gb_args);
     }
 
-    void* gx_args[] = {&dz, &w, &n, &ld, &v_begin, &v_len, &acc, &grad_hidden, &first, &last};
+    void* gx_args[] = {&dz, &w, &n, &ld, &v_begin, &v_len, &acc, &grad_hidden, &first, &last, &grad_loss, &count};
     gx_kernel.launch({grid_dim(n, gx.tile.bm, "x"), grid_dim(problem.hidden, gx.tile.bn, "y"), 1}, stream, gx_args);
   }
 }

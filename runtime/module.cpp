@@ -1,5 +1,7 @@
 #include "runtime/module.h"
 
+#include "compiler/errors.h"
+
 #include <spdlog/fmt/fmt.h>
 #include <spdlog/spdlog.h>
 
@@ -170,9 +172,12 @@ void LoadedKernel::configure_shared_memory() {
   if (total <= kSharedMemoryWithoutOptIn) return;
   const DeviceInfo& info = device_info(device_);
   if (total > static_cast<std::uint64_t>(info.max_smem_optin)) {
-    throw std::invalid_argument(fmt::format(
-        "kernel {} asks for {} bytes of dynamic shared memory (+ {} static) "
-        "but device {} ({}) allows at most {} bytes per block",
+    // The tile, hence the shared memory, is lfce's choice (default or tuned), never the
+    // caller's: a kernel that does not fit is lfce's fault, not a bad argument.
+    throw lfce::CompileError(fmt::format(
+        "kernel {} needs {} bytes of dynamic shared memory (+ {} static) "
+        "but device {} ({}) allows at most {} bytes per block: lfce chose a tile this GPU "
+        "cannot run (a bug, or a tuning file from another GPU: retune with `lfce tune`)",
         entry_, dynamic_smem_bytes_, resources_.static_smem, device_, info.name,
         info.max_smem_optin));
   }

@@ -39,7 +39,7 @@ class LoadedKernel {
   // JIT-compiles `ptx` (NUL-terminated PTX text, or a cubin image) in the
   // current context of `device` (its primary context unless the calling
   // thread already has one of that device current) and looks up `entry`.
-  // Throws CompileError when the JIT rejects the code, std::invalid_argument
+  // Throws CompileError when the JIT rejects the code or the kernel needs more shared memory than the device has, std::invalid_argument
   // when dynamic_smem_bytes exceeds the device's opt-in limit, CudaError
   // (DriverUnavailable without a driver) for other driver failures.
   LoadedKernel(int device, const std::string& ptx, const std::string& entry,

@@ -5,7 +5,8 @@
 //
 // g_i: 0 for ignored tokens; otherwise the upstream gradient (grad_loss[0] for mean/sum,
 // grad_loss[i] for none; 1 in eager mode, where it is applied later), divided by the valid
-// count for mean. Rows i in [N, ld) are written as zeros: the consuming GEMMs read them.
+// count for mean; for fp16 times dz_scale (template_util.h), which the consumers divide out.
+// Rows i in [N, ld) are written as zeros: the consuming GEMMs read them.
 #include "templates/gemm_skeleton.h"
 #include "templates/template_util.h"
 #include "templates/templates.h"
@@ -55,6 +56,7 @@ KernelShape build_dlogits_backward(llvm::Module& module, const KernelSpec& spec)
     }
     if (spec.reduction == Reduction::Mean)
       upstream = ir.CreateFDiv(upstream, kb.load(kb.f32(), kb.arg("valid_count")));
+    upstream = ir.CreateFMul(upstream, dz_scale(kb, spec, kb.arg("grad_loss"), kb.arg("valid_count")));
     kb.store(ir.CreateSelect(counted, upstream, kb.cf(0.f)), row_slot(g_off, tid, 4));
     kb.store(kb.load(kb.f32(), kb.gep(kb.arg("lse"), kb.f32(), safe_m)), row_slot(lse_off, tid, 4));
     kb.store(target, row_slot(tgt_off, tid, 8));

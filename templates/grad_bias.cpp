@@ -11,7 +11,8 @@ KernelShape build_grad_bias(llvm::Module& module, const KernelSpec& spec) {
   constexpr int kThreads = 256, kWarps = kThreads / 32;
   KernelBuilder kb(module, "grad_bias",
                    {{"dz", ParamType::GlobalPtr}, {"n", ParamType::I64}, {"ld", ParamType::I64},
-                    {"v_begin", ParamType::I64}, {"v_len", ParamType::I64}, {"grad_bias", ParamType::GlobalPtr}},
+                    {"v_begin", ParamType::I64}, {"v_len", ParamType::I64}, {"grad_bias", ParamType::GlobalPtr},
+                    {"grad_loss", ParamType::GlobalPtr}, {"valid_count", ParamType::GlobalPtr}},
                    kThreads);
   auto& ir = kb.ir();
   llvm::Type* elem = elem_type(kb, spec.dtype);
@@ -27,7 +28,9 @@ KernelShape build_grad_bias(llvm::Module& module, const KernelSpec& spec) {
       Value* dz = kb.to_f32(kb.load(elem, kb.gep(kb.arg("dz"), elem, ir.CreateAdd(row, m))));
       kb.store(ir.CreateFAdd(kb.load(kb.f32(), slot), dz), slot);
     });
-    Value* sum = kb.warp_sum(kb.load(kb.f32(), slot));
+    // dz was stored times dz_scale (fp16): divide it out in fp32, exactly (a power of two).
+    Value* unscale = ir.CreateFDiv(kb.cf(1.f), dz_scale(kb, spec, kb.arg("grad_loss"), kb.arg("valid_count")));
+    Value* sum = ir.CreateFMul(kb.warp_sum(kb.load(kb.f32(), slot)), unscale);
     kb.if_then(ir.CreateICmpEQ(lane, kb.c32(0)), [&] {
       kb.store(kb.from_f32(sum, elem), kb.gep(kb.arg("grad_bias"), elem, ir.CreateAdd(kb.arg("v_begin"), v)));
     });

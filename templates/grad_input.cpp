@@ -19,7 +19,8 @@ KernelShape build_grad_input(llvm::Module& module, const KernelSpec& spec) {
                     // fp32 problems accumulate in the output itself: the same buffer twice.
                     {"acc", ParamType::GlobalPtr, /*noalias=*/false},
                     {"grad_input", ParamType::GlobalPtr, /*noalias=*/false},
-                    {"first", ParamType::I32}, {"last", ParamType::I32}},
+                    {"first", ParamType::I32}, {"last", ParamType::I32}, {"grad_loss", ParamType::GlobalPtr},
+                    {"valid_count", ParamType::GlobalPtr}},
                    t.threads());
   auto& ir = kb.ir();
   llvm::Type* elem = elem_type(kb, spec.dtype);
@@ -37,13 +38,15 @@ KernelShape build_grad_input(llvm::Module& module, const KernelSpec& spec) {
 
   Value* first = ir.CreateICmpNE(kb.arg("first"), kb.c32(0));
   Value* last = ir.CreateICmpNE(kb.arg("last"), kb.c32(0));
+  // dz was stored times dz_scale (fp16): divide it out in fp32, exactly (a power of two).
+  Value* unscale = ir.CreateFDiv(kb.cf(1.f), dz_scale(kb, spec, kb.arg("grad_loss"), kb.arg("valid_count")));
   gemm.for_each_element(/*rows_fastest=*/false, [&](Value* r, Value* c) {
     Value* m = ir.CreateAdd(m0, ir.CreateZExt(r, kb.i64()));
     Value* h = ir.CreateAdd(n0, ir.CreateZExt(c, kb.i64()));
     kb.if_then(ir.CreateAnd(ir.CreateICmpSLT(m, n), ir.CreateICmpSLT(h, hidden)), [&] {
       Value* index = ir.CreateAdd(ir.CreateMul(m, hidden), h);
       Value* acc_ptr = kb.gep(kb.arg("acc"), kb.f32(), index);
-      Value* value = kb.load(kb.f32(), gemm.staged(r, c));
+      Value* value = ir.CreateFMul(kb.load(kb.f32(), gemm.staged(r, c)), unscale);
       Value* slot = kb.local_array(kb.f32(), 1, "sum");
       Value* sum_ptr = kb.at(slot, kb.f32(), 0);
       kb.store(value, sum_ptr);

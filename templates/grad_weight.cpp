@@ -15,7 +15,8 @@ KernelShape build_grad_weight(llvm::Module& module, const KernelSpec& spec) {
   KernelBuilder kb(module, "grad_weight",
                    {{"dz", ParamType::GlobalPtr}, {"x", ParamType::GlobalPtr}, {"n", ParamType::I64},
                     {"ld", ParamType::I64}, {"v_begin", ParamType::I64}, {"v_len", ParamType::I64},
-                    {"grad_weight", ParamType::GlobalPtr}},
+                    {"grad_weight", ParamType::GlobalPtr}, {"grad_loss", ParamType::GlobalPtr},
+                    {"valid_count", ParamType::GlobalPtr}},
                    t.threads());
   auto& ir = kb.ir();
   llvm::Type* elem = elem_type(kb, spec.dtype);
@@ -30,12 +31,15 @@ KernelShape build_grad_weight(llvm::Module& module, const KernelSpec& spec) {
   GemmOperand x{kb.arg("x"), hidden, Layout::MNMajor, hidden, kb.arg("n")};
   gemm.compute_tile(dz, x, m0, n0, gemm.k_tiles_for(ld));
 
+  // dz was stored times dz_scale (fp16): divide it out in fp32, exactly (a power of two).
+  Value* unscale = ir.CreateFDiv(kb.cf(1.f), dz_scale(kb, spec, kb.arg("grad_loss"), kb.arg("valid_count")));
   gemm.for_each_element(/*rows_fastest=*/false, [&](Value* r, Value* c) {
     Value* v = ir.CreateAdd(m0, ir.CreateZExt(r, kb.i64()));
     Value* h = ir.CreateAdd(n0, ir.CreateZExt(c, kb.i64()));
     kb.if_then(ir.CreateAnd(ir.CreateICmpSLT(v, v_len), ir.CreateICmpSLT(h, hidden)), [&] {
       Value* index = ir.CreateAdd(ir.CreateMul(ir.CreateAdd(kb.arg("v_begin"), v), hidden), h);
-      kb.store(kb.from_f32(kb.load(kb.f32(), gemm.staged(r, c)), elem), kb.gep(kb.arg("grad_weight"), elem, index));
+      Value* value = ir.CreateFMul(kb.load(kb.f32(), gemm.staged(r, c)), unscale);
+      kb.store(kb.from_f32(value, elem), kb.gep(kb.arg("grad_weight"), elem, index));
     });
   });
   kb.finish();
