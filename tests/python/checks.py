@@ -45,8 +45,14 @@ class Tolerance:
 # of a row's elements average out, except for the dz of a dominant token (coherent over its
 # row). rel_l2 is the tunable one: about 1.5x the error measured on the H200 (see
 # scripts/gpu_tests.sh; each test records it). fp32 uses exact fp32 FMAs.
+# bf16 rel_l2 on random logits (make_inputs): the targets' p is ~0, so with mean/sum every
+# target's dz is the same value -g (g = upstream / count) and its rounding to bf16 (up to
+# 2^-8 relative, set by g's mantissa) does not average out over tokens. Modelled on CPU the
+# error is 1.7e-3 .. 3.2e-3 as g varies (4.2e-3 at worst), so 3e-3 would fail for some upstream
+# values whatever the kernel; the peaked case (PEAKED_REL_L2) is the one that tells a kernel
+# rounding the logits to bf16 apart.
 GRAD = {
-    torch.bfloat16: Tolerance(rel_l2=3e-3, rtol=2.0 ** -7, atol=2.0 ** -7, row=2e-2, row_floor=1e-2),
+    torch.bfloat16: Tolerance(rel_l2=4.5e-3, rtol=2.0 ** -7, atol=2.0 ** -7, row=2e-2, row_floor=1e-2),
     torch.float16: Tolerance(rel_l2=5e-3, rtol=2.0 ** -10, atol=2.0 ** -10, row=5e-3, row_floor=1e-2),
     torch.float32: Tolerance(rel_l2=1e-4, rtol=1e-4, atol=3e-5, row=1e-4, row_floor=1e-2),
 }
