@@ -10,6 +10,12 @@ Markers:
   errors with the paths tried and how to build it.
 
 The package under test is the one in this checkout (python/), not an installed copy.
+
+Numeric tests report what they measured through the ``record_error`` fixture: each
+value becomes a JUnit XML property (``<tensor>.rel_l2``, ``.elementwise``, ``.row``:
+the worst elementwise and per-row error as a fraction of its bound) and a line of the
+summary printed at the end of the run, so the tolerances in checks.py can be tuned
+from one GPU run.
 """
 
 import os
@@ -55,3 +61,27 @@ def lib():
 def _load_library_for_marked_tests(request):
     if request.node.get_closest_marker("lib") is not None or request.node.get_closest_marker("gpu") is not None:
         request.getfixturevalue("lib")
+
+
+_MEASURED = []  # (test id, tensor, metrics) for the end-of-run summary
+
+
+@pytest.fixture
+def record_error(request, record_property):
+    """A callable (tensor name, metrics from checks.measure) that records the measured error."""
+    def record(name, metrics):
+        _MEASURED.append((request.node.nodeid, name, metrics))
+        for key in ("rel_l2", "elementwise", "row"):
+            if metrics.get(key) is not None:
+                record_property("%s.%s" % (name, key), "%.4g" % metrics[key])
+    return record
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _MEASURED:
+        return
+    terminalreporter.section("measured errors (elementwise, row: worst error / its bound)")
+    for nodeid, name, m in _MEASURED:
+        row = "-" if m.get("row") is None else "%.3g" % m["row"]
+        terminalreporter.write_line("%-9.3g %-9.3g %-9s %-16s %s" % (m["rel_l2"], m["elementwise"], row, name,
+                                                                     nodeid.split("::")[-1]))

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Run the Python GPU tests and save the results: <dir>/junit.xml (each numeric test's measured
+# errors are <property> entries) and <dir>/run.json (date, GPU, driver, torch, commit).
+# Usage: bash scripts/gpu_tests.sh <results dir> [extra pytest arguments]
+# The commit comes from git, else from $LFCE_COMMIT (for a copy of the tree without .git).
+# Exits with pytest's status; the results are written either way.
+set -uo pipefail
+if [ $# -lt 1 ]; then
+  echo "usage: bash scripts/gpu_tests.sh <results dir> [pytest arguments]" >&2
+  exit 2
+fi
+out=$1
+shift
+cd "$(dirname "$0")/.."
+mkdir -p "$out" || exit 2
+export LFCE_LIBRARY=${LFCE_LIBRARY:-$PWD/build/liblfce.so} PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
+export LFCE_REQUIRE_GPU=1  # a GPU test that cannot see the GPU fails instead of skipping
+PYTHON=${PYTHON:-python3}
+"$PYTHON" -c "import torch" 2>/dev/null || PYTHON=/usr/bin/python3
+
+commit=$(git rev-parse HEAD 2>/dev/null || echo "${LFCE_COMMIT:-unknown}")
+if [ "$commit" != unknown ] && git rev-parse HEAD >/dev/null 2>&1 && [ -n "$(git status --porcelain 2>/dev/null)" ]; then
+  commit="$commit-dirty"
+fi
+LFCE_COMMIT="$commit" "$PYTHON" - "$out/run.json" <<'EOF'
+import datetime, json, os, subprocess, sys
+import torch
+def smi(field):
+    try:
+        return subprocess.run(["nvidia-smi", "--query-gpu=" + field, "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=30).stdout.strip().splitlines()[0]
+    except Exception as e:  # recorded, not fatal: the tests say what is wrong with the GPU
+        return "unavailable (%s)" % e
+info = {
+    "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else smi("name"),
+    "driver": smi("driver_version"),
+    "torch": torch.__version__,
+    "cuda": torch.version.cuda,
+    "commit": os.environ["LFCE_COMMIT"],
+}
+with open(sys.argv[1], "w") as f:
+    json.dump(info, f, indent=2)
+    f.write("\n")
+print(json.dumps(info))
+EOF
+
+"$PYTHON" -m pytest tests/python -m gpu -rs -o junit_family=xunit1 --junitxml="$out/junit.xml" "$@"
+status=$?
+echo "results: $out/junit.xml, $out/run.json"
+exit $status
