@@ -10,10 +10,10 @@ import argparse
 import json
 import sys
 
-from ._lib import CompileError, CudaError, load
-from .kernels import generate
-from .presets import PRESETS
+from . import presets
 from . import ptxas as _ptxas
+from ._lib import CompileError, CudaError
+from .kernels import generate
 
 OFFLINE_ARCHS = ("sm_90a", "sm_80")
 
@@ -28,8 +28,9 @@ def _gpu_available():
 
 def _parse_args(argv):
     parser = argparse.ArgumentParser(prog="python -m lfce", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="llama3-8b", choices=sorted(PRESETS),
-                        help="output-layer shape preset (default: llama3-8b)")
+    parser.add_argument("--model", default="llama3-8b",
+                        help="output-layer shape preset from the library's table, e.g. llama3-8b, "
+                             "qwen2.5-7b, gemma2-2b (default: llama3-8b)")
     parser.add_argument("--tokens", type=int, default=8192, help="tokens N (default: 8192)")
     parser.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"))
     parser.add_argument("--mode", default="recompute", choices=("recompute", "eager"))
@@ -37,8 +38,11 @@ def _parse_args(argv):
                         help="report the generated kernels through ptxas even when a GPU is present")
     parser.add_argument("--json", metavar="PATH", help="also write all figures as JSON to PATH")
     args = parser.parse_args(argv)
-    if args.tokens < 1:
-        parser.error("--tokens must be >= 1, got %d" % args.tokens)
+    if not 1 <= args.tokens <= 2**63 - 1:
+        parser.error("--tokens must be in [1, 2**63 - 1], got %d" % args.tokens)
+    known = presets.table()  # after parsing, so --help needs no library; fails here if it is missing
+    if args.model not in known:
+        parser.error("--model %r is not a preset; known models: %s" % (args.model, ", ".join(sorted(known))))
     return args
 
 
@@ -85,9 +89,8 @@ def _offline_report(args, hidden, vocab):
 
 
 def main(argv=None):
-    args = _parse_args(argv)
-    hidden, vocab = PRESETS[args.model]
-    load()  # fail before printing anything if liblfce.so is missing
+    args = _parse_args(argv)  # loads the library: fails before printing anything if it is missing
+    hidden, vocab = presets.table()[args.model]
     if args.ptxas or not _gpu_available():
         status, rows = _offline_report(args, hidden, vocab)
         result = {"model": args.model, "tokens": args.tokens, "hidden": hidden, "vocab": vocab,
