@@ -51,9 +51,9 @@ else:
 
 def set_log_level(level):
     """Set liblfce's log level: "trace", "debug", "info", "warn", "error" or "off"."""
-    from . import _lib
+    from . import _check, _lib
 
-    _lib.check(_lib.load().lfce_set_log_level(str(level).encode()))
+    _lib.check(_lib.load().lfce_set_log_level(_check.text("level", level)))
 
 
 def library_version():

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from . import _lib
+from . import _check, _lib
 
 __all__ = ["linear_cross_entropy", "validate_options"]
 
@@ -41,30 +41,14 @@ def _log_once(level, message, *args):
         logger.log(level, message, *args)
 
 
-def _choices(options):
-    return ", ".join(repr(name) for name in options)
-
-
 def validate_options(ignore_index=-100, reduction="mean", mode="recompute", chunk_size=None,
                      workspace_budget=None):
     """Check the non-tensor options; raise ValueError/TypeError naming the bad value."""
-    if isinstance(ignore_index, bool):
-        raise TypeError("ignore_index must be an int, got %r" % (ignore_index,))
-    try:
-        operator.index(ignore_index)
-    except TypeError:
-        raise TypeError("ignore_index must be an int, got %r" % (ignore_index,)) from None
-    if not isinstance(reduction, str) or reduction not in _lib.REDUCTIONS:
-        raise ValueError("reduction must be one of %s, got %r" % (_choices(_lib.REDUCTIONS), reduction))
-    if not isinstance(mode, str) or mode not in _lib.MODES:
-        raise ValueError("mode must be one of %s, got %r" % (_choices(_lib.MODES), mode))
-    for name, value in (("chunk_size", chunk_size), ("workspace_budget", workspace_budget)):
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError("%s must be a positive int or None, got %r" % (name, value))
-        if value < 1:
-            raise ValueError("%s must be a positive int or None, got %r" % (name, value))
+    _check.integer("ignore_index", ignore_index)
+    _check.choice("reduction", reduction, _lib.REDUCTIONS)
+    _check.choice("mode", mode, _lib.MODES)
+    _check.positive("chunk_size", chunk_size, allow_none=True)
+    _check.positive("workspace_budget", workspace_budget, allow_none=True)
 
 
 def _validate_tensors(hidden, weight, targets, bias):

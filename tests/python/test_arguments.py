@@ -53,6 +53,26 @@ def test_float_ignore_index_is_named():
         lfce.linear_cross_entropy(*inputs(), ignore_index=1.5)
 
 
+def test_chunk_size_too_wide_for_int64_is_named():
+    with raises(ValueError, "chunk_size", str(2**64 + 1)):
+        lfce.linear_cross_entropy(*inputs(), chunk_size=2**64 + 1)
+
+
+def test_ignore_index_too_wide_for_int64_is_named():
+    with raises(ValueError, "ignore_index", str(2**63)):
+        lfce.linear_cross_entropy(*inputs(), ignore_index=2**63)
+
+
+def test_bool_chunk_size_is_named():
+    with raises(TypeError, "chunk_size", "True"):
+        lfce.linear_cross_entropy(*inputs(), chunk_size=True)
+
+
+def test_module_names_a_workspace_budget_too_wide_for_int64():
+    with raises(ValueError, "workspace_budget", str(2**63)):
+        lfce.LinearCrossEntropyLoss(workspace_budget=2**63)
+
+
 def test_module_checks_options_at_construction():
     with raises(ValueError, "reduction", "'avg'"):
         lfce.LinearCrossEntropyLoss(reduction="avg")
@@ -200,6 +220,52 @@ def test_generate_names_unknown_arch():
         lfce.generate(1000, 256, arch="sm_70")
 
 
+def test_generate_names_a_vocab_too_wide_for_int64():
+    # ctypes would keep the low 64 bits: V = 100.
+    with raises(ValueError, "vocab", str(2**64 + 100)):
+        lfce.generate(2**64 + 100, 64)
+
+
+def test_generate_names_a_chunk_size_too_wide_for_int64():
+    with raises(ValueError, "chunk_size", str(2**64 + 256)):
+        lfce.generate(1000, 64, chunk_size=2**64 + 256)
+
+
+def test_generate_names_a_bool_hidden():
+    with raises(TypeError, "hidden", "True"):
+        lfce.generate(1000, True)
+
+
+def test_generate_names_float_tokens():
+    with raises(TypeError, "tokens", "64.0"):
+        lfce.generate(1000, 64, tokens=64.0)
+
+
+def test_generate_names_a_string_has_bias():
+    with raises(TypeError, "has_bias", "'no'"):
+        lfce.generate(1000, 64, has_bias="no")
+
+
+def test_generate_refuses_an_arch_with_a_nul():
+    with raises(ValueError, "arch", "NUL", repr("sm_80\x00junk")):
+        lfce.generate(1000, 64, arch="sm_80\x00junk")
+
+
+def test_generate_names_a_non_string_arch():
+    with raises(TypeError, "arch", "80"):
+        lfce.generate(1000, 64, arch=80)
+
+
+def test_set_log_level_refuses_a_nul():
+    with raises(ValueError, "level", "NUL"):
+        lfce.set_log_level("warn\x00junk")
+
+
+def test_make_problem_refuses_a_field_too_wide_for_its_c_type():
+    with raises(ValueError, "mode", str(2**31)):
+        _lib.make_problem(64, 256, 1000, _lib.DTYPE_BF16, mode=2**31)
+
+
 def test_generate_names_bad_dtype_before_loading():
     with raises(ValueError, "dtype", "'int8'"):
         lfce.generate(1000, 256, dtype="int8")
@@ -216,3 +282,35 @@ def test_check_maps_status_to_exception(status, exception):
     with pytest.raises(exception):
         _lib.check(status)
     _lib.check(_lib.OK)
+
+
+# --- tune(): every option checked before the GPU is touched -------------------------------
+
+def test_tune_names_a_progress_that_is_not_callable():
+    with raises(TypeError, "progress", "42"):
+        lfce.tune(vocab=1000, hidden=64, progress=42)
+
+
+def test_tune_names_repetitions_too_wide_for_int32():
+    with raises(ValueError, "repetitions", str(2**32 + 5)):
+        lfce.tune(vocab=1000, hidden=64, repetitions=2**32 + 5)
+
+
+def test_tune_names_a_nan_budget():
+    with raises(ValueError, "budget_minutes", "nan"):
+        lfce.tune(vocab=1000, hidden=64, budget_minutes=float("nan"))
+
+
+def test_tune_names_a_negative_device():
+    with raises(ValueError, "device", "-1"):
+        lfce.tune(vocab=1000, hidden=64, device=-1)
+
+
+def test_tune_names_a_string_verify():
+    with raises(TypeError, "verify", "'yes'"):
+        lfce.tune(vocab=1000, hidden=64, verify="yes")
+
+
+def test_tune_names_a_model_with_a_nul():
+    with raises(ValueError, "model", "NUL"):
+        lfce.tune("llama3-8b\x00junk")
