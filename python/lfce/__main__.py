@@ -39,10 +39,10 @@ def _parse_args(argv):
     parser.add_argument("--json", metavar="PATH", help="also write all figures as JSON to PATH")
     args = parser.parse_args(argv)
     if not 1 <= args.tokens <= 2**63 - 1:
-        parser.error("--tokens must be in [1, 2**63 - 1], got %d" % args.tokens)
+        parser.error(f"--tokens must be in [1, 2**63 - 1], got {args.tokens}")
     known = presets.table()  # after parsing, so --help needs no library; fails here if it is missing
     if args.model not in known:
-        parser.error("--model %r is not a preset; known models: %s" % (args.model, ", ".join(sorted(known))))
+        parser.error(f"--model {args.model!r} is not a preset; known models: {', '.join(sorted(known))}")
     return args
 
 
@@ -52,10 +52,10 @@ def _offline_report(args, hidden, vocab):
     if ptxas is None:
         print("ptxas not found (set LFCE_PTXAS, put it on PATH, or install CUDA in /usr/local/cuda): "
               "registers and spills are not reported")
-    print("%s: N=%d H=%d V=%d %s, mode %s (no GPU: kernels generated and assembled only)"
-          % (args.model, args.tokens, hidden, vocab, args.dtype, args.mode))
+    print(f"{args.model}: N={args.tokens} H={hidden} V={vocab} {args.dtype}, mode {args.mode} "
+          "(no GPU: kernels generated and assembled only)")
     header = ("arch", "kernel", "PTX KB", "LLVM ms", "registers", "spill B", "smem B", "threads")
-    print("%-7s %-24s %8s %8s %9s %8s %8s %7s" % header)
+    print("{:<7} {:<24} {:>8} {:>8} {:>9} {:>8} {:>8} {:>7}".format(*header))
     rows, rejected = [], []
     for arch in OFFLINE_ARCHS:
         kernels = generate(vocab, hidden, arch=arch, dtype=args.dtype, mode=args.mode, tokens=args.tokens)
@@ -77,14 +77,15 @@ def _offline_report(args, hidden, vocab):
                     row["static_smem"] = sum(e.get("static_smem", 0) for e in entries)
                     registers, spills = row["registers"], row["spill_bytes"]
             rows.append(row)
-            print("%-7s %-24s %8.1f %8.1f %9s %8s %8d %7d" % (
-                arch, kernel["name"], row["ptx_kb"], row["llvm_ms"], registers, spills,
-                row["smem_bytes"] + row.get("static_smem", 0), row["threads"]))
+            smem = row["smem_bytes"] + row.get("static_smem", 0)
+            print(f"{arch:<7} {kernel['name']:<24} {row['ptx_kb']:8.1f} {row['llvm_ms']:8.1f} {registers!s:>9} "
+                  f"{spills!s:>8} {smem:8d} {row['threads']:7d}")
     for arch, name, log in rejected:
-        print("\nptxas rejected %s for %s:\n%s" % (name, arch, "\n".join(log.splitlines()[:40])), file=sys.stderr)
+        head = "\n".join(log.splitlines()[:40])
+        print(f"\nptxas rejected {name} for {arch}:\n{head}", file=sys.stderr)
     spilled = [r for r in rows if r.get("spill_bytes")]
     if spilled:
-        print("note: %d kernel(s) spill registers to local memory" % len(spilled))
+        print(f"note: {len(spilled)} kernel(s) spill registers to local memory")
     return (1 if rejected else 0), rows
 
 
@@ -116,7 +117,7 @@ def _entry():
     try:
         return main()
     except (OSError, CompileError, CudaError, ValueError) as error:
-        print("lfce: error: %s" % error, file=sys.stderr)
+        print(f"lfce: error: {error}", file=sys.stderr)
         return 2
 
 

@@ -17,16 +17,16 @@ import threading
 from . import _check
 
 __all__ = [
+    "KERNEL_CALLBACK",
+    "BackwardArgs",
     "CompileError",
     "CudaError",
-    "Problem",
     "ForwardArgs",
-    "BackwardArgs",
     "KernelInfo",
-    "KERNEL_CALLBACK",
-    "load",
+    "Problem",
     "check",
     "library_candidates",
+    "load",
 ]
 
 # LFCE_ABI_VERSION of the lfce.h this file mirrors: bump both together.
@@ -298,25 +298,25 @@ def load():
 
 def _check_abi(lib, path):
     """Refuse a library built from another lfce.h: its structs and signatures may differ."""
-    mismatch = "%s was built for another version of this package: " % path
+    mismatch = f"{path} was built for another version of this package: "
     hint = "; rebuild the library from the same checkout as this package (" + BUILD_HINT + ")"
     try:
         abi_version = lib.lfce_abi_version
     except AttributeError:
         raise OSError(mismatch + "it has no lfce_abi_version (it predates ABI version 1), this package "
-                      "needs ABI version %d" % ABI_VERSION + hint) from None
+                      f"needs ABI version {ABI_VERSION}" + hint) from None
     abi_version.restype, abi_version.argtypes = ctypes.c_int, []
     found = abi_version()
     if found != ABI_VERSION:
-        raise OSError(mismatch + "library ABI version %d, this package needs ABI version %d"
-                      % (found, ABI_VERSION) + hint)
+        raise OSError(mismatch + f"library ABI version {found}, this package needs ABI version {ABI_VERSION}"
+                      + hint)
     struct_size = lib.lfce_struct_size
     struct_size.restype, struct_size.argtypes = _SIGNATURES["lfce_struct_size"]
     for name, struct in STRUCTS.items():
         size = ctypes.c_size_t(0)
         if struct_size(name.encode(), ctypes.byref(size)) != OK or size.value != ctypes.sizeof(struct):
-            raise OSError(mismatch + "struct %s is %d bytes in the library and %d bytes in lfce/_lib.py "
-                          "(both at ABI version %d)" % (name, size.value, ctypes.sizeof(struct), ABI_VERSION)
+            raise OSError(mismatch + f"struct {name} is {size.value} bytes in the library and "
+                          f"{ctypes.sizeof(struct)} bytes in lfce/_lib.py (both at ABI version {ABI_VERSION})"
                           + hint)
 
 
@@ -343,7 +343,7 @@ def check(status):
         return
     message = last_error() or "(no message)"
     if status not in _EXCEPTIONS:
-        message = "lfce internal error (status %d): %s" % (status, message)
+        message = f"lfce internal error (status {status}): {message}"
     raise _EXCEPTIONS.get(status, RuntimeError)(message)
 
 

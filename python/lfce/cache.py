@@ -8,10 +8,10 @@ without a GPU, e.g. while building a container image.
 
 import ctypes
 
-from . import _check, _lib
+from . import _check, _lib, presets
 from .kernels import problem_for
 
-__all__ = ["cache_dir", "set_cache_dir", "precompile", "tune", "kernel_load_stats"]
+__all__ = ["cache_dir", "kernel_load_stats", "precompile", "set_cache_dir", "tune"]
 
 
 def cache_dir():
@@ -30,7 +30,7 @@ def _collect(callback_type, convert, call):
     def on_row(pointer, _user):
         try:
             rows.append(convert(pointer.contents))
-        except BaseException as error:  # an exception cannot cross the C frame
+        except BaseException as error:  # noqa: BLE001 - an exception cannot cross the C frame
             failures.append(error)
 
     callback = callback_type(on_row)
@@ -46,11 +46,10 @@ def _shape(model, vocab, hidden):
         _check.text("model", model)
         if vocab is not None or hidden is not None:
             raise ValueError("give either model or vocab and hidden, not both")
-        from .presets import PRESETS
-
-        if model not in PRESETS:
-            raise ValueError("unknown model %r; known models: %s" % (model, ", ".join(sorted(PRESETS))))
-        hidden, vocab = PRESETS[model]
+        known = presets.table()
+        if model not in known:
+            raise ValueError(f"unknown model {model!r}; known models: {', '.join(sorted(known))}")
+        hidden, vocab = known[model]
     elif vocab is None or hidden is None:
         raise ValueError("give a model preset or both vocab and hidden")
     return vocab, hidden
@@ -63,9 +62,9 @@ def _archs(archs):
     try:
         archs = list(archs)
     except TypeError:
-        raise TypeError("archs must be an arch name or a list of them, got %r" % (archs,)) from None
+        raise TypeError(f"archs must be an arch name or a list of them, got {archs!r}") from None
     if not archs:
-        raise ValueError("archs must name at least one arch, got %r" % (archs,))
+        raise ValueError(f"archs must name at least one arch, got {archs!r}")
     for arch in archs:
         _check.text("archs", arch)
     return archs
@@ -111,7 +110,7 @@ def tune(model=None, *, vocab=None, hidden=None, tokens=8192, dtype="bf16", has_
     problem = problem_for(vocab, hidden, dtype=dtype, has_bias=has_bias, mode=mode, reduction=reduction,
                           tokens=tokens)
     if progress is not None and not callable(progress):
-        raise TypeError("progress must be a callable or None, got %s %r" % (type(progress).__name__, progress))
+        raise TypeError(f"progress must be a callable or None, got {type(progress).__name__} {progress!r}")
     options = _lib.TuneOptions(
         device=_check.integer("device", device, minimum=0, maximum=_check.INT32_MAX),
         space=space.encode(), budget_minutes=_check.real("budget_minutes", budget_minutes, minimum=0.0),
@@ -122,7 +121,7 @@ def tune(model=None, *, vocab=None, hidden=None, tokens=8192, dtype="bf16", has_
     def on_progress(done, total, eta, kernel, candidate, _user):
         try:
             progress(done, total, eta, kernel.decode(), candidate.decode())
-        except BaseException as error:  # an exception cannot cross the C frame
+        except BaseException as error:  # noqa: BLE001 - an exception cannot cross the C frame
             failures.append(error)
 
     options.progress = _lib.TUNE_PROGRESS(on_progress) if progress is not None else _lib.TUNE_PROGRESS()

@@ -4,7 +4,7 @@ import ctypes
 
 from . import _check, _lib
 
-__all__ = ["generate", "dtype_code", "problem_for"]
+__all__ = ["dtype_code", "generate", "problem_for"]
 
 # Accepted spellings of each dtype; torch dtypes are matched by name so torch is optional.
 _DTYPE_NAMES = {
@@ -20,7 +20,7 @@ def dtype_code(dtype):
     """lfce_dtype for a torch dtype or one of the strings "bf16", "fp16", "fp32"."""
     code = _DTYPE_NAMES.get(str(dtype))
     if code is None:
-        raise ValueError("dtype must be bf16, fp16 or fp32 (a string or torch dtype), got %r" % (dtype,))
+        raise ValueError(f"dtype must be bf16, fp16 or fp32 (a string or torch dtype), got {dtype!r}")
     return code
 
 
@@ -71,7 +71,7 @@ def generate(vocab, hidden, *, arch="sm_90a", dtype="bf16", has_bias=False, mode
                 "smem_bytes": int(info.smem_bytes),
                 "threads": int(info.threads),
             })
-        except BaseException as error:  # an exception cannot cross the C frame
+        except BaseException as error:  # noqa: BLE001 - an exception cannot cross the C frame
             failures.append(error)
 
     callback = _lib.KERNEL_CALLBACK(collect)  # kept alive by this frame during the call

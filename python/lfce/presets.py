@@ -10,7 +10,7 @@ import functools
 from . import _lib
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def table():
     """The presets: name -> (hidden size, vocabulary size); loads the library."""
     return _lib.presets()
@@ -19,4 +19,4 @@ def table():
 def __getattr__(name):  # PEP 562: PRESETS is computed when first read
     if name == "PRESETS":
         return table()
-    raise AttributeError("module %r has no attribute %r" % (__name__, name))
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

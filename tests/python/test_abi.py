@@ -23,8 +23,8 @@ def reload(monkeypatch):
 
 def test_load_refuses_a_library_of_another_abi_version(monkeypatch, reload):
     monkeypatch.setattr(_lib, "ABI_VERSION", _lib.ABI_VERSION + 1)
-    with raises(OSError, reload, "library ABI version %d" % (_lib.ABI_VERSION - 1),
-                "needs ABI version %d" % _lib.ABI_VERSION, "rebuild"):
+    with raises(OSError, reload, f"library ABI version {_lib.ABI_VERSION - 1}",
+                f"needs ABI version {_lib.ABI_VERSION}", "rebuild"):
         _lib.load()
     assert _lib._lib is None, "a refused library must not be kept"
 
@@ -35,8 +35,8 @@ class ShortProblem(ctypes.Structure):
 
 def test_load_refuses_a_struct_of_another_size(monkeypatch, reload):
     monkeypatch.setitem(_lib.STRUCTS, "lfce_problem", ShortProblem)
-    with raises(OSError, reload, "lfce_problem", "%d bytes in the library" % ctypes.sizeof(_lib.Problem),
-                "%d bytes in lfce/_lib.py" % ctypes.sizeof(ShortProblem)):
+    with raises(OSError, reload, "lfce_problem", f"{ctypes.sizeof(_lib.Problem)} bytes in the library",
+                f"{ctypes.sizeof(ShortProblem)} bytes in lfce/_lib.py"):
         _lib.load()
 
 
@@ -52,7 +52,7 @@ def _libc_path():
 def test_load_names_a_library_without_the_handshake(monkeypatch, reload):
     libc = _libc_path()  # a shared library without lfce_abi_version stands in for an old liblfce.so
     monkeypatch.setenv("LFCE_LIBRARY", libc)
-    with raises(OSError, libc, "no lfce_abi_version", "needs ABI version %d" % _lib.ABI_VERSION):
+    with raises(OSError, libc, "no lfce_abi_version", f"needs ABI version {_lib.ABI_VERSION}"):
         _lib.load()
 
 

@@ -89,13 +89,13 @@ def test_non_tensor_hidden_is_named():
 def test_weight_hidden_size_mismatch_is_named():
     x, _, y = inputs()
     w = torch.randn(V, H + 8).to(torch.bfloat16)
-    with raises(ValueError, "weight", "H = %d" % H, "(%d, %d)" % (V, H + 8)):
+    with raises(ValueError, "weight", f"H = {H}", f"({V}, {H + 8})"):
         lfce.linear_cross_entropy(x, w, y)
 
 
 def test_targets_shape_mismatch_is_named():
     x, w, _ = inputs()
-    with raises(ValueError, "targets", "(%d,)" % N, "(%d,)" % (N + 1)):
+    with raises(ValueError, "targets", f"({N},)", f"({N + 1},)"):
         lfce.linear_cross_entropy(x, w, torch.zeros(N + 1, dtype=torch.int64))
 
 
@@ -119,13 +119,13 @@ def test_int8_hidden_is_named():
 
 def test_bias_wrong_shape_is_named():
     x, w, y = inputs()
-    with raises(ValueError, "bias", "(%d,)" % V, "(%d,)" % (V + 1)):
+    with raises(ValueError, "bias", f"({V},)", f"({V + 1},)"):
         lfce.linear_cross_entropy(x, w, y, torch.zeros(V + 1, dtype=torch.bfloat16))
 
 
 def test_no_tokens_is_named():
     _, w, _ = inputs()
-    with raises(ValueError, "no tokens", "(0, %d)" % H, "N = 0"):
+    with raises(ValueError, "no tokens", f"(0, {H})", "N = 0"):
         lfce.linear_cross_entropy(torch.empty(0, H, dtype=torch.bfloat16), w, torch.empty(0, dtype=torch.int64))
 
 
@@ -142,7 +142,7 @@ def test_cpu_tensors_are_refused_through_the_module():
 # --- the C library's own checks, through ctypes (no GPU) ---------------------------------
 
 def problem(**changes):
-    fields = dict(tokens=64, hidden=256, vocab=1000, dtype=_lib.DTYPE_BF16)
+    fields = {"tokens": 64, "hidden": 256, "vocab": 1000, "dtype": _lib.DTYPE_BF16}
     fields.update(changes)
     return _lib.make_problem(**fields)
 
@@ -188,7 +188,7 @@ def test_workspace_sizes_need_no_gpu():
 def test_workspace_budget_bounds_the_backward_chunk():
     p = problem(tokens=4096, vocab=128256, hidden=4096, workspace_budget=64 << 20)
     chunk = _lib.backward_chunk_size(p)
-    assert 4096 * chunk * 2 <= (64 << 20), "chunk %d of 4096 bf16 rows exceeds the 64 MiB budget" % chunk
+    assert 4096 * chunk * 2 <= (64 << 20), f"chunk {chunk} of 4096 bf16 rows exceeds the 64 MiB budget"
 
 
 @pytest.mark.lib
@@ -201,7 +201,7 @@ def test_generate_sm80_bf16_emits_mma_sync():
     kernels = lfce.generate(1000, 256, arch="sm_80", dtype="bf16", tokens=64)
     assert kernels, "lfce_generate produced no kernels"
     for kernel in kernels:
-        assert ".entry" in kernel["ptx"], "%s has no .entry" % kernel["name"]
+        assert ".entry" in kernel["ptx"], "{} has no .entry".format(kernel["name"])
         assert kernel["ptx_size"] in (len(kernel["ptx"]), len(kernel["ptx"]) + 1), kernel["name"]
         assert kernel["threads"] > 0, kernel["name"]
     assert any("mma.sync" in k["ptx"] for k in kernels), \
