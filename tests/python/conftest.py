@@ -20,9 +20,9 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(REPO, "python"))
 
-import torch  # noqa: E402
+import torch
 
-from lfce import _lib  # noqa: E402
+from lfce import _lib
 
 
 def pytest_configure(config):
@@ -40,8 +40,8 @@ def pytest_runtest_setup(item):
         return
     if _gpu_expected():
         pytest.fail("this machine should have a GPU (/dev/nvidia0 exists or LFCE_REQUIRE_GPU=1) but "
-                    "torch.cuda.is_available() is False (torch %s, CUDA build %s)"
-                    % (torch.__version__, torch.version.cuda), pytrace=False)
+                    f"torch.cuda.is_available() is False (torch {torch.__version__}, "
+                    f"CUDA build {torch.version.cuda})", pytrace=False)
     pytest.skip("no CUDA GPU")
 
 

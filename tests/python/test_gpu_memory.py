@@ -69,31 +69,31 @@ def backward_bound(**options):
     chunk = _lib.backward_chunk_size(p)
     n_pad = -(-N // ROW_PADDING) * ROW_PADDING
     bound = n_pad * chunk * 2 + 4 * N * H + MIB
-    return bound, "chunk %d, library workspace %.1f MiB, bound %.1f MiB" % (
-        chunk, _lib.backward_workspace_size(p) / MIB, bound / MIB)
+    workspace = _lib.backward_workspace_size(p)
+    return bound, f"chunk {chunk}, library workspace {workspace / MIB:.1f} MiB, bound {bound / MIB:.1f} MiB"
 
 
 @pytest.mark.parametrize("reduction", ["mean", "none"])
 def test_recompute_holds_only_the_log_sum_exp(inputs, reduction):
     held, _ = measure(inputs, reduction=reduction)
     bound = 8 * N + MIB
-    assert held <= bound, "held %d bytes between forward and backward; bound 8*N + 1 MiB = %d" % (held, bound)
+    assert held <= bound, f"held {held} bytes between forward and backward; bound 8*N + 1 MiB = {bound}"
 
 
 def test_backward_transient_memory_is_the_workspace(inputs):
     _, transient = measure(inputs)
     bound, detail = backward_bound()
-    assert transient <= bound, "backward used %.1f MiB beyond its gradients; %s" % (transient / MIB, detail)
+    assert transient <= bound, f"backward used {transient / MIB:.1f} MiB beyond its gradients; {detail}"
 
 
 def test_workspace_budget_caps_the_backward(inputs):
     budget = 64 * MIB
     _, transient = measure(inputs, workspace_budget=budget)
     bound, detail = backward_bound(workspace_budget=budget)
-    assert transient <= bound, "backward used %.1f MiB beyond its gradients; %s" % (transient / MIB, detail)
+    assert transient <= bound, f"backward used {transient / MIB:.1f} MiB beyond its gradients; {detail}"
     cap = budget + 4 * N * H + MIB
-    assert transient <= cap, "backward used %.1f MiB with a 64 MiB budget; cap budget + 4*N*H + 1 MiB = %.1f MiB" % (
-        transient / MIB, cap / MIB)
+    assert transient <= cap, (f"backward used {transient / MIB:.1f} MiB with a 64 MiB budget; "
+                              f"cap budget + 4*N*H + 1 MiB = {cap / MIB:.1f} MiB")
 
 
 def test_eager_holds_the_gradients(inputs, record_property):
@@ -102,6 +102,6 @@ def test_eager_holds_the_gradients(inputs, record_property):
     record_property("held_recompute_mib", held_recompute / MIB)
     record_property("held_eager_mib", held_eager / MIB)
     record_property("backward_transient_eager_mib", transient_eager / MIB)
-    print("held between forward and backward: recompute %.2f MiB, eager %.1f MiB"
-          % (held_recompute / MIB, held_eager / MIB))
+    print(f"held between forward and backward: recompute {held_recompute / MIB:.2f} MiB, "
+          f"eager {held_eager / MIB:.1f} MiB")
     assert held_eager > held_recompute

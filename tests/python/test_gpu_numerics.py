@@ -43,7 +43,7 @@ SHAPES = [
 
 def shape_id(shape):
     n, h, v, bias = shape
-    return "N%d-H%d-V%d%s" % (n, h, v, "-bias" if bias else "")
+    return f"N{n}-H{h}-V{v}{'-bias' if bias else ''}"
 
 
 def dtype_id(dtype):
@@ -106,23 +106,22 @@ def run_lfce(x, w, b, y, reduction, grad, **options):
 
 def assert_close(name, actual, expected, tol):
     """Relative L2 error within tol; the message shows metric, tolerance and the worst element."""
-    assert actual is not None, "%s: lfce returned no gradient" % name
-    assert actual.shape == expected.shape, "%s: shape %s, expected %s" % (name, tuple(actual.shape),
-                                                                         tuple(expected.shape))
+    assert actual is not None, f"{name}: lfce returned no gradient"
+    assert actual.shape == expected.shape, f"{name}: shape {tuple(actual.shape)}, expected {tuple(expected.shape)}"
     a = actual.detach().double().reshape(-1)
     e = expected.detach().double().reshape(-1)
     norm = e.norm().item()
     if norm == 0:
         nonzero = torch.nonzero(a).reshape(-1)
-        assert nonzero.numel() == 0, "%s: expected all zeros, %d nonzero; first at %d = %r" % (
-            name, nonzero.numel(), nonzero[0].item(), a[nonzero[0]].item())
+        assert nonzero.numel() == 0, (f"{name}: expected all zeros, {nonzero.numel()} nonzero; "
+                                      f"first at {nonzero[0].item()} = {a[nonzero[0]].item()!r}")
         return
     diff = (a - e).abs()
     rel = (a - e).norm().item() / norm
     worst = int(torch.nan_to_num(diff, nan=float("inf")).argmax().item())
     index = tuple(_unravel(worst, actual.shape))
-    assert rel <= tol, "%s: rel L2 %.3g > tolerance %.3g; worst index %s: expected %r, got %r" % (
-        name, rel, tol, index, e[worst].item(), a[worst].item())
+    assert rel <= tol, (f"{name}: rel L2 {rel:.3g} > tolerance {tol:.3g}; worst index {index}: "
+                        f"expected {e[worst].item()!r}, got {a[worst].item()!r}")
 
 
 def _unravel(flat, shape):
@@ -137,8 +136,8 @@ def assert_matches_reference(ours, ref, dtype, reduction):
     tol = TOLERANCES[dtype]
     loss, grad_x, grad_w, grad_b = ours
     ref_loss, ref_x, ref_w, ref_b = ref
-    assert loss.dtype == dtype, "loss dtype %s, expected %s" % (loss.dtype, dtype)
-    assert_close("loss (%s)" % reduction, loss, ref_loss, tol["loss"] + UNIT_ROUNDOFF[dtype])
+    assert loss.dtype == dtype, f"loss dtype {loss.dtype}, expected {dtype}"
+    assert_close(f"loss ({reduction})", loss, ref_loss, tol["loss"] + UNIT_ROUNDOFF[dtype])
     assert_close("grad_hidden", grad_x, ref_x, tol["grad"])
     assert_close("grad_weight", grad_w, ref_w, tol["grad"])
     if ref_b is not None:
@@ -185,8 +184,8 @@ def test_all_targets_ignored(mode, reduction, dtype):
     loss, grad_x, grad_w, grad_b = run_lfce(x, w, b, y, reduction, grad, mode=mode)
     ref_loss = reference(x, w, b, y, reduction, grad)[0]
     if reduction == "mean":
-        assert torch.isnan(ref_loss).item(), "PyTorch's reference changed: mean over no targets is %r" % ref_loss
-        assert torch.isnan(loss).item(), "mean over no targets should be NaN like PyTorch, got %r" % loss.item()
+        assert torch.isnan(ref_loss).item(), f"PyTorch's reference changed: mean over no targets is {ref_loss!r}"
+        assert torch.isnan(loss).item(), f"mean over no targets should be NaN like PyTorch, got {loss.item()!r}"
     else:
         assert_close("loss", loss, ref_loss, 0.0)
     for name, grad_t in (("grad_hidden", grad_x), ("grad_weight", grad_w), ("grad_bias", grad_b)):
@@ -288,7 +287,7 @@ def test_runs_on_the_current_stream():
 @pytest.mark.parametrize("mode", MODES)
 def test_forward_and_backward_never_synchronise(mode):
     if not hasattr(torch.cuda, "set_sync_debug_mode"):
-        pytest.fail("torch %s has no torch.cuda.set_sync_debug_mode" % torch.__version__)
+        pytest.fail(f"torch {torch.__version__} has no torch.cuda.set_sync_debug_mode")
     x, w, b, y = make_inputs(64, 2304, 50257, torch.bfloat16, bias=True)
     x.requires_grad_()
     w.requires_grad_()
