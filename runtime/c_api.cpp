@@ -3,6 +3,7 @@
 #include <exception>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "autotune/tuner.h"
 #include "compiler/errors.h"
@@ -73,6 +74,32 @@ lfce::runtime::Plan host_plan(const lfce_problem* problem) {
 extern "C" {
 
 const char* lfce_version(void) { return LFCE_VERSION; }
+
+int lfce_abi_version(void) { return LFCE_ABI_VERSION; }
+
+int lfce_struct_size(const char* name, size_t* bytes) {
+  return guarded("lfce_struct_size", [&] {
+    require_out(name, "name");
+    require_out(bytes, "bytes");
+    static const std::pair<const char*, size_t> sizes[] = {
+        {"lfce_problem", sizeof(lfce_problem)},
+        {"lfce_forward_args", sizeof(lfce_forward_args)},
+        {"lfce_backward_args", sizeof(lfce_backward_args)},
+        {"lfce_kernel_info", sizeof(lfce_kernel_info)},
+        {"lfce_precompiled", sizeof(lfce_precompiled)},
+        {"lfce_cache_entry", sizeof(lfce_cache_entry)},
+        {"lfce_kernel_load", sizeof(lfce_kernel_load)},
+        {"lfce_tune_options", sizeof(lfce_tune_options)},
+        {"lfce_tune_result", sizeof(lfce_tune_result)},
+    };
+    for (const auto& [known, size] : sizes)
+      if (std::string(known) == name) {
+        *bytes = size;
+        return;
+      }
+    throw lfce::SpecError(std::string("no struct named '") + name + "' in lfce.h");
+  });
+}
 
 const char* lfce_last_error(void) { return g_last_error.c_str(); }
 

@@ -21,6 +21,12 @@ extern "C" {
 
 #define LFCE_API __attribute__((visibility("default")))
 
+/* Version of the binary interface: the layout of every struct and the signature of every
+ * function in this header. Bump it whenever one of them changes; a binding compares its own
+ * copy with lfce_abi_version() when it loads the library, so a stale library is an error at
+ * load time instead of corrupted arguments. */
+#define LFCE_ABI_VERSION 1
+
 typedef enum lfce_status {
   LFCE_OK = 0,
   LFCE_ERR_INVALID_ARGUMENT = 1, /* the caller's request is wrong: see lfce_last_error() */
@@ -103,6 +109,11 @@ typedef struct lfce_kernel_info {
 typedef void (*lfce_kernel_callback)(const lfce_kernel_info* kernel, void* user);
 
 LFCE_API const char* lfce_version(void);
+/* LFCE_ABI_VERSION of the header the library was built from. */
+LFCE_API int lfce_abi_version(void);
+/* sizeof the struct named `name` ("lfce_problem", "lfce_forward_args", ...: every struct in this
+ * header) as the library was compiled; an unknown name is LFCE_ERR_INVALID_ARGUMENT. */
+LFCE_API int lfce_struct_size(const char* name, size_t* bytes);
 /* Message of the last failed call on this thread ("" if none). */
 LFCE_API const char* lfce_last_error(void);
 /* "trace", "debug", "info", "warn", "error", "off". Default from LFCE_LOG_LEVEL, else "warn". */

@@ -15,22 +15,22 @@ from .kernels import generate
 __version__ = "0.1.0"
 
 __all__ = [
-    "linear_cross_entropy",
-    "LinearCrossEntropyLoss",
     "CompileError",
     "CudaError",
-    "generate",
-    "cache_dir",
-    "set_cache_dir",
-    "precompile",
-    "tune",
-    "kernel_load_stats",
-    "set_log_level",
+    "LinearCrossEntropyLoss",
     "__version__",
+    "cache_dir",
+    "generate",
+    "kernel_load_stats",
+    "linear_cross_entropy",
+    "precompile",
+    "set_cache_dir",
+    "set_log_level",
+    "tune",
 ]
 
 try:
-    import torch as _torch  # noqa: F401
+    import torch as _torch
 except ImportError:  # generate() and `python -m lfce` still work without PyTorch
     _torch = None
 
@@ -51,9 +51,9 @@ else:
 
 def set_log_level(level):
     """Set liblfce's log level: "trace", "debug", "info", "warn", "error" or "off"."""
-    from . import _lib
+    from . import _check, _lib
 
-    _lib.check(_lib.load().lfce_set_log_level(str(level).encode()))
+    _lib.check(_lib.load().lfce_set_log_level(_check.text("level", level)))
 
 
 def library_version():

@@ -10,10 +10,10 @@ import argparse
 import json
 import sys
 
-from ._lib import CompileError, CudaError, load
-from .kernels import generate
-from .presets import PRESETS
+from . import presets
 from . import ptxas as _ptxas
+from ._lib import CompileError, CudaError
+from .kernels import generate
 
 OFFLINE_ARCHS = ("sm_90a", "sm_80")
 
@@ -28,8 +28,9 @@ def _gpu_available():
 
 def _parse_args(argv):
     parser = argparse.ArgumentParser(prog="python -m lfce", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="llama3-8b", choices=sorted(PRESETS),
-                        help="output-layer shape preset (default: llama3-8b)")
+    parser.add_argument("--model", default="llama3-8b",
+                        help="output-layer shape preset from the library's table, e.g. llama3-8b, "
+                             "qwen2.5-7b, gemma2-2b (default: llama3-8b)")
     parser.add_argument("--tokens", type=int, default=8192, help="tokens N (default: 8192)")
     parser.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"))
     parser.add_argument("--mode", default="recompute", choices=("recompute", "eager"))
@@ -37,8 +38,11 @@ def _parse_args(argv):
                         help="report the generated kernels through ptxas even when a GPU is present")
     parser.add_argument("--json", metavar="PATH", help="also write all figures as JSON to PATH")
     args = parser.parse_args(argv)
-    if args.tokens < 1:
-        parser.error("--tokens must be >= 1, got %d" % args.tokens)
+    if not 1 <= args.tokens <= 2**63 - 1:
+        parser.error(f"--tokens must be in [1, 2**63 - 1], got {args.tokens}")
+    known = presets.table()  # after parsing, so --help needs no library; fails here if it is missing
+    if args.model not in known:
+        parser.error(f"--model {args.model!r} is not a preset; known models: {', '.join(sorted(known))}")
     return args
 
 
@@ -48,10 +52,10 @@ def _offline_report(args, hidden, vocab):
     if ptxas is None:
         print("ptxas not found (set LFCE_PTXAS, put it on PATH, or install CUDA in /usr/local/cuda): "
               "registers and spills are not reported")
-    print("%s: N=%d H=%d V=%d %s, mode %s (no GPU: kernels generated and assembled only)"
-          % (args.model, args.tokens, hidden, vocab, args.dtype, args.mode))
+    print(f"{args.model}: N={args.tokens} H={hidden} V={vocab} {args.dtype}, mode {args.mode} "
+          "(no GPU: kernels generated and assembled only)")
     header = ("arch", "kernel", "PTX KB", "LLVM ms", "registers", "spill B", "smem B", "threads")
-    print("%-7s %-24s %8s %8s %9s %8s %8s %7s" % header)
+    print("{:<7} {:<24} {:>8} {:>8} {:>9} {:>8} {:>8} {:>7}".format(*header))
     rows, rejected = [], []
     for arch in OFFLINE_ARCHS:
         kernels = generate(vocab, hidden, arch=arch, dtype=args.dtype, mode=args.mode, tokens=args.tokens)
@@ -73,21 +77,21 @@ def _offline_report(args, hidden, vocab):
                     row["static_smem"] = sum(e.get("static_smem", 0) for e in entries)
                     registers, spills = row["registers"], row["spill_bytes"]
             rows.append(row)
-            print("%-7s %-24s %8.1f %8.1f %9s %8s %8d %7d" % (
-                arch, kernel["name"], row["ptx_kb"], row["llvm_ms"], registers, spills,
-                row["smem_bytes"] + row.get("static_smem", 0), row["threads"]))
+            smem = row["smem_bytes"] + row.get("static_smem", 0)
+            print(f"{arch:<7} {kernel['name']:<24} {row['ptx_kb']:8.1f} {row['llvm_ms']:8.1f} {registers!s:>9} "
+                  f"{spills!s:>8} {smem:8d} {row['threads']:7d}")
     for arch, name, log in rejected:
-        print("\nptxas rejected %s for %s:\n%s" % (name, arch, "\n".join(log.splitlines()[:40])), file=sys.stderr)
+        head = "\n".join(log.splitlines()[:40])
+        print(f"\nptxas rejected {name} for {arch}:\n{head}", file=sys.stderr)
     spilled = [r for r in rows if r.get("spill_bytes")]
     if spilled:
-        print("note: %d kernel(s) spill registers to local memory" % len(spilled))
+        print(f"note: {len(spilled)} kernel(s) spill registers to local memory")
     return (1 if rejected else 0), rows
 
 
 def main(argv=None):
-    args = _parse_args(argv)
-    hidden, vocab = PRESETS[args.model]
-    load()  # fail before printing anything if liblfce.so is missing
+    args = _parse_args(argv)  # loads the library: fails before printing anything if it is missing
+    hidden, vocab = presets.table()[args.model]
     if args.ptxas or not _gpu_available():
         status, rows = _offline_report(args, hidden, vocab)
         result = {"model": args.model, "tokens": args.tokens, "hidden": hidden, "vocab": vocab,
@@ -113,7 +117,7 @@ def _entry():
     try:
         return main()
     except (OSError, CompileError, CudaError, ValueError) as error:
-        print("lfce: error: %s" % error, file=sys.stderr)
+        print(f"lfce: error: {error}", file=sys.stderr)
         return 2
 
 

@@ -14,18 +14,23 @@ import ctypes
 import os
 import threading
 
+from . import _check
+
 __all__ = [
+    "KERNEL_CALLBACK",
+    "BackwardArgs",
     "CompileError",
     "CudaError",
-    "Problem",
     "ForwardArgs",
-    "BackwardArgs",
     "KernelInfo",
-    "KERNEL_CALLBACK",
-    "load",
+    "Problem",
     "check",
     "library_candidates",
+    "load",
 ]
+
+# LFCE_ABI_VERSION of the lfce.h this file mirrors: bump both together.
+ABI_VERSION = 1
 
 # lfce_status
 OK = 0
@@ -216,10 +221,24 @@ TUNE_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.POINTER(TuneResult), ctypes.c_void
 PRECOMPILE_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.POINTER(Precompiled), ctypes.c_void_p)
 KERNEL_LOAD_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.POINTER(KernelLoad), ctypes.c_void_p)
 
+# The structs passed by pointer, by their name in lfce.h: their sizes are checked at load.
+STRUCTS = {
+    "lfce_problem": Problem,
+    "lfce_forward_args": ForwardArgs,
+    "lfce_backward_args": BackwardArgs,
+    "lfce_kernel_info": KernelInfo,
+    "lfce_precompiled": Precompiled,
+    "lfce_kernel_load": KernelLoad,
+    "lfce_tune_options": TuneOptions,
+    "lfce_tune_result": TuneResult,
+}
+
 _P = ctypes.POINTER
 # name -> (restype, argtypes), in the order of lfce.h.
 _SIGNATURES = {
     "lfce_version": (ctypes.c_char_p, []),
+    "lfce_abi_version": (ctypes.c_int, []),
+    "lfce_struct_size": (ctypes.c_int, [ctypes.c_char_p, _P(ctypes.c_size_t)]),
     "lfce_last_error": (ctypes.c_char_p, []),
     "lfce_set_log_level": (ctypes.c_int, [ctypes.c_char_p]),
     "lfce_check_problem": (ctypes.c_int, [_P(Problem)]),
@@ -268,12 +287,37 @@ def load():
                     + " (set LFCE_LIBRARY to its path, or " + BUILD_HINT + ")"
                 )
             lib = ctypes.CDLL(path)  # RTLD_LOCAL: keep our LLVM away from Triton's
+            _check_abi(lib, path)
             for name, (restype, argtypes) in _SIGNATURES.items():
                 fn = getattr(lib, name)
                 fn.restype = restype
                 fn.argtypes = argtypes
             _lib = lib
     return _lib
+
+
+def _check_abi(lib, path):
+    """Refuse a library built from another lfce.h: its structs and signatures may differ."""
+    mismatch = f"{path} was built for another version of this package: "
+    hint = "; rebuild the library from the same checkout as this package (" + BUILD_HINT + ")"
+    try:
+        abi_version = lib.lfce_abi_version
+    except AttributeError:
+        raise OSError(mismatch + "it has no lfce_abi_version (it predates ABI version 1), this package "
+                      f"needs ABI version {ABI_VERSION}" + hint) from None
+    abi_version.restype, abi_version.argtypes = ctypes.c_int, []
+    found = abi_version()
+    if found != ABI_VERSION:
+        raise OSError(mismatch + f"library ABI version {found}, this package needs ABI version {ABI_VERSION}"
+                      + hint)
+    struct_size = lib.lfce_struct_size
+    struct_size.restype, struct_size.argtypes = _SIGNATURES["lfce_struct_size"]
+    for name, struct in STRUCTS.items():
+        size = ctypes.c_size_t(0)
+        if struct_size(name.encode(), ctypes.byref(size)) != OK or size.value != ctypes.sizeof(struct):
+            raise OSError(mismatch + f"struct {name} is {size.value} bytes in the library and "
+                          f"{ctypes.sizeof(struct)} bytes in lfce/_lib.py (both at ABI version {ABI_VERSION})"
+                          + hint)
 
 
 def last_error():
@@ -299,20 +343,25 @@ def check(status):
         return
     message = last_error() or "(no message)"
     if status not in _EXCEPTIONS:
-        message = "lfce internal error (status %d): %s" % (status, message)
+        message = f"lfce internal error (status {status}): {message}"
     raise _EXCEPTIONS.get(status, RuntimeError)(message)
 
 
 def make_problem(tokens, hidden, vocab, dtype, target_dtype=INDEX_INT64, has_bias=False,
                  reduction=REDUCTION_MEAN, mode=MODE_RECOMPUTE, ignore_index=-100,
                  chunk_size=None, workspace_budget=None):
-    """Fill an lfce_problem; None for chunk_size / workspace_budget means the library's default."""
-    return Problem(
-        tokens=tokens, hidden=hidden, vocab=vocab, dtype=dtype, target_dtype=target_dtype,
-        has_bias=int(bool(has_bias)), reduction=reduction, mode=mode, reserved=0,
-        ignore_index=ignore_index, chunk_size=chunk_size or 0,
-        workspace_budget=workspace_budget or 0,
-    )
+    """Fill an lfce_problem; None for chunk_size / workspace_budget means the library's default.
+
+    Every field is checked to fit its C type (ctypes would wrap it silently); whether the
+    values make a valid problem is the library's check (lfce_check_problem).
+    """
+    wide = {"tokens": tokens, "hidden": hidden, "vocab": vocab, "ignore_index": ignore_index,
+            "chunk_size": chunk_size or 0, "workspace_budget": workspace_budget or 0}
+    narrow = {"dtype": dtype, "target_dtype": target_dtype, "reduction": reduction, "mode": mode}
+    fields = {name: _check.integer(name, value) for name, value in wide.items()}
+    fields.update((name, _check.integer(name, value, minimum=_check.INT32_MIN, maximum=_check.INT32_MAX))
+                  for name, value in narrow.items())
+    return Problem(has_bias=int(bool(has_bias)), reserved=0, **fields)
 
 
 def forward_workspace_size(problem):

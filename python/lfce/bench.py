@@ -108,17 +108,17 @@ def run(model, hidden, vocab, tokens, dtype=torch.bfloat16, mode="recompute", wa
 
 def format_result(result):
     """Human-readable lines for one run() result."""
-    lines = ["%s: N=%d H=%d V=%d %s, mode %s, on %s" % (
-        result["model"], result["tokens"], result["hidden"], result["vocab"], result["dtype"],
-        result["mode"], result["device"])]
-    lines.append("%-8s %10s %10s %10s %10s %10s %8s" % ("", "fwd ms", "bwd ms", "total ms", "held MiB",
-                                                      "peak MiB", "TFLOP/s"))
+    r = result
+    lines = [(f"{r['model']}: N={r['tokens']} H={r['hidden']} V={r['vocab']} {r['dtype']}, mode {r['mode']}, "
+              f"on {r['device']}")]
+    header = ("", "fwd ms", "bwd ms", "total ms", "held MiB", "peak MiB", "TFLOP/s")
+    lines.append("{:<8} {:>10} {:>10} {:>10} {:>10} {:>10} {:>8}".format(*header))
     for name in ("lfce", "torch"):
         f = result[name]
         if "error" in f:
-            lines.append("%-8s %s" % (name, f["error"]))
+            lines.append(f"{name:<8} {f['error']}")
             continue
-        tflops = "%8.1f" % f["tflops"] if "tflops" in f else "%8s" % "-"
-        lines.append("%-8s %10.2f %10.2f %10.2f %10.1f %10.1f %s" % (
-            name, f["forward_ms"], f["backward_ms"], f["total_ms"], f["held_mib"], f["peak_mib"], tflops))
+        tflops = f"{f['tflops']:8.1f}" if "tflops" in f else f"{'-':>8}"
+        lines.append(f"{name:<8} {f['forward_ms']:10.2f} {f['backward_ms']:10.2f} {f['total_ms']:10.2f} "
+                     f"{f['held_mib']:10.1f} {f['peak_mib']:10.1f} {tflops}")
     return lines

@@ -8,10 +8,10 @@ without a GPU, e.g. while building a container image.
 
 import ctypes
 
-from . import _lib
+from . import _check, _lib, presets
 from .kernels import problem_for
 
-__all__ = ["cache_dir", "set_cache_dir", "precompile", "tune", "kernel_load_stats"]
+__all__ = ["cache_dir", "kernel_load_stats", "precompile", "set_cache_dir", "tune"]
 
 
 def cache_dir():
@@ -20,10 +20,8 @@ def cache_dir():
 
 
 def set_cache_dir(path):
-    """Use ``path`` as the kernel cache directory from now on in this process."""
-    if not isinstance(path, str) or not path:
-        raise ValueError("path must be a non-empty string, got %r" % (path,))
-    _lib.check(_lib.load().lfce_set_cache_dir(path.encode()))
+    """Use ``path`` (a str or os.PathLike) as the kernel cache directory from now on in this process."""
+    _lib.check(_lib.load().lfce_set_cache_dir(_check.path("path", path)))
 
 
 def _collect(callback_type, convert, call):
@@ -32,7 +30,7 @@ def _collect(callback_type, convert, call):
     def on_row(pointer, _user):
         try:
             rows.append(convert(pointer.contents))
-        except BaseException as error:  # an exception cannot cross the C frame
+        except BaseException as error:  # noqa: BLE001 - an exception cannot cross the C frame
             failures.append(error)
 
     callback = callback_type(on_row)
@@ -45,16 +43,31 @@ def _collect(callback_type, convert, call):
 def _shape(model, vocab, hidden):
     """(vocab, hidden) from a preset name or the explicit sizes."""
     if model is not None:
+        _check.text("model", model)
         if vocab is not None or hidden is not None:
             raise ValueError("give either model or vocab and hidden, not both")
-        from .presets import PRESETS
-
-        if model not in PRESETS:
-            raise ValueError("unknown model %r; known models: %s" % (model, ", ".join(sorted(PRESETS))))
-        hidden, vocab = PRESETS[model]
+        known = presets.table()
+        if model not in known:
+            raise ValueError(f"unknown model {model!r}; known models: {', '.join(sorted(known))}")
+        hidden, vocab = known[model]
     elif vocab is None or hidden is None:
         raise ValueError("give a model preset or both vocab and hidden")
     return vocab, hidden
+
+
+def _archs(archs):
+    """``archs`` (one arch name or an iterable of them) as a non-empty list of checked names."""
+    if isinstance(archs, str):
+        archs = [archs]
+    try:
+        archs = list(archs)
+    except TypeError:
+        raise TypeError(f"archs must be an arch name or a list of them, got {archs!r}") from None
+    if not archs:
+        raise ValueError(f"archs must name at least one arch, got {archs!r}")
+    for arch in archs:
+        _check.text("archs", arch)
+    return archs
 
 
 def precompile(model=None, *, vocab=None, hidden=None, archs=("sm_90a", "sm_80"), dtype="bf16", has_bias=False,
@@ -65,8 +78,7 @@ def precompile(model=None, *, vocab=None, hidden=None, archs=("sm_90a", "sm_80")
     compile_ms (LLVM), elapsed_ms, ptx_size.
     """
     vocab, hidden = _shape(model, vocab, hidden)
-    if isinstance(archs, str):
-        archs = (archs,)
+    archs = _archs(archs)
     problem = problem_for(vocab, hidden, dtype=dtype, has_bias=has_bias, mode=mode, reduction=reduction,
                           tokens=tokens, chunk_size=chunk_size, workspace_budget=workspace_budget)
     rows = []
@@ -77,8 +89,8 @@ def precompile(model=None, *, vocab=None, hidden=None, archs=("sm_90a", "sm_80")
                     "ptx_size": int(k.ptx_size)}
 
         rows += _collect(_lib.PRECOMPILE_CALLBACK, convert,
-                         lambda cb, arch=arch: _lib.load().lfce_precompile(ctypes.byref(problem), str(arch).encode(),
-                                                                           cb, None))
+                         lambda cb, arch=arch: _lib.load().lfce_precompile(ctypes.byref(problem), arch.encode(), cb,
+                                                                           None))
     return rows
 
 
@@ -94,21 +106,25 @@ def tune(model=None, *, vocab=None, hidden=None, tokens=8192, dtype="bf16", has_
     speedup, measured, reused, failed, rejected, path.
     """
     vocab, hidden = _shape(model, vocab, hidden)
-    if space not in ("default", "small"):
-        raise ValueError("space must be 'default' or 'small', got %r" % (space,))
+    _check.choice("space", space, ("default", "small"))
     problem = problem_for(vocab, hidden, dtype=dtype, has_bias=has_bias, mode=mode, reduction=reduction,
                           tokens=tokens)
+    if progress is not None and not callable(progress):
+        raise TypeError(f"progress must be a callable or None, got {type(progress).__name__} {progress!r}")
+    options = _lib.TuneOptions(
+        device=_check.integer("device", device, minimum=0, maximum=_check.INT32_MAX),
+        space=space.encode(), budget_minutes=_check.real("budget_minutes", budget_minutes, minimum=0.0),
+        verify=_check.flag("verify", verify),
+        repetitions=_check.integer("repetitions", repetitions, minimum=0, maximum=_check.INT32_MAX))
     failures = []
 
     def on_progress(done, total, eta, kernel, candidate, _user):
         try:
             progress(done, total, eta, kernel.decode(), candidate.decode())
-        except BaseException as error:  # an exception cannot cross the C frame
+        except BaseException as error:  # noqa: BLE001 - an exception cannot cross the C frame
             failures.append(error)
 
-    options = _lib.TuneOptions(device=device, space=space.encode(), budget_minutes=float(budget_minutes),
-                               verify=int(bool(verify)), repetitions=int(repetitions),
-                               progress=_lib.TUNE_PROGRESS(on_progress) if progress else _lib.TUNE_PROGRESS())
+    options.progress = _lib.TUNE_PROGRESS(on_progress) if progress is not None else _lib.TUNE_PROGRESS()
 
     def convert(r):
         return {"kernel": r.kernel.decode(), "default_config": r.default_config.decode(),

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from . import _lib
+from . import _check, _lib
 
 __all__ = ["linear_cross_entropy", "validate_options"]
 
@@ -41,30 +41,14 @@ def _log_once(level, message, *args):
         logger.log(level, message, *args)
 
 
-def _choices(options):
-    return ", ".join(repr(name) for name in options)
-
-
 def validate_options(ignore_index=-100, reduction="mean", mode="recompute", chunk_size=None,
                      workspace_budget=None):
     """Check the non-tensor options; raise ValueError/TypeError naming the bad value."""
-    if isinstance(ignore_index, bool):
-        raise TypeError("ignore_index must be an int, got %r" % (ignore_index,))
-    try:
-        operator.index(ignore_index)
-    except TypeError:
-        raise TypeError("ignore_index must be an int, got %r" % (ignore_index,)) from None
-    if not isinstance(reduction, str) or reduction not in _lib.REDUCTIONS:
-        raise ValueError("reduction must be one of %s, got %r" % (_choices(_lib.REDUCTIONS), reduction))
-    if not isinstance(mode, str) or mode not in _lib.MODES:
-        raise ValueError("mode must be one of %s, got %r" % (_choices(_lib.MODES), mode))
-    for name, value in (("chunk_size", chunk_size), ("workspace_budget", workspace_budget)):
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError("%s must be a positive int or None, got %r" % (name, value))
-        if value < 1:
-            raise ValueError("%s must be a positive int or None, got %r" % (name, value))
+    _check.integer("ignore_index", ignore_index)
+    _check.choice("reduction", reduction, _lib.REDUCTIONS)
+    _check.choice("mode", mode, _lib.MODES)
+    _check.positive("chunk_size", chunk_size, allow_none=True)
+    _check.positive("workspace_budget", workspace_budget, allow_none=True)
 
 
 def _validate_tensors(hidden, weight, targets, bias):
@@ -78,47 +62,45 @@ def _validate_tensors(hidden, weight, targets, bias):
         named.append(("bias", bias))
     for name, value in named:
         if not isinstance(value, torch.Tensor):
-            raise TypeError("%s must be a torch.Tensor, got %s" % (name, type(value).__name__))
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
 
     if hidden.dim() < 1:
         raise ValueError("hidden must have shape [..., H], got a 0-dim tensor")
     H = hidden.shape[-1]
     if H < 1:
-        raise ValueError("hidden must have H >= 1, got shape %s" % (tuple(hidden.shape),))
+        raise ValueError(f"hidden must have H >= 1, got shape {tuple(hidden.shape)}")
     N = hidden.numel() // H
     if N < 1:
-        raise ValueError("hidden holds no tokens: shape %s has N = 0 rows of H = %d"
-                         % (tuple(hidden.shape), H))
+        raise ValueError(f"hidden holds no tokens: shape {tuple(hidden.shape)} has N = 0 rows of H = {H}")
     if weight.dim() != 2:
-        raise ValueError("weight must have shape [V, H], got shape %s" % (tuple(weight.shape),))
+        raise ValueError(f"weight must have shape [V, H], got shape {tuple(weight.shape)}")
     V = weight.shape[0]
     if weight.shape[1] != H:
-        raise ValueError("weight must have shape [V, H] with H = %d from hidden, got shape %s (H = %d)"
-                         % (H, tuple(weight.shape), weight.shape[1]))
+        raise ValueError(f"weight must have shape [V, H] with H = {H} from hidden, got shape "
+                         f"{tuple(weight.shape)} (H = {weight.shape[1]})")
     if V < 1:
-        raise ValueError("weight must have V >= 1 rows, got shape %s" % (tuple(weight.shape),))
+        raise ValueError(f"weight must have V >= 1 rows, got shape {tuple(weight.shape)}")
     if bias is not None and tuple(bias.shape) != (V,):
-        raise ValueError("bias must have shape [V] = (%d,), got shape %s" % (V, tuple(bias.shape)))
+        raise ValueError(f"bias must have shape [V] = ({V},), got shape {tuple(bias.shape)}")
     if tuple(targets.shape) != tuple(hidden.shape[:-1]):
-        raise ValueError("targets must have shape hidden.shape[:-1] = %s, got shape %s"
-                         % (tuple(hidden.shape[:-1]), tuple(targets.shape)))
+        raise ValueError(f"targets must have shape hidden.shape[:-1] = {tuple(hidden.shape[:-1])}, "
+                         f"got shape {tuple(targets.shape)}")
 
     if targets.dtype not in _INDEX_DTYPES:
-        raise TypeError("targets must be torch.int64 or torch.int32, got %s" % (targets.dtype,))
+        raise TypeError(f"targets must be torch.int64 or torch.int32, got {targets.dtype}")
     if hidden.dtype not in _DTYPES:
-        raise TypeError("hidden must be torch.bfloat16, torch.float16 or torch.float32, got %s"
-                        % (hidden.dtype,))
+        raise TypeError(f"hidden must be torch.bfloat16, torch.float16 or torch.float32, got {hidden.dtype}")
     for name, value in named[1:]:
         if name != "targets" and value.dtype != hidden.dtype:
-            raise TypeError("%s must have the dtype of hidden (%s), got %s" % (name, hidden.dtype, value.dtype))
+            raise TypeError(f"{name} must have the dtype of hidden ({hidden.dtype}), got {value.dtype}")
 
     for name, value in named:
         if value.device.type != "cuda":
-            raise ValueError("lfce runs on CUDA tensors only; %s is on %s" % (name, value.device))
+            raise ValueError(f"lfce runs on CUDA tensors only; {name} is on {value.device}")
     for name, value in named[1:]:
         if value.device != hidden.device:
-            raise ValueError("%s is on %s but hidden is on %s; all tensors must be on one CUDA device"
-                             % (name, value.device, hidden.device))
+            raise ValueError(f"{name} is on {value.device} but hidden is on {hidden.device}; "
+                             "all tensors must be on one CUDA device")
     return N, H, V
 
 

@@ -2,9 +2,9 @@
 
 import ctypes
 
-from . import _lib
+from . import _check, _lib
 
-__all__ = ["generate", "dtype_code", "problem_for"]
+__all__ = ["dtype_code", "generate", "problem_for"]
 
 # Accepted spellings of each dtype; torch dtypes are matched by name so torch is optional.
 _DTYPE_NAMES = {
@@ -20,34 +20,21 @@ def dtype_code(dtype):
     """lfce_dtype for a torch dtype or one of the strings "bf16", "fp16", "fp32"."""
     code = _DTYPE_NAMES.get(str(dtype))
     if code is None:
-        raise ValueError("dtype must be bf16, fp16 or fp32 (a string or torch dtype), got %r" % (dtype,))
+        raise ValueError(f"dtype must be bf16, fp16 or fp32 (a string or torch dtype), got {dtype!r}")
     return code
-
-
-def _positive_int(name, value, allow_none=False):
-    if allow_none and value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError("%s must be a positive int%s, got %r"
-                         % (name, " or None" if allow_none else "", value))
 
 
 def problem_for(vocab, hidden, *, dtype="bf16", has_bias=False, mode="recompute", reduction="mean",
                 tokens=8192, chunk_size=None, workspace_budget=None, ignore_index=-100):
     """Validate the options of a problem description and fill an lfce_problem."""
-    _positive_int("vocab", vocab)
-    _positive_int("hidden", hidden)
-    _positive_int("tokens", tokens)
-    _positive_int("chunk_size", chunk_size, allow_none=True)
-    _positive_int("workspace_budget", workspace_budget, allow_none=True)
-    if reduction not in _lib.REDUCTIONS:
-        raise ValueError("reduction must be one of %s, got %r" % (", ".join(map(repr, _lib.REDUCTIONS)), reduction))
-    if mode not in _lib.MODES:
-        raise ValueError("mode must be one of %s, got %r" % (", ".join(map(repr, _lib.MODES)), mode))
     return _lib.make_problem(
-        tokens, hidden, vocab, dtype_code(dtype), has_bias=has_bias,
-        reduction=_lib.REDUCTIONS[reduction], mode=_lib.MODES[mode], ignore_index=ignore_index,
-        chunk_size=chunk_size, workspace_budget=workspace_budget,
+        _check.positive("tokens", tokens), _check.positive("hidden", hidden), _check.positive("vocab", vocab),
+        dtype_code(dtype), has_bias=_check.flag("has_bias", has_bias),
+        reduction=_lib.REDUCTIONS[_check.choice("reduction", reduction, _lib.REDUCTIONS)],
+        mode=_lib.MODES[_check.choice("mode", mode, _lib.MODES)],
+        ignore_index=_check.integer("ignore_index", ignore_index),
+        chunk_size=_check.positive("chunk_size", chunk_size, allow_none=True),
+        workspace_budget=_check.positive("workspace_budget", workspace_budget, allow_none=True),
     )
 
 
@@ -68,8 +55,7 @@ def generate(vocab, hidden, *, arch="sm_90a", dtype="bf16", has_bias=False, mode
     problem = problem_for(vocab, hidden, dtype=dtype, has_bias=has_bias, mode=mode, reduction=reduction,
                           tokens=tokens, chunk_size=chunk_size, workspace_budget=workspace_budget,
                           ignore_index=ignore_index)
-    if not isinstance(arch, str):
-        raise ValueError("arch must be a string such as 'sm_90a' or 'sm_80', got %r" % (arch,))
+    arch = _check.text("arch", arch)
     kernels = []
     failures = []
 
@@ -85,11 +71,11 @@ def generate(vocab, hidden, *, arch="sm_90a", dtype="bf16", has_bias=False, mode
                 "smem_bytes": int(info.smem_bytes),
                 "threads": int(info.threads),
             })
-        except BaseException as error:  # an exception cannot cross the C frame
+        except BaseException as error:  # noqa: BLE001 - an exception cannot cross the C frame
             failures.append(error)
 
     callback = _lib.KERNEL_CALLBACK(collect)  # kept alive by this frame during the call
-    _lib.check(_lib.load().lfce_generate(ctypes.byref(problem), arch.encode(), callback, None))
+    _lib.check(_lib.load().lfce_generate(ctypes.byref(problem), arch, callback, None))
     if failures:
         raise failures[0]
     return kernels

@@ -38,9 +38,9 @@ class LinearCrossEntropyLoss(torch.nn.Module):
         )
 
     def extra_repr(self):
-        options = ["ignore_index=%r" % self.ignore_index, "reduction=%r" % self.reduction, "mode=%r" % self.mode]
+        options = [f"ignore_index={self.ignore_index!r}", f"reduction={self.reduction!r}", f"mode={self.mode!r}"]
         if self.chunk_size is not None:
-            options.append("chunk_size=%r" % self.chunk_size)
+            options.append(f"chunk_size={self.chunk_size!r}")
         if self.workspace_budget is not None:
-            options.append("workspace_budget=%r" % self.workspace_budget)
+            options.append(f"workspace_budget={self.workspace_budget!r}")
         return ", ".join(options)

@@ -6,7 +6,7 @@ import shutil
 import subprocess
 import tempfile
 
-__all__ = ["find_ptxas", "assemble", "parse_report"]
+__all__ = ["assemble", "find_ptxas", "parse_report"]
 
 _ENTRY = re.compile(r"Compiling entry function '([^']+)' for '([^']+)'")
 _SPILLS = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
@@ -61,5 +61,5 @@ def assemble(ptx, arch, ptxas=None):
         with open(path, "w") as f:
             f.write(ptx)
         result = subprocess.run([ptxas, "-arch=" + arch, "-v", "-o", os.devnull, path],
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True)
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=False)
     return {"ok": result.returncode == 0, "log": result.stdout, "entries": parse_report(result.stdout)}

@@ -176,15 +176,14 @@ def assert_close(name, actual, expected, tol, record=None):
 
     record: a callable (name, metrics), e.g. the ``record_error`` fixture of conftest.py.
     """
-    assert actual is not None, "%s: lfce returned no gradient" % name
-    assert tuple(actual.shape) == tuple(expected.shape), "%s: shape %s, expected %s" % (
-        name, tuple(actual.shape), tuple(expected.shape))
+    assert actual is not None, f"{name}: lfce returned no gradient"
+    assert tuple(actual.shape) == tuple(expected.shape), f"{name}: shape {tuple(actual.shape)}, expected {tuple(expected.shape)}"
     metrics = measure(actual, expected, tol)
     if record is not None:
         record(name, metrics)
     problems = []
     if not metrics["rel_l2"] <= tol.rel_l2:
-        problems.append("rel L2 %.3g > tolerance %.3g" % (metrics["rel_l2"], tol.rel_l2))
+        problems.append("rel L2 {:.3g} > tolerance {:.3g}".format(metrics["rel_l2"], tol.rel_l2))
     if metrics["bad_elements"]:
         index, e, a = metrics["first_bad"]
         problems.append("%d element(s) off by more than atol %.3g + rtol %.3g * |expected|; first at %s: "
@@ -194,7 +193,7 @@ def assert_close(name, actual, expected, tol, record=None):
         problems.append("%d row(s) with relative L2 above %.3g (floor %.3g); first: row %d, error %.3g, "
                         "expected norm %.6g, got norm %.6g" % (metrics["bad_rows"], tol.row, metrics["row_floor"],
                                                                row, err, e_norm, a_norm))
-    assert not problems, "%s (%s): %s" % (name, str(actual.dtype).replace("torch.", ""), "; ".join(problems))
+    assert not problems, "{} ({}): {}".format(name, str(actual.dtype).replace("torch.", ""), "; ".join(problems))
     return metrics
 
 
@@ -202,8 +201,8 @@ def assert_gradients_match(ours, ref, dtype, reduction, record=None):
     """Loss and gradients (loss, grad_hidden, grad_weight, grad_bias or None) against the reference."""
     loss, grad_x, grad_w, grad_b = ours
     ref_loss, ref_x, ref_w, ref_b = ref
-    assert loss.dtype == dtype, "loss dtype %s, expected %s" % (loss.dtype, dtype)
-    assert_close("loss (%s)" % reduction, loss, ref_loss, LOSS[dtype], record)
+    assert loss.dtype == dtype, f"loss dtype {loss.dtype}, expected {dtype}"
+    assert_close(f"loss ({reduction})", loss, ref_loss, LOSS[dtype], record)
     assert_close("grad_hidden", grad_x, ref_x, GRAD[dtype], record)
     assert_close("grad_weight", grad_w, ref_w, GRAD[dtype], record)
     if ref_b is not None:
@@ -212,8 +211,7 @@ def assert_gradients_match(ours, ref, dtype, reduction, record=None):
 
 def assert_bitwise_equal(name, actual, expected):
     """Same dtype, shape and bits (NaN payloads aside: NaN equals NaN here)."""
-    assert actual.dtype == expected.dtype and actual.shape == expected.shape, "%s: %s %s vs %s %s" % (
-        name, actual.dtype, tuple(actual.shape), expected.dtype, tuple(expected.shape))
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape, f"{name}: {actual.dtype} {tuple(actual.shape)} vs {expected.dtype} {tuple(expected.shape)}"
     a, e = actual.detach().reshape(-1), expected.detach().reshape(-1)
     differ = ~((a == e) | (torch.isnan(a) & torch.isnan(e)))
     n = int(differ.sum())
@@ -231,7 +229,7 @@ def assert_within_one_ulp(name, actual, expected, atol):
     but can round to neighbours; atol covers elements whose terms cancel.
     """
     assert actual.dtype == expected.dtype and actual.shape == expected.shape, name
-    bits = 1 - int(round(math.log2(torch.finfo(actual.dtype).eps)))  # significand bits
+    bits = 1 - round(math.log2(torch.finfo(actual.dtype).eps))  # significand bits
     step = smallest_step(actual.dtype)
     a, e = actual.detach().double().reshape(-1), expected.detach().double().reshape(-1)
     top = torch.maximum(a.abs(), e.abs())

@@ -26,9 +26,9 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(REPO, "python"))
 
-import torch  # noqa: E402
+import torch
 
-from lfce import _lib  # noqa: E402
+from lfce import _lib
 
 
 def pytest_configure(config):
@@ -46,8 +46,8 @@ def pytest_runtest_setup(item):
         return
     if _gpu_expected():
         pytest.fail("this machine should have a GPU (/dev/nvidia0 exists or LFCE_REQUIRE_GPU=1) but "
-                    "torch.cuda.is_available() is False (torch %s, CUDA build %s)"
-                    % (torch.__version__, torch.version.cuda), pytrace=False)
+                    f"torch.cuda.is_available() is False (torch {torch.__version__}, "
+                    f"CUDA build {torch.version.cuda})", pytrace=False)
     pytest.skip("no CUDA GPU")
 
 
@@ -73,7 +73,7 @@ def record_error(request, record_property):
         _MEASURED.append((request.node.nodeid, name, metrics))
         for key in ("rel_l2", "elementwise", "row"):
             if metrics.get(key) is not None:
-                record_property("%s.%s" % (name, key), "%.4g" % metrics[key])
+                record_property(f"{name}.{key}", f"{metrics[key]:.4g}")
     return record
 
 
@@ -82,6 +82,6 @@ def pytest_terminal_summary(terminalreporter):
         return
     terminalreporter.section("measured errors (elementwise, row: worst error / its bound)")
     for nodeid, name, m in _MEASURED:
-        row = "-" if m.get("row") is None else "%.3g" % m["row"]
+        row = "-" if m.get("row") is None else "{:.3g}".format(m["row"])
         terminalreporter.write_line("%-9.3g %-9.3g %-9s %-16s %s" % (m["rel_l2"], m["elementwise"], row, name,
                                                                      nodeid.split("::")[-1]))

@@ -53,6 +53,26 @@ def test_float_ignore_index_is_named():
         lfce.linear_cross_entropy(*inputs(), ignore_index=1.5)
 
 
+def test_chunk_size_too_wide_for_int64_is_named():
+    with raises(ValueError, "chunk_size", str(2**64 + 1)):
+        lfce.linear_cross_entropy(*inputs(), chunk_size=2**64 + 1)
+
+
+def test_ignore_index_too_wide_for_int64_is_named():
+    with raises(ValueError, "ignore_index", str(2**63)):
+        lfce.linear_cross_entropy(*inputs(), ignore_index=2**63)
+
+
+def test_bool_chunk_size_is_named():
+    with raises(TypeError, "chunk_size", "True"):
+        lfce.linear_cross_entropy(*inputs(), chunk_size=True)
+
+
+def test_module_names_a_workspace_budget_too_wide_for_int64():
+    with raises(ValueError, "workspace_budget", str(2**63)):
+        lfce.LinearCrossEntropyLoss(workspace_budget=2**63)
+
+
 def test_module_checks_options_at_construction():
     with raises(ValueError, "reduction", "'avg'"):
         lfce.LinearCrossEntropyLoss(reduction="avg")
@@ -69,13 +89,13 @@ def test_non_tensor_hidden_is_named():
 def test_weight_hidden_size_mismatch_is_named():
     x, _, y = inputs()
     w = torch.randn(V, H + 8).to(torch.bfloat16)
-    with raises(ValueError, "weight", "H = %d" % H, "(%d, %d)" % (V, H + 8)):
+    with raises(ValueError, "weight", f"H = {H}", f"({V}, {H + 8})"):
         lfce.linear_cross_entropy(x, w, y)
 
 
 def test_targets_shape_mismatch_is_named():
     x, w, _ = inputs()
-    with raises(ValueError, "targets", "(%d,)" % N, "(%d,)" % (N + 1)):
+    with raises(ValueError, "targets", f"({N},)", f"({N + 1},)"):
         lfce.linear_cross_entropy(x, w, torch.zeros(N + 1, dtype=torch.int64))
 
 
@@ -99,13 +119,13 @@ def test_int8_hidden_is_named():
 
 def test_bias_wrong_shape_is_named():
     x, w, y = inputs()
-    with raises(ValueError, "bias", "(%d,)" % V, "(%d,)" % (V + 1)):
+    with raises(ValueError, "bias", f"({V},)", f"({V + 1},)"):
         lfce.linear_cross_entropy(x, w, y, torch.zeros(V + 1, dtype=torch.bfloat16))
 
 
 def test_no_tokens_is_named():
     _, w, _ = inputs()
-    with raises(ValueError, "no tokens", "(0, %d)" % H, "N = 0"):
+    with raises(ValueError, "no tokens", f"(0, {H})", "N = 0"):
         lfce.linear_cross_entropy(torch.empty(0, H, dtype=torch.bfloat16), w, torch.empty(0, dtype=torch.int64))
 
 
@@ -122,7 +142,7 @@ def test_cpu_tensors_are_refused_through_the_module():
 # --- the C library's own checks, through ctypes (no GPU) ---------------------------------
 
 def problem(**changes):
-    fields = dict(tokens=64, hidden=256, vocab=1000, dtype=_lib.DTYPE_BF16)
+    fields = {"tokens": 64, "hidden": 256, "vocab": 1000, "dtype": _lib.DTYPE_BF16}
     fields.update(changes)
     return _lib.make_problem(**fields)
 
@@ -168,7 +188,7 @@ def test_workspace_sizes_need_no_gpu():
 def test_workspace_budget_bounds_the_backward_chunk():
     p = problem(tokens=4096, vocab=128256, hidden=4096, workspace_budget=64 << 20)
     chunk = _lib.backward_chunk_size(p)
-    assert 4096 * chunk * 2 <= (64 << 20), "chunk %d of 4096 bf16 rows exceeds the 64 MiB budget" % chunk
+    assert 4096 * chunk * 2 <= (64 << 20), f"chunk {chunk} of 4096 bf16 rows exceeds the 64 MiB budget"
 
 
 @pytest.mark.lib
@@ -181,7 +201,7 @@ def test_generate_sm80_bf16_emits_mma_sync():
     kernels = lfce.generate(1000, 256, arch="sm_80", dtype="bf16", tokens=64)
     assert kernels, "lfce_generate produced no kernels"
     for kernel in kernels:
-        assert ".entry" in kernel["ptx"], "%s has no .entry" % kernel["name"]
+        assert ".entry" in kernel["ptx"], "{} has no .entry".format(kernel["name"])
         assert kernel["ptx_size"] in (len(kernel["ptx"]), len(kernel["ptx"]) + 1), kernel["name"]
         assert kernel["threads"] > 0, kernel["name"]
     assert any("mma.sync" in k["ptx"] for k in kernels), \
@@ -200,6 +220,52 @@ def test_generate_names_unknown_arch():
         lfce.generate(1000, 256, arch="sm_70")
 
 
+def test_generate_names_a_vocab_too_wide_for_int64():
+    # ctypes would keep the low 64 bits: V = 100.
+    with raises(ValueError, "vocab", str(2**64 + 100)):
+        lfce.generate(2**64 + 100, 64)
+
+
+def test_generate_names_a_chunk_size_too_wide_for_int64():
+    with raises(ValueError, "chunk_size", str(2**64 + 256)):
+        lfce.generate(1000, 64, chunk_size=2**64 + 256)
+
+
+def test_generate_names_a_bool_hidden():
+    with raises(TypeError, "hidden", "True"):
+        lfce.generate(1000, True)
+
+
+def test_generate_names_float_tokens():
+    with raises(TypeError, "tokens", "64.0"):
+        lfce.generate(1000, 64, tokens=64.0)
+
+
+def test_generate_names_a_string_has_bias():
+    with raises(TypeError, "has_bias", "'no'"):
+        lfce.generate(1000, 64, has_bias="no")
+
+
+def test_generate_refuses_an_arch_with_a_nul():
+    with raises(ValueError, "arch", "NUL", repr("sm_80\x00junk")):
+        lfce.generate(1000, 64, arch="sm_80\x00junk")
+
+
+def test_generate_names_a_non_string_arch():
+    with raises(TypeError, "arch", "80"):
+        lfce.generate(1000, 64, arch=80)
+
+
+def test_set_log_level_refuses_a_nul():
+    with raises(ValueError, "level", "NUL"):
+        lfce.set_log_level("warn\x00junk")
+
+
+def test_make_problem_refuses_a_field_too_wide_for_its_c_type():
+    with raises(ValueError, "mode", str(2**31)):
+        _lib.make_problem(64, 256, 1000, _lib.DTYPE_BF16, mode=2**31)
+
+
 def test_generate_names_bad_dtype_before_loading():
     with raises(ValueError, "dtype", "'int8'"):
         lfce.generate(1000, 256, dtype="int8")
@@ -216,3 +282,35 @@ def test_check_maps_status_to_exception(status, exception):
     with pytest.raises(exception):
         _lib.check(status)
     _lib.check(_lib.OK)
+
+
+# --- tune(): every option checked before the GPU is touched -------------------------------
+
+def test_tune_names_a_progress_that_is_not_callable():
+    with raises(TypeError, "progress", "42"):
+        lfce.tune(vocab=1000, hidden=64, progress=42)
+
+
+def test_tune_names_repetitions_too_wide_for_int32():
+    with raises(ValueError, "repetitions", str(2**32 + 5)):
+        lfce.tune(vocab=1000, hidden=64, repetitions=2**32 + 5)
+
+
+def test_tune_names_a_nan_budget():
+    with raises(ValueError, "budget_minutes", "nan"):
+        lfce.tune(vocab=1000, hidden=64, budget_minutes=float("nan"))
+
+
+def test_tune_names_a_negative_device():
+    with raises(ValueError, "device", "-1"):
+        lfce.tune(vocab=1000, hidden=64, device=-1)
+
+
+def test_tune_names_a_string_verify():
+    with raises(TypeError, "verify", "'yes'"):
+        lfce.tune(vocab=1000, hidden=64, verify="yes")
+
+
+def test_tune_names_a_model_with_a_nul():
+    with raises(ValueError, "model", "NUL"):
+        lfce.tune("llama3-8b\x00junk")

@@ -23,7 +23,8 @@ def cache(tmp_path):
 
 def run_python(code, env_extra):
     env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"), **env_extra)
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600,
+                          check=False)
     assert done.returncode == 0, done.stderr
     return done.stdout
 
@@ -31,6 +32,28 @@ def run_python(code, env_extra):
 def test_cache_dir_follows_the_environment(tmp_path):
     out = run_python("import lfce; print(lfce.cache_dir())", {"LFCE_CACHE_DIR": str(tmp_path / "c")})
     assert out.strip() == str(tmp_path / "c")
+
+
+def test_set_cache_dir_accepts_a_pathlib_path(cache):
+    lfce.set_cache_dir(cache / "sub")
+    assert lfce.cache_dir() == str(cache / "sub")
+
+
+def test_set_cache_dir_names_an_empty_path(cache):
+    with pytest.raises(ValueError, match="path.*''"):
+        lfce.set_cache_dir("")
+    assert lfce.cache_dir() == str(cache)
+
+
+def test_set_cache_dir_refuses_a_nul(cache):
+    with pytest.raises(ValueError, match="path.*NUL"):
+        lfce.set_cache_dir(str(cache / "a\0b"))
+    assert lfce.cache_dir() == str(cache)
+
+
+def test_set_cache_dir_names_a_non_path():
+    with pytest.raises(TypeError, match="path.*int 3"):
+        lfce.set_cache_dir(3)
 
 
 def test_precompile_fills_the_cache_then_hits(cache):
@@ -64,6 +87,17 @@ def test_precompile_rejects_model_and_shape_together():
 def test_precompile_names_a_bad_arch(cache):
     with pytest.raises(ValueError, match="sm_75"):
         lfce.precompile(vocab=1000, hidden=64, archs="sm_75")
+
+
+def test_precompile_names_an_empty_arch_list(cache):
+    with pytest.raises(ValueError, match=r"archs.*\[\]"):
+        lfce.precompile(vocab=1000, hidden=64, archs=[])
+
+
+def test_precompile_refuses_an_arch_with_a_nul(cache):
+    with pytest.raises(ValueError, match="archs.*NUL"):
+        lfce.precompile(vocab=1000, hidden=64, archs=["sm_80\0junk"])
+    assert not (cache / "kernels").exists() or not list((cache / "kernels").iterdir())
 
 
 STEP = """

@@ -8,11 +8,17 @@ the broken kernel the peaked-logits test must reject.
 
 from dataclasses import replace
 
+import checks
 import pytest
 import torch
-
-import checks
-from checks import GRAD, LOSS, PEAKED_REL_L2, assert_close, assert_gradients_match, chunked_reference
+from checks import (
+    GRAD,
+    LOSS,
+    PEAKED_REL_L2,
+    assert_close,
+    assert_gradients_match,
+    chunked_reference,
+)
 
 BF16 = torch.bfloat16
 
@@ -80,7 +86,7 @@ def test_wrong_element_names_index_expected_and_actual():
     ours = lfce_model(x, w, b, y, "mean", grad, BF16)[1].clone()
     ours[5, 7] = -ours[5, 7] + float(ref[1].abs().max())  # off by about max |expected|
     with pytest.raises(AssertionError, match=r"1 element\(s\) off by more than atol .* first at \(5, 7\): "
-                                             r"expected %r, got %r" % (float(ref[1][5, 7]), float(ours[5, 7]))):
+                                             rf"expected {float(ref[1][5, 7])!r}, got {float(ours[5, 7])!r}"):
         assert_close("grad_hidden", ours, ref[1], GRAD[BF16])
 
 
@@ -109,7 +115,7 @@ def test_bf16_rounded_logits_fail_the_peaked_case():
         with pytest.raises(AssertionError, match="rel L2"):
             assert_close(name, a, e, tol)
         rel = checks.measure(a, e, tol)["rel_l2"]
-        assert rel > 2 * PEAKED_REL_L2, "%s: the broken kernel fails only narrowly (%.3g)" % (name, rel)
+        assert rel > 2 * PEAKED_REL_L2, f"{name}: the broken kernel fails only narrowly ({rel:.3g})"
 
 
 def test_fp16_underflowing_dz_fails():

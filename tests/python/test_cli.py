@@ -1,10 +1,21 @@
-"""``python -m lfce``'s pieces that need neither the library nor a GPU."""
+"""``python -m lfce``'s pieces that need no GPU."""
+
+import os
+import subprocess
+import sys
 
 import pytest
 
 from lfce import __main__ as cli
-from lfce import ptxas
-from lfce.presets import PRESETS
+from lfce import presets, ptxas
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def run_cli(args, library):
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"), LFCE_LIBRARY=library)
+    return subprocess.run([sys.executable, "-m", "lfce", *args], env=env, capture_output=True, text=True,
+                          timeout=120, check=False)
 
 PTXAS_OUTPUT = """\
 ptxas info    : 0 bytes gmem
@@ -31,9 +42,11 @@ def test_ptxas_report_is_parsed_per_entry():
 
 
 def test_presets_hold_hidden_then_vocab():
-    assert PRESETS["llama3-8b"] == (4096, 128256)
-    assert PRESETS["gemma2-2b"] == (2304, 256000)
-    assert len(PRESETS) == 10
+    table = presets.table()
+    assert table["llama3-8b"] == (4096, 128256)
+    assert table["gemma2-2b"] == (2304, 256000)
+    assert len(table) == 10
+    assert presets.PRESETS is table  # the module attribute, read on first use
 
 
 def test_cli_rejects_unknown_model(capsys):
@@ -46,3 +59,23 @@ def test_cli_rejects_unknown_model(capsys):
 def test_cli_defaults():
     args = cli._parse_args([])
     assert (args.model, args.tokens, args.dtype, args.mode) == ("llama3-8b", 8192, "bf16", "recompute")
+
+
+def test_help_works_without_the_library(tmp_path):
+    done = run_cli(["--help"], str(tmp_path / "missing" / "liblfce.so"))
+    assert done.returncode == 0, done.stderr
+    assert "usage: python -m lfce" in done.stdout and "--model" in done.stdout
+
+
+def test_cli_names_a_missing_library(tmp_path):
+    missing = str(tmp_path / "missing" / "liblfce.so")
+    done = run_cli(["--model", "llama3-8b"], missing)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("lfce: error: liblfce.so not found") and missing in done.stderr, done.stderr
+
+
+def test_cli_names_tokens_too_wide_for_int64(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli._parse_args(["--tokens", str(2**64)])
+    assert exit_info.value.code == 2
+    assert str(2**64) in capsys.readouterr().err

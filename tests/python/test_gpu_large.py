@@ -14,9 +14,9 @@ is ever built.
 
 import pytest
 import torch
+from checks import GRAD, LOSS, assert_close, chunked_reference
 
 import lfce
-from checks import GRAD, LOSS, assert_close, chunked_reference
 
 pytestmark = pytest.mark.gpu
 

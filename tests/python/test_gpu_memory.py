@@ -84,17 +84,16 @@ def test_recompute_holds_only_the_log_sum_exp(inputs, reduction):
 def test_backward_transient_memory_is_the_workspace(inputs):
     _, transient = measure(inputs)
     bound, detail = backward_bound()
-    assert transient <= bound, "backward used %.1f MiB beyond its gradients; %s" % (transient / MIB, detail)
+    assert transient <= bound, f"backward used {transient / MIB:.1f} MiB beyond its gradients; {detail}"
 
 
 def test_workspace_budget_caps_the_backward(inputs):
     budget = 64 * MIB
     _, transient = measure(inputs, workspace_budget=budget)
     bound, detail = backward_bound(workspace_budget=budget)
-    assert transient <= bound, "backward used %.1f MiB beyond its gradients; %s" % (transient / MIB, detail)
+    assert transient <= bound, f"backward used {transient / MIB:.1f} MiB beyond its gradients; {detail}"
     cap = budget + 4 * N * H + MIB
-    assert transient <= cap, "backward used %.1f MiB with a 64 MiB budget; cap budget + 4*N*H + 1 MiB = %.1f MiB" % (
-        transient / MIB, cap / MIB)
+    assert transient <= cap, f"backward used {transient / MIB:.1f} MiB with a 64 MiB budget; cap budget + 4*N*H + 1 MiB = {cap / MIB:.1f} MiB"
 
 
 def test_eager_holds_the_gradients(inputs, record_property):
@@ -108,8 +107,7 @@ def test_eager_holds_the_gradients(inputs, record_property):
     record_property("held_recompute_mib", held_recompute / MIB)
     record_property("held_eager_mib", held_eager / MIB)
     record_property("backward_transient_eager_mib", transient_eager / MIB)
-    print("held between forward and backward: recompute %.2f MiB, eager %.1f MiB (gradients %.1f MiB)"
-          % (held_recompute / MIB, held_eager / MIB, gradients / MIB))
+    print(f"held between forward and backward: recompute {held_recompute / MIB:.2f} MiB, eager {held_eager / MIB:.1f} MiB (gradients {gradients / MIB:.1f} MiB)")
     assert gradients <= held_eager <= gradients + MIB, (
-        "eager mode held %.2f MiB between forward and backward; its gradients are %.2f MiB (bound: "
-        "gradients .. gradients + 1 MiB)" % (held_eager / MIB, gradients / MIB))
+        f"eager mode held {held_eager / MIB:.2f} MiB between forward and backward; its gradients are {gradients / MIB:.2f} MiB (bound: "
+        "gradients .. gradients + 1 MiB)")

@@ -17,10 +17,23 @@ from dataclasses import replace
 
 import pytest
 import torch
+from checks import (
+    EXACT,
+    GRAD,
+    LOSS,
+    PEAKED_REL_L2,
+    assert_bitwise_equal,
+    assert_close,
+    assert_gradients_match,
+    assert_within_one_ulp,
+    chunked_reference,
+    make_inputs,
+    peaked_inputs,
+    reference,
+    upstream,
+)
 
 import lfce
-from checks import (EXACT, GRAD, LOSS, PEAKED_REL_L2, assert_bitwise_equal, assert_close, assert_gradients_match,
-                    assert_within_one_ulp, chunked_reference, make_inputs, peaked_inputs, reference, upstream)
 
 pytestmark = pytest.mark.gpu
 
@@ -95,8 +108,8 @@ def test_all_targets_ignored(mode, reduction, dtype):
     loss, grad_x, grad_w, grad_b = run_lfce(x, w, b, y, reduction, grad, mode=mode)
     ref_loss = reference(x, w, b, y, reduction, grad)[0]
     if reduction == "mean":
-        assert torch.isnan(ref_loss).item(), "PyTorch's reference changed: mean over no targets is %r" % ref_loss
-        assert torch.isnan(loss).item(), "mean over no targets should be NaN like PyTorch, got %r" % loss.item()
+        assert torch.isnan(ref_loss).item(), f"PyTorch's reference changed: mean over no targets is {ref_loss!r}"
+        assert torch.isnan(loss).item(), f"mean over no targets should be NaN like PyTorch, got {loss.item()!r}"
     else:
         assert_close("loss", loss, ref_loss, EXACT)
     for name, grad_t in (("grad_hidden", grad_x), ("grad_weight", grad_w), ("grad_bias", grad_b)):

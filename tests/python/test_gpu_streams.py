@@ -12,9 +12,9 @@
 
 import pytest
 import torch
+from checks import assert_gradients_match, make_inputs, reference, upstream
 
 import lfce
-from checks import assert_gradients_match, make_inputs, reference, upstream
 
 pytestmark = pytest.mark.gpu
 
@@ -51,7 +51,7 @@ def test_runs_on_the_current_stream(mode, record_error):
 @pytest.mark.parametrize("mode", MODES)
 def test_forward_and_backward_never_synchronise(mode):
     if not hasattr(torch.cuda, "set_sync_debug_mode"):
-        pytest.fail("torch %s has no torch.cuda.set_sync_debug_mode" % torch.__version__)
+        pytest.fail(f"torch {torch.__version__} has no torch.cuda.set_sync_debug_mode")
     x, w, b, y = make_inputs(64, 2304, 50257, BF16, bias=True)
     x.requires_grad_()
     w.requires_grad_()

@@ -1,0 +1,93 @@
+"""Checks of user arguments before they cross into C.
+
+ctypes converts silently: an int too wide for its field wraps (``2**64 + 100`` becomes 100),
+a string is cut at its first NUL, a bool passes as 1. Every public function of the package
+runs its arguments through these first, so a bad value is a TypeError or ValueError that
+names the argument and the value.
+"""
+
+import math
+import operator
+import os
+
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+def integer(name, value, *, minimum=INT64_MIN, maximum=INT64_MAX, allow_none=False):
+    """``value`` as an int in [minimum, maximum]; bool, float and str are TypeErrors."""
+    if value is None and allow_none:
+        return None
+    expected = "an int" + (" or None" if allow_none else "")
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be {expected}, got the bool {value!r}")
+    try:
+        number = operator.index(value)  # ints and int-like scalars (numpy), never floats
+    except TypeError:
+        raise TypeError(f"{name} must be {expected}, got {type(value).__name__} {value!r}") from None
+    if not minimum <= number <= maximum:
+        raise ValueError(f"{name} must be in [{_bound(minimum)}, {_bound(maximum)}], got {number}")
+    return number
+
+
+def positive(name, value, *, maximum=INT64_MAX, allow_none=False):
+    return integer(name, value, minimum=1, maximum=maximum, allow_none=allow_none)
+
+
+def _bound(limit):
+    for text, number in (("2**31 - 1", INT32_MAX), ("-2**31", INT32_MIN), ("2**63 - 1", INT64_MAX),
+                         ("-2**63", INT64_MIN)):
+        if limit == number:
+            return text
+    return str(limit)
+
+
+def real(name, value, *, minimum):
+    """``value`` as a finite float >= minimum; bool and str are TypeErrors."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+    try:
+        number = float(value)
+    except OverflowError:
+        number = math.inf
+    if not math.isfinite(number) or number < minimum:
+        raise ValueError(f"{name} must be a finite number >= {minimum}, got {value!r}")
+    return number
+
+
+def flag(name, value):
+    """``value`` as 0 or 1; only a bool is accepted, so a string such as "no" is not True."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+    return int(value)
+
+
+def text(name, value):
+    """``value`` as UTF-8 bytes for a C string: a non-empty str without NUL characters."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str, got {type(value).__name__} {value!r}")
+    if not value:
+        raise ValueError(f"{name} must not be empty, got {value!r}")
+    if "\0" in value:
+        raise ValueError(f"{name} must not contain a NUL character, got {value!r}")
+    return value.encode()
+
+
+def path(name, value):
+    """``value`` (str, bytes or os.PathLike) as file-system bytes: non-empty, without NUL."""
+    try:
+        raw = os.fsencode(value)
+    except TypeError:
+        raise TypeError(f"{name} must be a str, bytes or os.PathLike, got {type(value).__name__} {value!r}") from None
+    if not raw:
+        raise ValueError(f"{name} must not be empty, got {value!r}")
+    if b"\0" in raw:
+        raise ValueError(f"{name} must not contain a NUL character, got {value!r}")
+    return raw
+
+
+def choice(name, value, options):
+    """``value`` if it is one of the str keys of ``options``."""
+    if not isinstance(value, str) or value not in options:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, options))}, got {value!r}")
+    return value
