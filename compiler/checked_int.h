@@ -11,19 +11,19 @@
 
 namespace lfce {
 
+inline SpecError overflow(int64_t a, const char* op, int64_t b, std::string_view what) {
+  return SpecError(std::string(what) + " = " + std::to_string(a) + op + std::to_string(b) + " does not fit in 64 bits");
+}
+
 inline int64_t checked_mul(int64_t a, int64_t b, std::string_view what) {
   int64_t out = 0;
-  if (__builtin_mul_overflow(a, b, &out))
-    throw SpecError(std::string(what) + " = " + std::to_string(a) + " * " + std::to_string(b) +
-                    " does not fit in 64 bits");
+  if (__builtin_mul_overflow(a, b, &out)) throw overflow(a, " * ", b, what);
   return out;
 }
 
 inline int64_t checked_add(int64_t a, int64_t b, std::string_view what) {
   int64_t out = 0;
-  if (__builtin_add_overflow(a, b, &out))
-    throw SpecError(std::string(what) + " = " + std::to_string(a) + " + " + std::to_string(b) +
-                    " does not fit in 64 bits");
+  if (__builtin_add_overflow(a, b, &out)) throw overflow(a, " + ", b, what);
   return out;
 }
 

@@ -4,23 +4,21 @@
 #include "autotune/tuning_store.h"
 
 #include <gtest/gtest.h>
-#include <spdlog/sinks/ostream_sink.h>
-#include <spdlog/spdlog.h>
 
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <memory>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "compiler/errors.h"
 #include "runtime/tuning.h"
+#include "tests/log_capture.h"
 
 namespace lfce::autotune {
 namespace {
 
 namespace fs = std::filesystem;
+using testing_log::WarningCapture;
 
 runtime::Problem problem(int64_t tokens = 8192) {
   runtime::Problem p;
@@ -166,22 +164,6 @@ TEST_F(StoreTest, LookupIgnoresAWinnerThePrunerRejects) {
   store.save(entry(KernelKind::LseForward, problem(), Candidate{KernelKind::LseForward, TileConfig{256, 256, 64, 2, 4, 4}, 264, 0}));
   EXPECT_EQ(runtime::lookup_tuning(problem(), Arch::SM90A, 0), runtime::Tuning{});
 }
-
-// Sends spdlog's default logger's warnings into a string for the life of the object.
-class WarningCapture {
- public:
-  WarningCapture() : previous_(spdlog::default_logger()) {
-    auto logger = std::make_shared<spdlog::logger>("capture", std::make_shared<spdlog::sinks::ostream_sink_mt>(out_));
-    logger->set_level(spdlog::level::warn);
-    spdlog::set_default_logger(logger);
-  }
-  ~WarningCapture() { spdlog::set_default_logger(previous_); }
-  std::string text() const { return out_.str(); }
-
- private:
-  std::ostringstream out_;
-  std::shared_ptr<spdlog::logger> previous_;
-};
 
 // Tuning files are data from disk: a winner that would overflow or divide by zero is logged,
 // naming the file and the field, and the kind runs with its default (issue 6).

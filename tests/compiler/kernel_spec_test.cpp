@@ -8,9 +8,12 @@
 
 #include "compiler/checked_int.h"
 #include "compiler/errors.h"
+#include "tests/spec_error.h"
 
 namespace lfce {
 namespace {
+
+using testing_errors::spec_error;
 
 KernelSpec sample() {
   KernelSpec s;
@@ -100,14 +103,8 @@ TEST(KernelSpec, ValidateRejectsTileThatDoesNotSplitOverWarps) {
   EXPECT_THROW(s.validate(), SpecError);
 }
 
-// The message of validate()'s SpecError, or "no error".
 std::string validate_error(const KernelSpec& s) {
-  try {
-    s.validate();
-  } catch (const SpecError& e) {
-    return e.what();
-  }
-  return "no error";
+  return spec_error([&] { s.validate(); });
 }
 
 TEST(KernelSpec, ValidateNamesANegativeTileDimension) {
@@ -139,14 +136,7 @@ TEST(KernelSpec, ValidateNamesChunkAboveTheLimit) {
 }
 
 TEST(TileConfig, CheckRangeNamesEachFieldOutOfRange) {
-  auto message = [](TileConfig t) {
-    try {
-      t.check_range();
-    } catch (const SpecError& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
+  auto message = [](TileConfig t) { return spec_error([&] { t.check_range(); }); };
   EXPECT_EQ(message(TileConfig{}), "no error");
   EXPECT_EQ(message(TileConfig{0, 128, 64, 2, 4, 3}), "tile BM = 0 is outside 1..1024");
   EXPECT_EQ(message(TileConfig{128, 2048, 64, 2, 4, 3}), "tile BN = 2048 is outside 1..1024");
@@ -157,16 +147,6 @@ TEST(TileConfig, CheckRangeNamesEachFieldOutOfRange) {
 }
 
 // ---- checked size arithmetic ----
-
-template <typename F>
-std::string spec_error(F&& f) {
-  try {
-    f();
-  } catch (const SpecError& e) {
-    return e.what();
-  }
-  return "no error";
-}
 
 TEST(CheckedInt, MultiplyNamesWhatOverflows) {
   EXPECT_EQ(checked_mul(int64_t{1} << 31, int64_t{1} << 31, "bytes"), int64_t{1} << 62);

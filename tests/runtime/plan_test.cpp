@@ -6,9 +6,12 @@
 
 #include "compiler/errors.h"
 #include "runtime/launch.h"
+#include "tests/spec_error.h"
 
 namespace lfce::runtime {
 namespace {
+
+using testing_errors::spec_error;
 
 lfce_problem llama3(int64_t tokens) {
   lfce_problem p{};
@@ -23,12 +26,7 @@ lfce_problem llama3(int64_t tokens) {
 Problem problem(const lfce_problem& p) { return problem_from_c(&p); }
 
 std::string error_of(const lfce_problem& p) {
-  try {
-    problem_from_c(&p);
-  } catch (const SpecError& e) {
-    return e.what();
-  }
-  return "no error";
+  return spec_error([&] { problem_from_c(&p); });
 }
 
 TEST(Plan, ChunkWorkspaceStaysWithinDefaultBudget) {
@@ -107,17 +105,6 @@ TEST(ProblemFromC, NamesNegativeChunk) {
   lfce_problem p = llama3(1);
   p.chunk_size = -5;
   EXPECT_NE(error_of(p).find("chunk_size"), std::string::npos) << error_of(p);
-}
-
-// The message of the SpecError `f` throws, or "no error".
-template <typename F>
-std::string spec_error(F&& f) {
-  try {
-    f();
-  } catch (const SpecError& e) {
-    return e.what();
-  }
-  return "no error";
 }
 
 // ---- bounds: every size is checked before it is used (issue 6, "huge token counts") ----
