@@ -195,6 +195,11 @@ int estimated_registers(const TileConfig& t, DType dtype) {
 std::optional<std::string> rejection(const Candidate& c, const Problem& problem, Arch arch) {
   const ArchInfo& info = arch_info(arch);
   const std::string on = std::string(" on ") + info.name;
+  try {
+    c.tile.check_range();  // first: a tile read from a file may hold anything
+  } catch (const SpecError& e) {
+    return e.what();
+  }
   if (c.tile.threads() > info.threads_per_block_max)
     return "threads per block " + std::to_string(c.tile.threads()) + " > limit " +
            std::to_string(info.threads_per_block_max) + on;
@@ -203,7 +208,12 @@ std::optional<std::string> rejection(const Candidate& c, const Problem& problem,
            std::to_string(runtime::kMaxForwardCtas) + " (the forward workspace's bound)";
   if (c.kind == KernelKind::DlogitsBackward && (c.chunk < 1 || (c.chunk % 128 != 0 && c.chunk != problem.vocab)))
     return "chunk " + std::to_string(c.chunk) + " is not a positive multiple of 128";
-  const KernelSpec spec = runtime::Plan(problem, arch, c.apply(Tuning{})).spec(c.kind);
+  KernelSpec spec;
+  try {
+    spec = runtime::Plan(problem, arch, c.apply(Tuning{})).spec(c.kind);
+  } catch (const SpecError& e) {
+    return std::string("invalid plan: ") + e.what();
+  }
   const int smem = kernel_smem_bytes(spec);
   if (smem > info.smem_per_block_optin)
     return "shared memory " + std::to_string(smem) + " bytes > limit " + std::to_string(info.smem_per_block_optin) +

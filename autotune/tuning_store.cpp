@@ -12,6 +12,7 @@
 #include <stdexcept>
 
 #include "autotune/tuner.h"
+#include "compiler/checked_int.h"
 #include "compiler/errors.h"
 #include "runtime/cache_files.h"
 #include "runtime/disk_cache.h"
@@ -104,11 +105,7 @@ bool autotune_on_first_use_from_env() {
   return runtime::Options::from_env().autotune_on_first_use;
 }
 
-int64_t token_bucket(int64_t tokens) {
-  int64_t bucket = 1;
-  while (bucket < tokens) bucket *= 2;
-  return bucket;
-}
+int64_t token_bucket(int64_t tokens) { return next_pow2(tokens, "tuning N bucket"); }
 
 TuningKey TuningKey::of(KernelKind kind, const Problem& p, Arch arch) {
   return TuningKey{kind, p.vocab, p.hidden, p.dtype, p.mode, p.bias, p.reduction, p.targets, arch,

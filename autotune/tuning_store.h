@@ -22,7 +22,7 @@ namespace lfce::autotune {
 bool autotune_on_first_use_from_env();
 
 // N is a run-time argument of every kernel, so nearby token counts share one tuning: the
-// bucket is the next power of two of N.
+// bucket is the next power of two of N (SpecError beyond 2^62; problems stop at kMaxTokens).
 int64_t token_bucket(int64_t tokens);
 
 struct TuningKey {

@@ -134,33 +134,48 @@ KernelSpec KernelSpec::parse(std::string_view text) {
   return spec;
 }
 
-uint64_t KernelSpec::hash() const {
-  uint64_t h = 14695981039346656037ull;  // FNV-1a, 64 bit
-  for (unsigned char c : text()) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
+void TileConfig::check_range() const {
+  auto in_range = [](int value, const char* field, int limit) {
+    if (value < 1 || value > limit)
+      throw SpecError(std::string("tile ") + field + " = " + std::to_string(value) + " is outside 1.." +
+                      std::to_string(limit));
+  };
+  in_range(bm, "BM", kMaxDim);
+  in_range(bn, "BN", kMaxDim);
+  in_range(bk, "BK", kMaxDim);
+  in_range(warps_m, "warps_m", kMaxWarps);
+  in_range(warps_n, "warps_n", kMaxWarps);
+  in_range(stages, "stages", kMaxStages);
 }
 
 void KernelSpec::validate() const {
   auto fail = [&](const std::string& what) { throw SpecError(what + " (in " + text() + ")"); };
-  if (vocab < 1) fail("vocab must be >= 1, got " + std::to_string(vocab));
-  if (hidden < 1) fail("hidden must be >= 1, got " + std::to_string(hidden));
+  auto bounded = [&](int64_t value, const char* field, int64_t lowest, int64_t limit) {
+    if (value < lowest || value > limit)
+      fail(std::string(field) + " = " + std::to_string(value) + " is outside " + std::to_string(lowest) + ".." +
+           std::to_string(limit));
+  };
+  bounded(vocab, "vocab", 1, kMaxVocab);
+  bounded(hidden, "hidden", 1, kMaxHidden);
+  bounded(chunk, "chunk", 0, kMaxChunk);
   const int vec = 16 / dtype_bytes(dtype);  // elements per 16-byte copy
   if (hidden % vec != 0)
     fail("hidden must be a multiple of " + std::to_string(vec) + " for " +
          std::string(dtype_name(dtype)) + " (16-byte rows), got " + std::to_string(hidden));
-  if (chunk < 0) fail("chunk must be >= 0, got " + std::to_string(chunk));
   bool needs_chunk = kind == KernelKind::DlogitsBackward || kind == KernelKind::GradWeight ||
                      kind == KernelKind::GradInput || kind == KernelKind::GradBias;
   if (needs_chunk && chunk < 1) fail("chunk must be >= 1 for " + std::string(kind_name(kind)));
   if (!is_gemm(kind)) return;
   const ArchInfo& info = arch_info(arch);
   const TileConfig& t = tile;
-  if (t.warps_m < 1 || t.warps_n < 1 || t.threads() > info.threads_per_block_max)
-    fail("tile warps " + std::to_string(t.warps_m) + "x" + std::to_string(t.warps_n) + " out of range");
-  if (t.stages < 1 || t.stages > 8) fail("tile stages must be 1..8, got " + std::to_string(t.stages));
+  try {
+    t.check_range();
+  } catch (const SpecError& e) {
+    fail(e.what());
+  }
+  if (t.threads() > info.threads_per_block_max)
+    fail("tile warps " + std::to_string(t.warps_m) + "x" + std::to_string(t.warps_n) + " make " +
+         std::to_string(t.threads()) + " threads, over the limit of " + std::to_string(info.threads_per_block_max));
   // 16-bit: warps tile the CTA in 16x16 ldmatrix blocks; fp32 (SIMT): 16 thread columns.
   bool fits = dtype == DType::FP32
                   ? t.threads() % 16 == 0 && t.bm % (t.threads() / 16) == 0 && t.bn % 16 == 0

@@ -32,13 +32,31 @@ std::string_view reduction_name(Reduction reduction);
 std::string_view mode_name(Mode mode);
 int dtype_bytes(DType dtype);
 
+// The largest sizes a spec (and so a problem) may carry; validate() and the C API's problem check
+// reject larger ones naming the value.
+// V: vocabulary indices (targets, chunk offsets) stay within 32 bits.
+constexpr int64_t kMaxVocab = (int64_t{1} << 31) - 1;
+// H: grad_weight and grad_input tile H along grid y, where CUDA allows 65535 CTAs; every valid
+// tile has BN >= 32, so 2^20 keeps ceil(H / BN) <= 32768 (the largest models have H = 16384).
+constexpr int64_t kMaxHidden = int64_t{1} << 20;
+// chunk: dlogits_backward tiles its vocabulary chunk along grid y, with the same bound.
+constexpr int64_t kMaxChunk = int64_t{1} << 20;
+
 // CTA tile of the GEMM skeleton: BM x BN outputs, BK deep, warps_m x warps_n warps, `stages`
 // shared-memory buffers in flight.
 struct TileConfig {
+  // Field ranges checked by check_range(); products of fields in range fit in int.
+  static constexpr int kMaxDim = 1024;   // BM, BN, BK
+  static constexpr int kMaxWarps = 32;   // warps_m, warps_n (a CTA has at most 32 warps)
+  static constexpr int kMaxStages = 8;
+
   int bm = 128, bn = 128, bk = 64;
   int warps_m = 2, warps_n = 4;
   int stages = 3;
   int threads() const { return warps_m * warps_n * 32; }
+  // Throws SpecError naming the first field outside its range. A tile may come from a file:
+  // call this before any arithmetic on its fields.
+  void check_range() const;
   auto tie() const { return std::tie(bm, bn, bk, warps_m, warps_n, stages); }
   bool operator==(const TileConfig& o) const { return tie() == o.tie(); }
   bool operator<(const TileConfig& o) const { return tie() < o.tie(); }
@@ -63,8 +81,8 @@ class KernelSpec {
   //  bias=0;arch=sm_90a;tile=128x128x64/2x4/s3"
   std::string text() const;
   static KernelSpec parse(std::string_view text);  // throws SpecError naming the bad field
-  uint64_t hash() const;                           // FNV-1a over text(): stable across runs
-  // Throws SpecError if the spec cannot be generated (sizes, tile shape, arch limits).
+  // Throws SpecError if the spec cannot be generated (sizes and their limits above, tile
+  // ranges and shape, arch limits).
   void validate() const;
 
   auto tie() const {
@@ -73,10 +91,6 @@ class KernelSpec {
   bool operator==(const KernelSpec& o) const { return tie() == o.tie(); }
   bool operator!=(const KernelSpec& o) const { return !(*this == o); }
   bool operator<(const KernelSpec& o) const { return tie() < o.tie(); }
-};
-
-struct KernelSpecHash {
-  size_t operator()(const KernelSpec& spec) const { return static_cast<size_t>(spec.hash()); }
 };
 
 }  // namespace lfce

@@ -12,13 +12,6 @@
 namespace lfce::runtime {
 namespace {
 
-unsigned grid_dim(int64_t extent, int64_t tile, const char* what) {
-  int64_t blocks = (extent + tile - 1) / tile;
-  if (blocks > 65535 && std::string(what) != "x")
-    throw SpecError(std::string("problem too large: ") + std::to_string(blocks) + " CTAs along grid " + what);
-  return static_cast<unsigned>(blocks);
-}
-
 void require(const void* ptr, const char* name) {
   if (!ptr) throw SpecError(std::string(name) + " is NULL");
 }
@@ -76,10 +69,10 @@ void run_forward(const Problem& problem, const lfce_forward_args& a, const Tunin
 
   const KernelSpec fwd = plan.spec(KernelKind::LseForward);
   void* lse_args[] = {&x, &w, &b, &y, &n, &pmax, &psum, &tlogit};
-  kernel_for(a.device, fwd).launch({grid_dim(n, fwd.tile.bm, "x"), static_cast<unsigned>(splits), 1}, stream, lse_args);
+  kernel_for(a.device, fwd).launch({grid_dim(n, fwd.tile.bm, 'x'), static_cast<unsigned>(splits), 1}, stream, lse_args);
 
   void* combine_args[] = {&pmax, &psum, &tlogit, &y, &n, &ignore, &splits, &lse, &token_loss};
-  kernel_for(a.device, plan.spec(KernelKind::LseCombine)).launch({grid_dim(n, 256, "x"), 1, 1}, stream, combine_args);
+  kernel_for(a.device, plan.spec(KernelKind::LseCombine)).launch({grid_dim(n, 256, 'x'), 1, 1}, stream, combine_args);
 
   void* reduce_args[] = {&token_loss, &y, &n, &ignore, &loss, &count};
   kernel_for(a.device, plan.spec(KernelKind::LossReduce)).launch({1, 1, 1}, stream, reduce_args);
@@ -134,23 +127,33 @@ void run_backward(const Problem& problem, const lfce_backward_args& a, const Tun
     int32_t first = c == 0, last = c == chunks - 1;
 
     void* dlogits_args[] = {&x, &w, &b, &y, &lse, &grad_loss, &count, &n, &ignore, &v_begin, &v_len, &ld, &dz};
-    dlogits_kernel.launch({grid_dim(n, dlogits.tile.bm, "x"), grid_dim(v_len, dlogits.tile.bn, "y"), 1}, stream,
+    dlogits_kernel.launch({grid_dim(n, dlogits.tile.bm, 'x'), grid_dim(v_len, dlogits.tile.bn, 'y'), 1}, stream,
                           dlogits_args);
 
     void* gw_args[] = {&dz, &x, &n, &ld, &v_begin, &v_len, &grad_weight, &grad_loss, &count};
-    gw_kernel.launch({grid_dim(v_len, gw.tile.bm, "x"), grid_dim(problem.hidden, gw.tile.bn, "y"), 1}, stream, gw_args);
+    gw_kernel.launch({grid_dim(v_len, gw.tile.bm, 'x'), grid_dim(problem.hidden, gw.tile.bn, 'y'), 1}, stream, gw_args);
 
     if (gb_kernel) {
       void* gb_args[] = {&dz, &n, &ld, &v_begin, &v_len, &grad_bias, &grad_loss, &count};
-      gb_kernel->launch({grid_dim(v_len, 8, "x"), 1, 1}, stream, gb_args);
+      gb_kernel->launch({grid_dim(v_len, 8, 'x'), 1, 1}, stream, gb_args);
     }
 
     void* gx_args[] = {&dz, &w, &n, &ld, &v_begin, &v_len, &acc, &grad_hidden, &first, &last, &grad_loss, &count};
-    gx_kernel.launch({grid_dim(n, gx.tile.bm, "x"), grid_dim(problem.hidden, gx.tile.bn, "y"), 1}, stream, gx_args);
+    gx_kernel.launch({grid_dim(n, gx.tile.bm, 'x'), grid_dim(problem.hidden, gx.tile.bn, 'y'), 1}, stream, gx_args);
   }
 }
 
 }  // namespace
+
+unsigned grid_dim(int64_t extent, int64_t tile, char axis) {
+  const int64_t blocks = ceil_div(extent, tile);
+  const int64_t limit = axis == 'x' ? kMaxGridX : kMaxGridYZ;
+  if (blocks > limit)
+    throw SpecError("problem too large: " + std::to_string(extent) + " / " + std::to_string(tile) + " = " +
+                    std::to_string(blocks) + " CTAs along grid " + axis + ", over CUDA's limit of " +
+                    std::to_string(limit));
+  return static_cast<unsigned>(blocks);
+}
 
 Plan plan_for_device(const Problem& problem, int device) {
   const Arch arch = device_info(device).arch();

@@ -3,20 +3,13 @@
 #include <algorithm>
 #include <string>
 
+#include "compiler/checked_int.h"
 #include "compiler/errors.h"
 
 namespace lfce::runtime {
 namespace {
 
-size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
-
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-int64_t next_pow2(int64_t v) {
-  int64_t p = 1;
-  while (p < v) p *= 2;
-  return p;
-}
+int64_t align256(int64_t bytes) { return round_up(bytes, 256, "workspace bytes"); }
 
 template <typename E>
 E checked_enum(int32_t value, int32_t count, const char* field, const char* accepted) {
@@ -46,17 +39,10 @@ TileConfig Tuning::tile(KernelKind kind, DType dtype) const {
 
 Problem problem_from_c(const lfce_problem* c) {
   if (!c) throw SpecError("lfce_problem pointer is NULL");
-  auto positive = [](int64_t value, const char* field) {
-    if (value < 1)
-      throw SpecError(std::string("lfce_problem.") + field + " must be >= 1, got " + std::to_string(value));
-    return value;
-  };
   Problem p;
-  p.tokens = positive(c->tokens, "tokens");
-  p.hidden = positive(c->hidden, "hidden");
-  p.vocab = positive(c->vocab, "vocab");
-  if (p.vocab > (int64_t{1} << 31) - 1)
-    throw SpecError("lfce_problem.vocab = " + std::to_string(p.vocab) + " exceeds 2^31 - 1");
+  p.tokens = c->tokens;
+  p.hidden = c->hidden;
+  p.vocab = c->vocab;
   p.dtype = checked_enum<DType>(c->dtype, 3, "dtype", "LFCE_DTYPE_BF16, _FP16 or _FP32");
   p.targets = checked_enum<IndexType>(c->target_dtype, 2, "target_dtype", "LFCE_INDEX_INT64 or _INT32");
   if (c->has_bias != 0 && c->has_bias != 1)
@@ -66,23 +52,44 @@ Problem problem_from_c(const lfce_problem* c) {
   p.mode = checked_enum<Mode>(c->mode, 2, "mode", "LFCE_MODE_RECOMPUTE or _EAGER");
   if (c->reserved != 0) throw SpecError("lfce_problem.reserved must be 0, got " + std::to_string(c->reserved));
   p.ignore_index = c->ignore_index;
-  if (c->chunk_size < 0)
-    throw SpecError("lfce_problem.chunk_size must be >= 1 (or 0 for automatic), got " + std::to_string(c->chunk_size));
   p.chunk_size = c->chunk_size;
   if (c->workspace_budget < 0)
     throw SpecError("lfce_problem.workspace_budget must be >= 1 byte (or 0 for 256 MiB), got " +
                     std::to_string(c->workspace_budget));
   p.workspace_budget = c->workspace_budget ? c->workspace_budget : kDefaultWorkspaceBudget;
+  check_problem(p);
+  return p;
+}
+
+void check_problem(const Problem& p) {
+  auto bounded = [](int64_t value, const char* field, int64_t limit, const char* limit_text) {
+    if (value < 1)
+      throw SpecError(std::string("lfce_problem.") + field + " must be >= 1, got " + std::to_string(value));
+    if (value > limit)
+      throw SpecError(std::string("lfce_problem.") + field + " = " + std::to_string(value) + " exceeds " +
+                      std::to_string(limit) + " (" + limit_text + "), the largest lfce accepts");
+  };
+  bounded(p.tokens, "tokens", kMaxTokens, "2^31 - 1");
+  bounded(p.hidden, "hidden", kMaxHidden, "2^20");
+  bounded(p.vocab, "vocab", kMaxVocab, "2^31 - 1");
+  if (p.chunk_size < 0)
+    throw SpecError("lfce_problem.chunk_size must be >= 1 (or 0 for automatic), got " + std::to_string(p.chunk_size));
+  if (p.chunk_size > kMaxChunk)
+    throw SpecError("lfce_problem.chunk_size = " + std::to_string(p.chunk_size) + " exceeds " +
+                    std::to_string(kMaxChunk) + " (2^20), the largest lfce accepts");
+  if (p.workspace_budget < 0)
+    throw SpecError("lfce_problem.workspace_budget must be >= 0, got " + std::to_string(p.workspace_budget));
   const int vec = 16 / dtype_bytes(p.dtype);
   if (p.hidden % vec != 0)
     throw SpecError("lfce_problem.hidden = " + std::to_string(p.hidden) + " must be a multiple of " +
                     std::to_string(vec) + " for " + std::string(dtype_name(p.dtype)) +
                     " (rows are copied in 16-byte pieces); pad hidden and weight with zeros");
-  return p;
 }
 
 Plan::Plan(const Problem& problem, Arch arch, const Tuning& tuning)
     : p_(problem), arch_(arch), tuning_(tuning) {
+  check_problem(p_);
+  for (const auto& [kind, tile] : tuning_.tiles) tile.check_range();  // tiles divide below
   const TileConfig fwd = tuning_.tile(KernelKind::LseForward, p_.dtype);
   auto splits_for = [&](int64_t ctas, int64_t bm, int64_t bn) {
     return std::clamp<int64_t>(ceil_div(ctas, ceil_div(p_.tokens, bm)), 1,
@@ -91,12 +98,13 @@ Plan::Plan(const Problem& problem, Arch arch, const Tuning& tuning)
   const int64_t ctas = std::min(tuning_.forward_ctas > 0 ? tuning_.forward_ctas : kDefaultForwardCtas, kMaxForwardCtas);
   splits_ = splits_for(ctas, fwd.bm, fwd.bn);
   max_splits_ = splits_for(kMaxForwardCtas, 256, 64);  // bounds every tuning's tiles
-  ld_ = ceil_div(p_.tokens, 8) * 8;
+  ld_ = round_up(p_.tokens, 8, "dz token stride");
   // The budget's chunk, with N rounded up to a power of two so that nearby token counts
-  // share one chunk width (and so one set of compiled kernels).
-  const int64_t per_row = next_pow2(ld_) * dtype_bytes(p_.dtype);
+  // share one chunk width (and so one set of compiled kernels); at most kMaxChunk.
+  const int64_t per_row = checked_mul(next_pow2(ld_, "dz token stride"), dtype_bytes(p_.dtype), "dz bytes per vocabulary row");
   const int64_t granule = 128;
-  budget_chunk_ = std::min(std::max<int64_t>(p_.workspace_budget / per_row / granule * granule, granule), p_.vocab);
+  const int64_t budget_rows = std::max<int64_t>(p_.workspace_budget / per_row / granule * granule, granule);
+  budget_chunk_ = std::min({budget_rows, p_.vocab, kMaxChunk});
   if (p_.chunk_size > 0) {
     chunk_ = std::min(p_.chunk_size, p_.vocab);
     budget_chunk_ = chunk_;
@@ -129,20 +137,27 @@ KernelSpec Plan::spec(KernelKind kind) const {
 
 Plan::ForwardLayout Plan::forward_layout() const {
   ForwardLayout l{};
-  const size_t partial = align256(sizeof(float) * max_splits_ * p_.tokens);
+  const int64_t partial = align256(checked_mul(sizeof(float) * max_splits_, p_.tokens, "forward partials bytes"));
+  const int64_t target = align256(checked_mul(sizeof(float), p_.tokens, "forward target-logit bytes"));
   l.partial_max = 0;
   l.partial_sum = partial;
-  l.target_logit = 2 * partial;
-  l.bytes = 2 * partial + align256(sizeof(float) * p_.tokens);
+  l.target_logit = checked_mul(2, partial, "forward workspace bytes");
+  l.bytes = checked_add(l.target_logit, target, "forward workspace bytes");
   return l;
 }
 
 Plan::BackwardLayout Plan::backward_layout() const {
   BackwardLayout l{};
   l.dz = 0;
-  l.grad_input_acc = align256(static_cast<size_t>(budget_chunk_) * ld_ * dtype_bytes(p_.dtype));
-  l.bytes = l.grad_input_acc;
-  if (needs_grad_input_accumulator()) l.bytes += align256(sizeof(float) * p_.tokens * p_.hidden);
+  const int64_t dz_elements = checked_mul(budget_chunk_, ld_, "dz elements");
+  l.grad_input_acc = align256(checked_mul(dz_elements, dtype_bytes(p_.dtype), "dz bytes"));
+  int64_t bytes = l.grad_input_acc;
+  if (needs_grad_input_accumulator()) {
+    const int64_t acc = checked_mul(checked_mul(sizeof(float), p_.tokens, "grad_input accumulator bytes"), p_.hidden,
+                                    "grad_input accumulator bytes");
+    bytes = checked_add(bytes, align256(acc), "backward workspace bytes");
+  }
+  l.bytes = bytes;
   return l;
 }
 

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "compiler/checked_int.h"
 #include "compiler/kernel_spec.h"
 #include "lfce/lfce.h"
 #include "runtime/tuning.h"
@@ -23,8 +24,15 @@ struct Problem {
   int64_t workspace_budget = 0;
 };
 
+// The most tokens a problem may have: grid x = ceil(N / BM) stays within CUDA's 2^31 - 1 CTAs.
+// V, H and the chunk are bounded by kMaxVocab, kMaxHidden and kMaxChunk (compiler/kernel_spec.h).
+constexpr int64_t kMaxTokens = (int64_t{1} << 31) - 1;
+
 // Converts and validates the C struct; throws SpecError naming the first bad field.
 Problem problem_from_c(const lfce_problem* problem);
+// Throws SpecError naming the first size of `problem` outside its range (N, H, V, chunk,
+// workspace budget; H's alignment). problem_from_c() and Plan run it.
+void check_problem(const Problem& problem);
 
 constexpr int64_t kDefaultWorkspaceBudget = 256ll << 20;
 
@@ -32,7 +40,8 @@ class Plan {
  public:
   // `tuning` picks tiles, the forward's CTA target and the chunk; workspace sizes are the
   // same for every tuning (they bound what any tuning may use), so they can be asked for
-  // before the tuning is known.
+  // before the tuning is known. Throws SpecError for a problem check_problem() rejects, a
+  // tuned tile outside TileConfig's ranges, or sizes that overflow int64.
   Plan(const Problem& problem, Arch arch, const Tuning& tuning = {});
 
   const Problem& problem() const { return p_; }
@@ -43,7 +52,7 @@ class Plan {
   int64_t splits() const { return splits_; }
   // Backward: vocabulary chunk width and the token stride of the dzᵀ workspace.
   int64_t chunk() const { return chunk_; }
-  int64_t chunks() const { return (p_.vocab + chunk_ - 1) / chunk_; }
+  int64_t chunks() const { return ceil_div(p_.vocab, chunk_); }
   int64_t ld() const { return ld_; }
   bool needs_grad_input_accumulator() const { return p_.dtype != DType::FP32 && chunks() > 1; }
 

@@ -46,11 +46,12 @@ typedef enum lfce_mode { LFCE_MODE_RECOMPUTE = 0, LFCE_MODE_EAGER = 1 } lfce_mod
 
 /* One fused linear + cross-entropy problem. hidden [tokens, hidden] and weight
  * [vocab, hidden] are row-major and contiguous, 16-byte aligned, in `dtype`;
- * bias [vocab] in `dtype`; targets [tokens] in `target_dtype`. */
+ * bias [vocab] in `dtype`; targets [tokens] in `target_dtype`. Sizes beyond the
+ * limits below are rejected (LFCE_ERR_INVALID_ARGUMENT naming the value). */
 typedef struct lfce_problem {
-  int64_t tokens;           /* N >= 1; a run-time value, not part of any kernel's specialisation */
-  int64_t hidden;           /* H >= 1, a multiple of 8 (16-bit dtypes) or 4 (fp32) */
-  int64_t vocab;            /* V >= 1 */
+  int64_t tokens;           /* 1 <= N <= 2^31 - 1; a run-time value, not part of any kernel's specialisation */
+  int64_t hidden;           /* 1 <= H <= 2^20, a multiple of 8 (16-bit dtypes) or 4 (fp32) */
+  int64_t vocab;            /* 1 <= V <= 2^31 - 1 */
   int32_t dtype;            /* lfce_dtype of hidden, weight, bias and the gradients */
   int32_t target_dtype;     /* lfce_index_dtype */
   int32_t has_bias;         /* 0 or 1 */
@@ -58,7 +59,8 @@ typedef struct lfce_problem {
   int32_t mode;             /* lfce_mode */
   int32_t reserved;         /* must be 0 */
   int64_t ignore_index;     /* targets equal to this contribute no loss and no gradient */
-  int64_t chunk_size;       /* vocabulary chunk of the backward; 0 = derive from workspace_budget */
+  int64_t chunk_size;       /* vocabulary chunk of the backward, <= 2^20 (larger than V: V);
+                               0 = derive from workspace_budget (also at most 2^20) */
   int64_t workspace_budget; /* bytes for the backward's logit-gradient chunk; 0 = 256 MiB */
 } lfce_problem;
 

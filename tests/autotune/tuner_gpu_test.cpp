@@ -1,6 +1,7 @@
 // The sweep on a real GPU (label gpu): every config of the small space gives the default
 // config's loss and gradients within the dtype's tolerance, and the winners it stores are what
-// the next lookup_tuning() returns. Skips without a GPU unless LFCE_REQUIRE_GPU=1.
+// the next lookup_tuning() returns. Skips without a GPU; fails on a machine that
+// should have one (tests/runtime/gpu_required.h).
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -8,31 +9,17 @@
 
 #include "autotune/tuner.h"
 #include "runtime/driver.h"
+#include "tests/runtime/gpu_required.h"
 
 namespace lfce::autotune {
 namespace {
 
 namespace fs = std::filesystem;
 
-bool gpu_usable(std::string& why) {
-  try {
-    runtime::device_info(0);
-    return true;
-  } catch (const std::exception& e) {
-    why = e.what();
-    return false;
-  }
-}
-
 class TunerGpu : public testing::TestWithParam<DType> {
  protected:
   void SetUp() override {
-    std::string why;
-    if (!gpu_usable(why)) {
-      const char* require = std::getenv("LFCE_REQUIRE_GPU");
-      if (require && std::string(require) == "1") FAIL() << "LFCE_REQUIRE_GPU=1 but no usable GPU: " << why;
-      GTEST_SKIP() << "no usable GPU: " << why;
-    }
+    LFCE_SKIP_OR_FAIL_WITHOUT_GPU();
     char tmpl[] = "/tmp/lfce_tuner_gpu_XXXXXX";
     dir_ = mkdtemp(tmpl);
     setenv("LFCE_CACHE_DIR", dir_.c_str(), 1);

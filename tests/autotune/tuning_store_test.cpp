@@ -10,12 +10,15 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "compiler/errors.h"
 #include "runtime/tuning.h"
+#include "tests/log_capture.h"
 
 namespace lfce::autotune {
 namespace {
 
 namespace fs = std::filesystem;
+using testing_log::WarningCapture;
 
 runtime::Problem problem(int64_t tokens = 8192) {
   runtime::Problem p;
@@ -162,10 +165,58 @@ TEST_F(StoreTest, LookupIgnoresAWinnerThePrunerRejects) {
   EXPECT_EQ(runtime::lookup_tuning(problem(), Arch::SM90A, 0), runtime::Tuning{});
 }
 
+// Tuning files are data from disk: a winner that would overflow or divide by zero is logged,
+// naming the file and the field, and the kind runs with its default (issue 6).
+TEST_F(StoreTest, LookupIgnoresAWinnerWhoseWarpsOverflowTheThreadCount) {
+  TuningStore store(dir_);
+  const Candidate bad{KernelKind::LseForward, TileConfig{128, 128, 64, 2, 67108864, 3}, 264, 0};
+  store.save(entry(KernelKind::LseForward, problem(), bad));
+  WarningCapture log;
+  EXPECT_EQ(runtime::lookup_tuning(problem(), Arch::SM90A, 0), runtime::Tuning{});
+  const std::string path = store.path(TuningKey::of(KernelKind::LseForward, problem(), Arch::SM90A));
+  EXPECT_NE(log.text().find(path), std::string::npos) << log.text();
+  EXPECT_NE(log.text().find("tile warps_n = 67108864 is outside 1..32"), std::string::npos) << log.text();
+}
+
+TEST_F(StoreTest, LookupIgnoresAWinnerWithANegativeTileAndKeepsTheOtherKinds) {
+  TuningStore store(dir_);
+  // N = 64: ceil(64 / -64) = 0 row blocks, which the forward's CTA target was once divided by.
+  const runtime::Problem p = problem(64);
+  const Candidate good_gx{KernelKind::GradInput, TileConfig{64, 128, 64, 2, 2, 3}, 0, 0};
+  store.save(entry(KernelKind::LseForward, p,
+                   Candidate{KernelKind::LseForward, TileConfig{-64, 256, 64, 1, 4, 2}, 264, 0}));
+  store.save(entry(KernelKind::GradWeight, p,
+                   Candidate{KernelKind::GradWeight, TileConfig{-128, 128, 64, 2, 4, 3}, 0, 0}));
+  store.save(entry(KernelKind::GradInput, p, good_gx));
+  WarningCapture log;
+  const runtime::Tuning tuned = runtime::lookup_tuning(p, Arch::SM90A, 0);
+  runtime::Tuning expected;
+  expected.tiles[KernelKind::GradInput] = good_gx.tile;
+  EXPECT_EQ(tuned, expected);
+  EXPECT_NE(log.text().find("tile BM = -64 is outside 1..1024"), std::string::npos) << log.text();
+  EXPECT_NE(log.text().find("tile BM = -128 is outside 1..1024"), std::string::npos) << log.text();
+  EXPECT_NE(log.text().find(store.path(TuningKey::of(KernelKind::GradWeight, p, Arch::SM90A))),
+            std::string::npos)
+      << log.text();
+  // The runtime then plans and generates with the defaults for those kinds.
+  const runtime::Plan plan(p, Arch::SM90A, tuned);
+  EXPECT_NO_THROW(plan.spec(KernelKind::LseForward).validate());
+  EXPECT_NO_THROW(plan.spec(KernelKind::GradWeight).validate());
+}
+
 TEST(TokenBucket, IsTheNextPowerOfTwo) {
   EXPECT_EQ(token_bucket(1), 1);
   EXPECT_EQ(token_bucket(4097), 8192);
   EXPECT_EQ(token_bucket(8192), 8192);
+}
+
+TEST(TokenBucket, NamesATokenCountWithoutABucket) {
+  try {
+    token_bucket(4611686018427387905);  // 2^62 + 1: once doubled forever
+    FAIL() << "no error";
+  } catch (const SpecError& e) {
+    EXPECT_NE(std::string(e.what()).find("4611686018427387905"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

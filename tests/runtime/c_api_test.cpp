@@ -96,6 +96,50 @@ TEST(CApi, GenerateHandsOverEveryKernelWithoutGpu) {
   EXPECT_EQ(lfce_compile_count() - before, 7);
 }
 
+// ---- sizes beyond the limits are named, never looped on, divided by zero or wrapped ----
+
+TEST(CApi, CheckProblemRejectsHugeTokensNamingThem) {
+  lfce_problem p = small_problem();
+  p.tokens = 4611686018427387905;
+  EXPECT_EQ(lfce_check_problem(&p), LFCE_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(lfce_last_error()).find("tokens = 4611686018427387905"), std::string::npos)
+      << lfce_last_error();
+}
+
+TEST(CApi, CheckProblemRejectsHugeHiddenNamingIt) {
+  lfce_problem p = small_problem();
+  p.hidden = int64_t{1} << 40;
+  EXPECT_EQ(lfce_check_problem(&p), LFCE_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(lfce_last_error()).find("hidden = 1099511627776"), std::string::npos) << lfce_last_error();
+}
+
+TEST(CApi, Fp32WorkspaceSizeOfHugeTokensIsAnErrorNotSigfpe) {
+  lfce_problem p = small_problem();
+  p.tokens = 2305843009213693953;
+  p.dtype = LFCE_DTYPE_FP32;
+  size_t bytes = 0;
+  EXPECT_EQ(lfce_backward_workspace_size(&p, &bytes), LFCE_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(lfce_last_error()).find("tokens = 2305843009213693953"), std::string::npos)
+      << lfce_last_error();
+}
+
+TEST(CApi, WorkspaceSizeOfTwoToTheSixtyOneTokensIsAnErrorNotAWrappedSize) {
+  lfce_problem p = small_problem();
+  p.tokens = int64_t{1} << 61;
+  size_t bytes = 0;
+  EXPECT_EQ(lfce_forward_workspace_size(&p, &bytes), LFCE_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(lfce_last_error()).find("tokens = 2305843009213693952"), std::string::npos)
+      << lfce_last_error();
+}
+
+TEST(CApi, GenerateRejectsHugeTokensInsteadOfLooping) {
+  lfce_problem p = small_problem();
+  p.tokens = 4611686018427387905;
+  auto ignore = [](const lfce_kernel_info*, void*) {};
+  EXPECT_EQ(lfce_generate(&p, "sm_90a", ignore, nullptr), LFCE_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(lfce_last_error()).find("4611686018427387905"), std::string::npos) << lfce_last_error();
+}
+
 TEST(CApi, GenerateRejectsUnknownArch) {
   lfce_problem p = small_problem();
   auto ignore = [](const lfce_kernel_info*, void*) {};

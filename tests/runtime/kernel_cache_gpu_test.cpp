@@ -1,7 +1,7 @@
 // The kernel cache on a real GPU (label gpu): cubins the driver made are kept on disk, and a
 // new process loads them with neither LLVM nor the driver's JIT; damaged cubins are replaced.
 // Prints, for the llama3-8b kernels, the cold (LLVM + JIT) and warm (disk) time per kernel.
-// Skips without a GPU unless LFCE_REQUIRE_GPU=1.
+// Skips without a GPU; fails on a machine that should have one (tests/runtime/gpu_required.h).
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -15,6 +15,7 @@
 #include "runtime/driver.h"
 #include "runtime/kernel_cache.h"
 #include "runtime/plan.h"
+#include "tests/runtime/gpu_required.h"
 #include "tests/runtime/helper_process.h"
 
 namespace lfce::runtime {
@@ -28,13 +29,8 @@ using testing_helpers::run_helpers;
 class KernelCacheGpu : public testing::Test {
  protected:
   void SetUp() override {
-    try {
-      arch_ = device_info(0).arch();
-    } catch (const std::exception& e) {
-      const char* require = std::getenv("LFCE_REQUIRE_GPU");
-      if (require && std::string(require) == "1") FAIL() << "LFCE_REQUIRE_GPU=1 but no usable GPU: " << e.what();
-      GTEST_SKIP() << "no usable GPU: " << e.what();
-    }
+    LFCE_SKIP_OR_FAIL_WITHOUT_GPU();
+    arch_ = device_info(0).arch();
     char tmpl[] = "/tmp/lfce_kernel_cache_gpu_XXXXXX";
     dir_ = mkdtemp(tmpl);
   }

@@ -2,10 +2,16 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
+
 #include "compiler/errors.h"
+#include "runtime/launch.h"
+#include "tests/spec_error.h"
 
 namespace lfce::runtime {
 namespace {
+
+using testing_errors::spec_error;
 
 lfce_problem llama3(int64_t tokens) {
   lfce_problem p{};
@@ -20,12 +26,7 @@ lfce_problem llama3(int64_t tokens) {
 Problem problem(const lfce_problem& p) { return problem_from_c(&p); }
 
 std::string error_of(const lfce_problem& p) {
-  try {
-    problem_from_c(&p);
-  } catch (const SpecError& e) {
-    return e.what();
-  }
-  return "no error";
+  return spec_error([&] { problem_from_c(&p); });
 }
 
 TEST(Plan, ChunkWorkspaceStaysWithinDefaultBudget) {
@@ -51,7 +52,7 @@ TEST(Plan, ExplicitChunkIsUsedAndClampedToVocab) {
   lfce_problem p = llama3(100);
   p.chunk_size = 1000;
   EXPECT_EQ(Plan(problem_from_c(&p), Arch::SM80).chunk(), 1000);
-  p.chunk_size = 1 << 30;
+  p.chunk_size = kMaxChunk;
   EXPECT_EQ(Plan(problem_from_c(&p), Arch::SM80).chunk(), 128256);
 }
 
@@ -104,6 +105,78 @@ TEST(ProblemFromC, NamesNegativeChunk) {
   lfce_problem p = llama3(1);
   p.chunk_size = -5;
   EXPECT_NE(error_of(p).find("chunk_size"), std::string::npos) << error_of(p);
+}
+
+// ---- bounds: every size is checked before it is used (issue 6, "huge token counts") ----
+
+TEST(ProblemFromC, NamesTokensAboveTheLimit) {
+  lfce_problem p = llama3(4611686018427387905);  // once looped forever in next_pow2
+  EXPECT_NE(error_of(p).find("tokens = 4611686018427387905 exceeds 2147483647"), std::string::npos) << error_of(p);
+  p.tokens = kMaxTokens + 1;
+  EXPECT_NE(error_of(p).find("tokens = 2147483648"), std::string::npos) << error_of(p);
+}
+
+TEST(ProblemFromC, NamesFp32TokensWhoseWorkspaceRowWouldWrap) {
+  lfce_problem p = llama3(2305843009213693953);  // 2^61 + 1: once 2^62 * 4 bytes = 0, then SIGFPE
+  p.dtype = LFCE_DTYPE_FP32;
+  EXPECT_NE(error_of(p).find("tokens = 2305843009213693953"), std::string::npos) << error_of(p);
+}
+
+TEST(ProblemFromC, NamesHiddenAboveTheLimit) {
+  lfce_problem p = llama3(1);
+  p.hidden = kMaxHidden + 8;
+  EXPECT_NE(error_of(p).find("hidden = 1048584 exceeds 1048576"), std::string::npos) << error_of(p);
+}
+
+TEST(ProblemFromC, NamesChunkSizeAboveTheLimit) {
+  lfce_problem p = llama3(1);
+  p.chunk_size = int64_t{1} << 40;
+  EXPECT_NE(error_of(p).find("chunk_size = 1099511627776 exceeds 1048576"), std::string::npos) << error_of(p);
+}
+
+TEST(Plan, WorkspaceSizesAtTheLimitsDoNotWrap) {
+  lfce_problem p = llama3(kMaxTokens);
+  p.hidden = kMaxHidden;
+  p.vocab = kMaxVocab;
+  p.workspace_budget = int64_t{1} << 62;
+  const Plan plan(problem(p), Arch::SM90A);
+  EXPECT_EQ(plan.chunk(), kMaxChunk);  // the budget would allow more: grid y bounds it
+  const auto forward = plan.forward_layout();
+  EXPECT_GE(forward.bytes, 3 * sizeof(float) * static_cast<size_t>(kMaxTokens));
+  const auto backward = plan.backward_layout();
+  EXPECT_GE(backward.grad_input_acc, 2 * static_cast<size_t>(kMaxChunk) * kMaxTokens);  // bf16 dz chunk
+  ASSERT_TRUE(plan.needs_grad_input_accumulator());
+  EXPECT_GE(backward.bytes - backward.grad_input_acc, sizeof(float) * static_cast<size_t>(kMaxTokens) * kMaxHidden);
+}
+
+TEST(Plan, RejectsAProblemThatSkippedTheCApiCheck) {
+  Problem p = problem(llama3(1));
+  p.tokens = 4611686018427387905;
+  EXPECT_NE(spec_error([&] { Plan(p, Arch::SM90A); }).find("4611686018427387905"), std::string::npos);
+}
+
+TEST(Plan, RejectsANegativeTunedTileNamingIt) {
+  Tuning tuning;
+  tuning.tiles[KernelKind::LseForward] = TileConfig{-64, 256, 64, 1, 4, 2};
+  // ceil(64 / -64) = 0 row blocks: once divided the CTA target by zero (SIGFPE).
+  const std::string message = spec_error([&] { Plan(problem(llama3(64)), Arch::SM90A, tuning); });
+  EXPECT_NE(message.find("tile BM = -64 is outside 1..1024"), std::string::npos) << message;
+}
+
+TEST(GridDim, IsTheCtaCountWithinCudasLimits) {
+  EXPECT_EQ(grid_dim(1000, 64, 'x'), 16u);
+  EXPECT_EQ(grid_dim(kMaxGridX * 64, 64, 'x'), static_cast<unsigned>(kMaxGridX));
+  EXPECT_EQ(grid_dim(65535 * 128, 128, 'y'), 65535u);
+}
+
+TEST(GridDim, NamesAnExtentOverTheLimitAlongX) {
+  const std::string message = spec_error([] { grid_dim(int64_t{1} << 40, 64, 'x'); });  // once cast to grid 0
+  EXPECT_NE(message.find("1099511627776 / 64 = 17179869184 CTAs along grid x"), std::string::npos) << message;
+}
+
+TEST(GridDim, NamesAnExtentOverTheLimitAlongY) {
+  const std::string message = spec_error([] { grid_dim(65535 * 128 + 1, 128, 'y'); });
+  EXPECT_NE(message.find("65536 CTAs along grid y, over CUDA's limit of 65535"), std::string::npos) << message;
 }
 
 }  // namespace
