@@ -49,16 +49,21 @@ class Tolerance:
 # target's dz is the same value -g (g = upstream / count) and its rounding to bf16 (up to
 # 2^-8 relative, set by g's mantissa) does not average out over tokens. Modelled on CPU the
 # error is 1.7e-3 .. 3.2e-3 as g varies (4.2e-3 at worst), so 3e-3 would fail for some upstream
-# values whatever the kernel; the peaked case (PEAKED_REL_L2) is the one that tells a kernel
+# values whatever the kernel. Measured on the H200 (2026-11-30): up to 4.4e-3 (grad_bias, N = 7,
+# eager, mean), so 6e-3; the peaked case (PEAKED_REL_L2) is the one that tells a kernel
 # rounding the logits to bf16 apart.
 GRAD = {
-    torch.bfloat16: Tolerance(rel_l2=4.5e-3, rtol=2.0 ** -7, atol=2.0 ** -7, row=2e-2, row_floor=1e-2),
+    torch.bfloat16: Tolerance(rel_l2=6e-3, rtol=2.0 ** -7, atol=2.0 ** -7, row=2e-2, row_floor=1e-2),
     torch.float16: Tolerance(rel_l2=5e-3, rtol=2.0 ** -10, atol=2.0 ** -10, row=5e-3, row_floor=1e-2),
     torch.float32: Tolerance(rel_l2=1e-4, rtol=1e-4, atol=3e-5, row=1e-4, row_floor=1e-2),
 }
 # The peaked-logits case (peaked_inputs): lfce's roundings (dz, then each gradient, to bf16)
-# give about 2.2e-3 there; rounding the logits to bf16 before the softmax about 1.2e-2.
-PEAKED_REL_L2 = 3e-3
+# give about 2.2e-3 there (CPU model; 2.96e-3 measured on the H200, 2026-11-30, V = 256000);
+# rounding the logits to bf16 before the softmax about 1.2e-2. 1.5x the measured error:
+PEAKED_REL_L2 = 4.5e-3
+# A result may be off by 1.5x the error of the exact answer rounded to its dtype when that is
+# above rel_l2 (assert_close).
+ROUNDING_FACTOR = 1.5
 # Loss: computed in fp32 and rounded once to the dtype (its unit roundoff on top).
 LOSS = {
     dtype: Tolerance(rel_l2=base + UNIT_ROUNDOFF[dtype], rtol=2 * UNIT_ROUNDOFF[dtype] + 1e-5, atol=1e-5,
@@ -134,11 +139,14 @@ def measure(actual, expected, tol):
     floor = 0.0
     if tol.row is not None:
         floor = max(tol.row_floor * rms_row, smallest_step(actual.dtype) * math.sqrt(row_len) / tol.row)
-    diff_sq, worst, bad, first_bad = 0.0, 0.0, 0, None
+    diff_sq, round_sq, worst, bad, first_bad = 0.0, 0.0, 0.0, 0, None
     worst_row, bad_rows, first_bad_row = 0.0, 0, None
     for r0, a, e in _pieces(actual, expected):
         d = a - e
         diff_sq += float((d * d).sum()) if torch.isfinite(d).all() else math.inf
+        # What rounding the exact answer to the output dtype alone costs (the best possible).
+        r = e.to(actual.dtype).double() - e
+        round_sq += float((r * r).sum())
         # Elementwise: NaN compares false, so it counts as bad (bound > 0: atol >= one step).
         bound = atol + tol.rtol * e.abs()
         ok = d.abs() <= bound
@@ -164,7 +172,8 @@ def measure(actual, expected, tol):
         rel = math.sqrt(diff_sq / e_sq)
     else:
         rel = 0.0 if diff_sq == 0 else math.inf
-    return {"rel_l2": rel, "elementwise": worst, "bad_elements": bad, "first_bad": first_bad,
+    rounding = math.sqrt(round_sq / e_sq) if e_sq > 0 else 0.0
+    return {"rel_l2": rel, "rounding": rounding, "elementwise": worst, "bad_elements": bad, "first_bad": first_bad,
             "row": worst_row if tol.row is not None else None, "bad_rows": bad_rows,
             "first_bad_row": first_bad_row, "atol": atol, "row_floor": floor}
 
@@ -182,8 +191,12 @@ def assert_close(name, actual, expected, tol, record=None):
     if record is not None:
         record(name, metrics)
     problems = []
-    if not metrics["rel_l2"] <= tol.rel_l2:
-        problems.append("rel L2 {:.3g} > tolerance {:.3g}".format(metrics["rel_l2"], tol.rel_l2))
+    # Where the output dtype cannot hold the answer to tol.rel_l2 (fp16 subnormals: grad_hidden
+    # ~1e-6 at N = 8192 with mean), the bound is 1.5x what rounding the exact answer costs.
+    limit = max(tol.rel_l2, ROUNDING_FACTOR * metrics["rounding"])
+    if not metrics["rel_l2"] <= limit:
+        problems.append("rel L2 {:.3g} > tolerance {:.3g} (the exact answer rounded to {}: {:.3g})".format(
+            metrics["rel_l2"], limit, str(actual.dtype).replace("torch.", ""), metrics["rounding"]))
     if metrics["bad_elements"]:
         index, e, a = metrics["first_bad"]
         problems.append("%d element(s) off by more than atol %.3g + rtol %.3g * |expected|; first at %s: "

@@ -71,7 +71,7 @@ def record_error(request, record_property):
     """A callable (tensor name, metrics from checks.measure) that records the measured error."""
     def record(name, metrics):
         _MEASURED.append((request.node.nodeid, name, metrics))
-        for key in ("rel_l2", "elementwise", "row"):
+        for key in ("rel_l2", "rounding", "elementwise", "row"):
             if metrics.get(key) is not None:
                 record_property(f"{name}.{key}", f"{metrics[key]:.4g}")
     return record

@@ -164,7 +164,10 @@ def test_gradients_do_not_depend_on_the_vocab_chunk(mode, options):
     chunked = run_lfce(x, w, b, y, "mean", grad, mode=mode, **options)
     for i, name in ((0, "loss"), (2, "grad_weight"), (3, "grad_bias")):
         assert_bitwise_equal(name, chunked[i], default[i])
-    assert_within_one_ulp("grad_hidden", chunked[1], default[1], atol=1e-5)
+    # atol: grad_hidden elements are sums over V of terms far larger than some results (they
+    # cancel); the fp32 partial sums regroup with the chunks (measured on the H200: up to 4
+    # elements of 147456 a few bf16 steps apart at 1e-5 of the largest element).
+    assert_within_one_ulp("grad_hidden", chunked[1], default[1], atol=1e-3)
 
 
 def test_non_contiguous_hidden(record_error):
