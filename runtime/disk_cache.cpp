@@ -321,7 +321,8 @@ namespace {
 
 // Unlinks kernels/<key>.json first (uncommits the entry), then its payload and lock file,
 // adding the bytes freed to `bytes`. Returns "cannot remove <path>: <reason>" for each file
-// that stays; an absent file is not a failure.
+// that stays; an absent file is not a failure. While the metadata stays, so does the rest: a
+// committed entry is never left without its payload.
 std::vector<std::string> remove_entry_files(const DirFd& kernels, const std::string& kernels_path,
                                             const DirFd& locks, const std::string& locks_path,
                                             const std::string& key, std::uint64_t& bytes) {
@@ -332,6 +333,7 @@ std::vector<std::string> remove_entry_files(const DirFd& kernels, const std::str
       failures.push_back("cannot remove " + dir_path + "/" + name + ": " + error_text(error));
   };
   remove(kernels, kernels_path, key + ".json");
+  if (!failures.empty()) return failures;
   remove(kernels, kernels_path, payload_name(key));
   remove(locks, locks_path, key + ".lock");
   return failures;
@@ -346,6 +348,14 @@ std::string join(const std::vector<std::string>& lines) {
 }  // namespace
 
 bool is_cache_key(std::string_view text) { return is_ptx_key(text) || is_cubin_key(text); }
+
+std::string not_removed_message(const std::vector<std::string>& failures) {
+  constexpr std::size_t kShown = 10;
+  std::string text = "could not remove " + std::to_string(failures.size()) + " file(s) of the kernel cache:";
+  for (std::size_t i = 0; i < failures.size() && i < kShown; ++i) text += "\n  " + failures[i];
+  if (failures.size() > kShown) text += "\n  and " + std::to_string(failures.size() - kShown) + " more";
+  return text;
+}
 
 CacheLocation default_cache_location() {
   const Options options = Options::from_env();

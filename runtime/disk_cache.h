@@ -57,6 +57,9 @@ class CacheError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// "could not remove N files:\n  <failure>..." for a CacheError.
+std::string not_removed_message(const std::vector<std::string>& failures);
+
 // What ptx_key and cubin_key produce, and nothing else: the only names the cache acts on.
 bool is_cache_key(std::string_view text);
 

@@ -67,6 +67,9 @@ def precompile(model=None, *, vocab=None, hidden=None, archs=("sm_90a", "sm_80")
     vocab, hidden = _shape(model, vocab, hidden)
     if isinstance(archs, str):
         archs = (archs,)
+    archs = tuple(archs)
+    if not archs:
+        raise ValueError("archs=%r names no target; give one or more, e.g. ('sm_90a', 'sm_80')" % (archs,))
     problem = problem_for(vocab, hidden, dtype=dtype, has_bias=has_bias, mode=mode, reduction=reduction,
                           tokens=tokens, chunk_size=chunk_size, workspace_budget=workspace_budget)
     rows = []

@@ -88,3 +88,9 @@ def test_a_new_process_loads_cached_cubins_without_compiling(tmp_path):
     assert all(k["llvm_ms"] == 0 and k["jit_ms"] == 0 for k in warm), warm
     print("cold ms per kernel (LLVM + JIT):", [round(k["llvm_ms"] + k["jit_ms"], 1) for k in cold])
     print("warm load ms per kernel:", [round(k["total_ms"], 2) for k in warm])
+
+
+@pytest.mark.parametrize("archs", [(), []])
+def test_precompile_rejects_an_empty_arch_list(archs):
+    with pytest.raises(ValueError, match="archs=.*names no target"):
+        lfce.precompile(vocab=1000, hidden=64, archs=archs)

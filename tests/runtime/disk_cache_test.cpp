@@ -655,6 +655,49 @@ TEST(DiskCache, DoesNotCreateAFileThroughALockFileLink) {
   EXPECT_TRUE(cache.load(producer.entry.record.key));
 }
 
+// Checks made by a process that cannot write the folders of `dir`, which holds the entry of
+// small_spec(): clear and verify --remove say what they could not remove, and leave the entry
+// whole. 0 if all pass, else the number of the first that failed.
+int read_only_removal_checks(const std::string& dir) {
+  DiskCache cache(dir);
+  const std::string key = ptx_key(small_spec());
+  const ClearReport cleared = cache.clear();
+  if (cleared.removed != 0 || cleared.failures.size() != 2) return 1;  // the entry's metadata, the leftover
+  const std::string failures = cleared.failures[0] + "\n" + cleared.failures[1];
+  if (!contains(failures, "cannot remove " + dir + "/kernels/" + key + ".json")) return 2;
+  if (!contains(failures, "Permission denied")) return 3;
+  if (!cache.load(key)) return 4;  // the payload stays with its metadata
+  const VerifyReport verified = cache.verify(true);
+  if (verified.bad.size() != 1 || verified.bad[0].removed) return 5;
+  if (!contains(verified.bad[0].not_removed, "cannot remove " + dir + "/kernels/")) return 6;
+  return 0;
+}
+
+TEST(DiskCache, ClearAndVerifySayWhatAReadOnlyFolderKeeps) {
+  TempDir dir;
+  const Entry e = fake_ptx_entry(small_spec());
+  DiskCache(dir.path()).store(e);
+  // A leftover for verify --remove to flag, an hour old.
+  const std::string leftover = dir.path() + "/kernels/" + ptx_key(small_spec(KernelKind::GradBias)) + ".ptx";
+  write_text(leftover, "orphan");
+  const utimbuf old{std::time(nullptr) - 3600, std::time(nullptr) - 3600};
+  utime(leftover.c_str(), &old);
+  for (const std::string& d : {dir.path() + "/kernels", dir.path() + "/locks", dir.path()})
+    fs::permissions(d, fs::perms::owner_read | fs::perms::owner_exec | fs::perms::group_read |
+                           fs::perms::group_exec | fs::perms::others_read | fs::perms::others_exec);
+  const pid_t child = fork();  // as user nobody: root ignores permissions
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    if (geteuid() == 0 && (setgid(65534) != 0 || setuid(65534) != 0)) _exit(100);
+    _exit(read_only_removal_checks(dir.path()));
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  ASSERT_NE(WEXITSTATUS(status), 100) << "could not drop root privileges to test a read-only directory";
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "read_only_removal_checks failed at check " << WEXITSTATUS(status);
+}
+
 // ---- files that are not what they should be ----
 
 // Runs `body` in a child process that is killed after `seconds`: a test of something that
