@@ -131,7 +131,20 @@ std::unique_ptr<Kernel> load_kernel(int device, const KernelSpec& spec, const Cu
       step = Clock::now();
       std::string image;
       try {
-        image = compile_to_cubin(device, ptx.entry.payload, p.entry);
+        try {
+          image = compile_to_cubin(device, ptx.entry.payload, p.entry);
+        } catch (const lfce::CompileError& e) {
+          if (!ptx.hit) throw;
+          // A cached PTX entry the driver rejects is removed and generated again, once.
+          spdlog::warn("kernel cache: the driver rejects the cached PTX {} ({}); generating it again",
+                       ptx.entry.record.key, e.what());
+          cache->remove(ptx.entry.record.key);
+          ptx = lookup_ptx(*cache, spec);
+          stats.source = ptx.hit ? "ptx-cache" : "llvm";
+          stats.llvm_ms = ptx.llvm_ms;
+          step = Clock::now();
+          image = compile_to_cubin(device, ptx.entry.payload, p.entry);
+        }
       } catch (const lfce::CompileError& e) {
         spdlog::warn("kernel cache: the driver could not make a cubin of {} ({}); loading its PTX, uncached",
                      p.spec, e.what());

@@ -124,6 +124,21 @@ TEST_F(KernelCacheGpu, RebuildsACachedCubinThatDoesNotLoad) {
   EXPECT_EQ(field(warm, "source"), "cubin-cache") << warm;
 }
 
+// A PTX entry whose checksums are right but which the driver's JIT rejects is generated again.
+TEST_F(KernelCacheGpu, RegeneratesACachedPtxTheDriverRejects) {
+  const std::vector<std::string> specs = {llama3_specs().at(1)};
+  run_helpers(dir_, "precompile", specs, 1);
+  DiskCache cache(dir_);
+  std::optional<Entry> ptx = cache.load(ptx_key(KernelSpec::parse(specs[0])));
+  ASSERT_TRUE(ptx);
+  ptx->payload = ".version 8.0\n.target sm_80\n.address_size 64\nthis is not PTX\n";
+  cache.store(*ptx);  // sealed again: only the driver can tell
+  const std::string line = run_helpers(dir_, "load", specs, 1).at(0).at(0);
+  EXPECT_EQ(field(line, "source"), "llvm") << line;
+  const std::string warm = run_helpers(dir_, "load", specs, 1).at(0).at(0);
+  EXPECT_EQ(field(warm, "source"), "cubin-cache") << warm;
+}
+
 TEST_F(KernelCacheGpu, ASecondCallInTheProcessReturnsTheLoadedKernel) {
   use_cache_dir(dir_);
   const KernelSpec spec = KernelSpec::parse(llama3_specs().at(2));
