@@ -36,8 +36,9 @@ void add_precompile_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("precompile", "fill the kernel cache for model presets (no GPU needed)");
   cmd->add_option("--model,-m", opts->models, std::string("model preset(s): ") + lfce_preset_names())
       ->required();
-  cmd->add_option("--arch", opts->archs, "comma-separated targets")->capture_default_str();
-  cmd->add_option("--cache-dir", opts->cache_dir, "cache directory (default: $LFCE_CACHE_DIR or ~/.cache/lfce)");
+  cmd->add_option("--arch", opts->archs, "comma-separated targets")->check(comma_list())->capture_default_str();
+  cmd->add_option("--cache-dir", opts->cache_dir, "cache directory (default: $LFCE_CACHE_DIR or ~/.cache/lfce)")
+      ->check(non_empty());
   opts->problem.add_to(*cmd);
   cmd->callback([opts] {
     if (!opts->cache_dir.empty()) check(lfce_set_cache_dir(opts->cache_dir.c_str()), "--cache-dir");

@@ -1,7 +1,12 @@
 #include "cli/problem_options.h"
 
+#include <cmath>
+#include <cstdlib>
+#include <limits>
 #include <map>
 #include <sstream>
+
+#include "cli/commands.h"
 
 namespace lfce::cli {
 namespace {
@@ -22,18 +27,53 @@ std::vector<std::string> keys(const std::map<std::string, T>& m) {
 
 }  // namespace
 
-CLI::Validator at_least(int64_t minimum) {
+CLI::Validator integer_in(int64_t minimum, int64_t maximum) {
+  const bool bounded = maximum != std::numeric_limits<int64_t>::max();
+  const std::string range = bounded ? "in [" + std::to_string(minimum) + ", " + std::to_string(maximum) + "]"
+                                    : ">= " + std::to_string(minimum);
   return CLI::Validator(
-      [minimum](std::string& text) -> std::string {
+      [minimum, maximum, range](std::string& text) -> std::string {
         try {
           size_t end = 0;
           long long value = std::stoll(text, &end);
-          if (end == text.size() && value >= minimum) return "";
-        } catch (const std::exception&) {
+          if (end == text.size() && value >= minimum && value <= maximum) return "";
+        } catch (const std::exception&) {  // not a number, or out of int64's range
         }
-        return "must be an integer >= " + std::to_string(minimum) + ", got '" + text + "'";
+        return "must be an integer " + range + ", got '" + text + "'";
       },
-      "INT>=" + std::to_string(minimum));
+      bounded ? "INT" : "INT>=" + std::to_string(minimum));
+}
+
+CLI::Validator at_least(int64_t minimum) { return integer_in(minimum, std::numeric_limits<int64_t>::max()); }
+
+CLI::Validator finite_at_least(double minimum) {
+  std::ostringstream bound;
+  bound << minimum;
+  return CLI::Validator(
+      [minimum, bound = bound.str()](std::string& text) -> std::string {
+        char* end = nullptr;
+        const double value = std::strtod(text.c_str(), &end);
+        if (!text.empty() && end == text.c_str() + text.size() && std::isfinite(value) && value >= minimum)
+          return "";
+        return "must be a finite number >= " + bound + ", got '" + text + "'";
+      },
+      "NUMBER>=" + bound.str());
+}
+
+CLI::Validator non_empty() {
+  return CLI::Validator([](std::string& text) -> std::string { return text.empty() ? "must not be empty" : ""; },
+                        "TEXT");
+}
+
+CLI::Validator comma_list() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        if (text.empty()) return "names no target; give a comma-separated list such as sm_90a,sm_80";
+        if (text.front() == ',' || text.back() == ',' || text.find(",,") != std::string::npos)
+          return "'" + text + "' has an empty item; give a comma-separated list such as sm_90a,sm_80";
+        return "";
+      },
+      "LIST");
 }
 
 void ProblemOptions::add_to(CLI::App& app) {
@@ -55,7 +95,7 @@ void ProblemOptions::add_to(CLI::App& app) {
       ->check(at_least(0))
       ->capture_default_str();
   app.add_option("--budget-mib", budget_mib, "backward workspace budget in MiB (0: 256)")
-      ->check(at_least(0))
+      ->check(integer_in(0, kMaxBudgetMib))
       ->capture_default_str();
 }
 
@@ -75,8 +115,19 @@ lfce_problem ProblemOptions::problem(int64_t vocab, int64_t hidden) const {
   return p;
 }
 
-void check(int status, const std::string& what) {
-  if (status != LFCE_OK) throw CLI::ValidationError(what, lfce_last_error());
+void check(int status, const std::string& option) {
+  switch (status) {
+    case LFCE_OK:
+      return;
+    case LFCE_ERR_INVALID_ARGUMENT:
+      throw CLI::ValidationError(option, lfce_last_error());
+    case LFCE_ERR_COMPILE:
+    case LFCE_ERR_CUDA:
+    case LFCE_ERR_IO:
+      throw Failure(lfce_last_error());
+    default:
+      throw Failure(lfce_last_error(), kExitInternal);  // the message says "internal error"
+  }
 }
 
 std::vector<std::string> split_list(const std::string& text) {

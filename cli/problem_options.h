@@ -26,11 +26,19 @@ struct ProblemOptions {
   lfce_problem problem(int64_t vocab, int64_t hidden) const;
 };
 
-// Validators whose messages name the value: "must be >= 1, got 0".
-CLI::Validator at_least(int64_t minimum);
+// The largest --budget-mib whose bytes fit an int64_t.
+inline constexpr int64_t kMaxBudgetMib = INT64_MAX >> 20;
 
-// Throws CLI::ValidationError naming the call if an lfce status is not LFCE_OK.
-void check(int status, const std::string& what);
+// Validators whose messages name the value: "must be an integer >= 1, got '0'".
+CLI::Validator at_least(int64_t minimum);
+CLI::Validator integer_in(int64_t minimum, int64_t maximum);
+CLI::Validator finite_at_least(double minimum);  // no nan, no inf
+CLI::Validator non_empty();
+CLI::Validator comma_list();  // "a,b": no empty item, not empty
+
+// An lfce status that is not LFCE_OK becomes a usage error naming `option` (for
+// LFCE_ERR_INVALID_ARGUMENT, where the value came from that option) or a Failure.
+void check(int status, const std::string& option);
 
 // "sm_90a,sm_80" -> {"sm_90a", "sm_80"}
 std::vector<std::string> split_list(const std::string& text);

@@ -66,10 +66,11 @@ void add_tune_command(CLI::App& app) {
   cmd->add_option("--space", opts->space, "config space")->check(CLI::IsMember({"default", "small"}))
       ->capture_default_str();
   cmd->add_option("--budget-minutes", opts->budget_minutes, "stop after this long (0: no limit); resumable")
-      ->check(CLI::NonNegativeNumber);
+      ->check(finite_at_least(0));
   cmd->add_flag("--verify", opts->verify, "check every config's loss and gradients against the default config");
   cmd->add_option("--repetitions", opts->repetitions, "timed runs per config (0: 10)")->check(at_least(0));
-  cmd->add_option("--cache-dir", opts->cache_dir, "cache directory (default: $LFCE_CACHE_DIR or ~/.cache/lfce)");
+  cmd->add_option("--cache-dir", opts->cache_dir, "cache directory (default: $LFCE_CACHE_DIR or ~/.cache/lfce)")
+      ->check(non_empty());
   opts->problem.add_to(*cmd);
   cmd->callback([opts] {
     if (opts->model.empty() && opts->vocab == 0)
@@ -77,7 +78,7 @@ void add_tune_command(CLI::App& app) {
     if (!opts->model.empty()) check(lfce_preset(opts->model.c_str(), &opts->hidden, &opts->vocab), "--model");
     if (!opts->cache_dir.empty()) check(lfce_set_cache_dir(opts->cache_dir.c_str()), "--cache-dir");
     lfce_problem p = opts->problem.problem(opts->vocab, opts->hidden);
-    check(lfce_check_problem(&p), "problem");
+    check(lfce_check_problem(&p), "--vocab/--hidden/--tokens/...");
     std::printf("tuning V=%lld H=%lld N=%lld %s (%s space) on device %d; cache %s\n",
                 static_cast<long long>(p.vocab), static_cast<long long>(p.hidden), static_cast<long long>(p.tokens),
                 opts->problem.dtype.c_str(), opts->space.c_str(), opts->device, lfce_cache_dir());

@@ -42,6 +42,9 @@ int guarded(const char* function, F&& body) {
   } catch (const lfce::runtime::CudaError& e) {
     g_last_error = std::string(function) + ": " + e.what();
     return LFCE_ERR_CUDA;
+  } catch (const lfce::runtime::CacheError& e) {
+    g_last_error = std::string(function) + ": " + e.what();
+    return LFCE_ERR_IO;
   } catch (const std::exception& e) {
     g_last_error = std::string(function) + ": internal error: " + e.what();
     return LFCE_ERR_INTERNAL;
@@ -223,21 +226,29 @@ int lfce_cache_info(const char* key, lfce_text_callback callback, void* user) {
 int lfce_cache_verify(int32_t remove_bad, lfce_text_callback callback, void* user, int64_t* checked, int64_t* bad) {
   return guarded("lfce_cache_verify", [&] {
     const lfce::runtime::VerifyReport report = lfce::runtime::disk_cache()->verify(remove_bad != 0);
-    if (callback)
-      for (const auto& b : report.bad)
-        callback((b.key + ": " + b.file + ": " + b.problem + (b.removed ? " (removed)" : "")).c_str(), user);
+    std::vector<std::string> left;
+    for (const auto& b : report.bad) {
+      if (!b.not_removed.empty()) left.push_back(b.not_removed);
+      if (callback)
+        callback((b.key + ": " + b.file + ": " + b.problem +
+                  (b.removed ? " (removed)" : !b.not_removed.empty() ? " (not removed)" : ""))
+                     .c_str(),
+                 user);
+    }
     if (checked) *checked = static_cast<int64_t>(report.checked);
     if (bad) *bad = static_cast<int64_t>(report.bad.size());
+    if (!left.empty()) throw lfce::runtime::CacheError(lfce::runtime::not_removed_message(left));
   });
 }
 
 int lfce_cache_clear(double older_than_days, int64_t* removed, int64_t* bytes) {
   return guarded("lfce_cache_clear", [&] {
-    std::optional<double> age;
-    if (older_than_days >= 0) age = older_than_days;
+    std::optional<double> age;  // 0: every entry
+    if (older_than_days != 0) age = older_than_days;
     const lfce::runtime::ClearReport report = lfce::runtime::disk_cache()->clear(age);
     if (removed) *removed = static_cast<int64_t>(report.removed);
     if (bytes) *bytes = static_cast<int64_t>(report.bytes);
+    if (!report.failures.empty()) throw lfce::runtime::CacheError(lfce::runtime::not_removed_message(report.failures));
   });
 }
 
@@ -259,8 +270,9 @@ int lfce_tune(const lfce_problem* problem, const lfce_tune_options* options, lfc
     const lfce::runtime::Problem p = lfce::runtime::problem_from_c(problem);
     lfce::autotune::TuneOptions o;
     if (options->space) o.space = options->space;
-    if (options->budget_minutes < 0)
-      throw lfce::SpecError("budget_minutes must be >= 0, got " + std::to_string(options->budget_minutes));
+    if (!(options->budget_minutes >= 0 && options->budget_minutes <= 1e9))  // also NaN
+      throw lfce::SpecError("budget_minutes must be a number of minutes >= 0, got " +
+                            std::to_string(options->budget_minutes));
     o.budget_minutes = options->budget_minutes;
     o.verify = options->verify != 0;
     if (options->repetitions < 0)

@@ -6,6 +6,9 @@
 //   kernels/<key>.ptx | <key>.cubin   the payload
 //   kernels/<key>.json                metadata, written last: its presence commits the entry
 //   locks/<key>.lock                  flock'ed while one process produces the entry
+// The cache reads, writes and removes only these names (and the temp files of its writes):
+// anything else in its folders is left alone. It never follows a symbolic link inside the
+// cache, and opens nothing that is not a regular file (a FIFO would block).
 //
 // Keys. A PTX entry's key is sha256 over exactly these inputs (PtxKeyInputs):
 //   generator version (kGeneratorVersion), LLVM version (LFCE_LLVM_VERSION), PTX ISA of the
@@ -20,6 +23,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -34,9 +38,31 @@ namespace lfce::runtime {
 // stale and clear() removes them.
 inline constexpr char kGeneratorVersion[] = LFCE_GENERATOR_VERSION;  // cmake/generator_version.cmake
 
+// The cache directory, and whether the user named it (LFCE_CACHE_DIR; --cache-dir and
+// lfce_set_cache_dir name one too). A directory the user named is used through symbolic
+// links; a derived one ($XDG_CACHE_HOME/lfce, ~/.cache/lfce) that is itself a link is refused.
+struct CacheLocation {
+  std::string dir;
+  bool named_by_user = true;
+};
+
 // $LFCE_CACHE_DIR, else $XDG_CACHE_HOME/lfce, else ~/.cache/lfce. The only place the cache
 // reads the environment.
-std::string default_cache_dir();
+CacheLocation default_cache_location();
+std::string default_cache_dir();  // default_cache_location().dir
+
+// The cache's folders cannot be used as asked: a symbolic link where a folder should be, or
+// files that could not be removed. The environment's fault, neither the caller's nor lfce's.
+class CacheError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// "could not remove N files:\n  <failure>..." for a CacheError.
+std::string not_removed_message(const std::vector<std::string>& failures);
+
+// What ptx_key and cubin_key produce, and nothing else: the only names the cache acts on.
+bool is_cache_key(std::string_view text);
 
 enum class EntryKind { Ptx, Cubin };
 std::string_view entry_kind_name(EntryKind kind);  // "ptx", "cubin"
@@ -76,7 +102,8 @@ struct EntryRecord {
   // Cubin only: the target, and what ptxas allotted (-1: unknown, as for PTX entries).
   CubinTarget target;
   int registers = -1, local_bytes = -1, static_smem_bytes = -1;
-  // Filled in by DiskCache::store.
+  // Filled in by DiskCache::store. The metadata's sha256 covers every field but the creation
+  // time, which only `ls` and `clear --older-than` read.
   std::int64_t created_unix = 0;
   std::uint64_t payload_bytes = 0;
   std::string payload_sha256;
@@ -93,6 +120,7 @@ struct BadEntry {
   std::string file;     // the file that is wrong
   std::string problem;  // what is wrong with it
   bool removed = false;
+  std::string not_removed;  // why, when removal was asked for and failed ("path: reason")
 };
 
 struct VerifyReport {
@@ -103,14 +131,17 @@ struct VerifyReport {
 struct ClearReport {
   std::size_t removed = 0;  // entries (and stray files)
   std::uint64_t bytes = 0;  // freed
+  std::vector<std::string> failures;  // "cannot remove <path>: <reason>", one per file left
 };
 
 // Thread-safe and process-safe. I/O failures never throw: a bad entry is a logged miss, and
 // a directory that cannot be written makes the cache keep new entries in memory for the life
-// of this object (logged once), while entries already on disk are still read.
+// of this object (logged once), while entries already on disk are still read. One entry that
+// cannot be written (a directory in the way of its file) stays in memory alone.
 class DiskCache {
  public:
-  explicit DiskCache(std::string dir);
+  // named_by_user: see CacheLocation.
+  explicit DiskCache(std::string dir, bool named_by_user = true);
 
   const std::string& dir() const { return dir_; }
   // False once a write failed and new entries live in memory only.
@@ -137,25 +168,31 @@ class DiskCache {
   // Removes the entry if present (e.g. a cubin the driver no longer accepts).
   void remove(const std::string& key);
 
-  // Management, for the CLI. Nothing here prints.
+  // Management, for the CLI. Nothing here prints. Each throws CacheError when a folder of the
+  // cache is a symbolic link (or the root, where the user did not name it).
   std::vector<EntryRecord> list() const;  // entries whose metadata parses, oldest first
   // The metadata JSON of the entry whose key is `key`, or the one key that starts with it.
   // Throws std::invalid_argument if there is none or the prefix is ambiguous.
   std::string info(const std::string& key_or_prefix) const;
   // Checks every entry as load() would, and files left by interrupted writes.
   VerifyReport verify(bool remove_bad);
-  // Removes every entry, or those created more than `older_than_days` ago, with their lock
-  // files; temp files of writes are removed once a minute old (a writer may be using them).
+  // Removes every entry, or those created more than `older_than_days` ago (finite, >= 0, else
+  // std::invalid_argument), with their lock files; temp files of writes are removed once a
+  // minute old (a writer may be using them).
   ClearReport clear(std::optional<double> older_than_days = std::nullopt);
 
  private:
+  struct Folder;
+  // dir_/name (kernels or locks), opened for one operation: the folder, or why not.
+  Folder open_folder(const std::string& name, bool create) const;
+  Folder open_folder_or_throw(const std::string& name) const;  // for management; absent is empty
   std::optional<Entry> load_from_disk(const std::string& key, bool warn) const;
   static void seal(EntryRecord& record, const std::string& payload);  // created, size, sha256
   void persist(Entry entry);  // to disk, else to memory
-  bool write_entry(const Entry& entry, std::string& error) const;
-  void fall_back_to_memory(const std::string& reason);
+  void fall_back_to_memory(const std::string& path, const std::string& reason);
 
   std::string dir_;
+  bool named_by_user_;
   std::string kernels_;  // dir_/kernels
   std::string locks_;    // dir_/locks
   mutable std::mutex mutex_;

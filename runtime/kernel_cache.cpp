@@ -82,6 +82,23 @@ std::unique_ptr<Kernel> load_cubin(int device, const Entry& cubin) {
       r.threads});
 }
 
+// A cubin from the cache, loaded; any failure to load it (a rejected image, an entry name or
+// launch shape the module does not have) removes the entry, to be rebuilt: nullptr then.
+std::unique_ptr<Kernel> load_cached_cubin(int device, const Entry& cubin, DiskCache& cache, KernelLoadStats& stats) {
+  try {
+    const Clock::time_point load_start = Clock::now();
+    std::unique_ptr<Kernel> kernel = load_cubin(device, cubin);
+    stats.load_ms = ms_since(load_start);
+    stats.source = "cubin-cache";
+    return kernel;
+  } catch (const std::exception& e) {
+    spdlog::warn("kernel cache: the cached cubin {} does not load ({}); removing it and compiling it again",
+                 cubin.record.key, e.what());
+    cache.remove(cubin.record.key);
+    return nullptr;
+  }
+}
+
 // Thrown out of a cubin producer when the driver cannot make a cubin we could keep; the
 // kernel was loaded from PTX instead (as before there was a disk cache).
 struct LoadedFromPtx {
@@ -89,7 +106,7 @@ struct LoadedFromPtx {
 };
 
 std::unique_ptr<Kernel> load_kernel(int device, const KernelSpec& spec, const CubinTarget& target,
-                                    KernelLoadStats& stats) {
+                                    KernelLoadStats& stats, bool retry = true) {
   const Clock::time_point start = Clock::now();
   const std::shared_ptr<DiskCache> cache = disk_cache();
   const std::string key = cubin_key(ptx_key(spec), target);
@@ -97,16 +114,7 @@ std::unique_ptr<Kernel> load_kernel(int device, const KernelSpec& spec, const Cu
   // The warm path: this GPU's cubin, verified and loaded, with neither LLVM nor the JIT.
   if (std::optional<Entry> cubin = cache->load(key)) {
     stats.disk_ms = ms_since(start);
-    try {
-      const Clock::time_point load_start = Clock::now();
-      std::unique_ptr<Kernel> kernel = load_cubin(device, *cubin);
-      stats.load_ms = ms_since(load_start);
-      stats.source = "cubin-cache";
-      return kernel;
-    } catch (const lfce::CompileError& e) {
-      spdlog::warn("kernel cache: the driver rejects the cached cubin {} ({}); compiling it again", key, e.what());
-      cache->remove(key);
-    }
+    if (std::unique_ptr<Kernel> kernel = load_cached_cubin(device, *cubin, *cache, stats)) return kernel;
   }
 
   std::unique_ptr<Kernel> kernel;
@@ -123,7 +131,20 @@ std::unique_ptr<Kernel> load_kernel(int device, const KernelSpec& spec, const Cu
       step = Clock::now();
       std::string image;
       try {
-        image = compile_to_cubin(device, ptx.entry.payload, p.entry);
+        try {
+          image = compile_to_cubin(device, ptx.entry.payload, p.entry);
+        } catch (const lfce::CompileError& e) {
+          if (!ptx.hit) throw;
+          // A cached PTX entry the driver rejects is removed and generated again, once.
+          spdlog::warn("kernel cache: the driver rejects the cached PTX {} ({}); generating it again",
+                       ptx.entry.record.key, e.what());
+          cache->remove(ptx.entry.record.key);
+          ptx = lookup_ptx(*cache, spec);
+          stats.source = ptx.hit ? "ptx-cache" : "llvm";
+          stats.llvm_ms = ptx.llvm_ms;
+          step = Clock::now();
+          image = compile_to_cubin(device, ptx.entry.payload, p.entry);
+        }
       } catch (const lfce::CompileError& e) {
         spdlog::warn("kernel cache: the driver could not make a cubin of {} ({}); loading its PTX, uncached",
                      p.spec, e.what());
@@ -154,12 +175,11 @@ std::unique_ptr<Kernel> load_kernel(int device, const KernelSpec& spec, const Cu
   } catch (LoadedFromPtx& fallback) {
     return std::move(fallback.kernel);
   }
-  if (!kernel) {  // another process stored the cubin while this one waited for the lock
-    const Clock::time_point load_start = Clock::now();
-    kernel = load_cubin(device, cubin.entry);
-    stats.load_ms = ms_since(load_start);
-    stats.source = "cubin-cache";
-  }
+  // Another process stored the cubin while this one waited for the lock; should it not load,
+  // it is gone now and this process compiles its own.
+  if (!kernel) kernel = load_cached_cubin(device, cubin.entry, *cache, stats);
+  if (!kernel && retry) return load_kernel(device, spec, target, stats, /*retry=*/false);
+  if (!kernel) throw CacheError("kernel cache: the cubin " + key + " that another process stored does not load");
   return kernel;
 }
 
@@ -168,7 +188,10 @@ std::unique_ptr<Kernel> load_kernel(int device, const KernelSpec& spec, const Cu
 std::shared_ptr<DiskCache> disk_cache() {
   CacheSlot& slot = cache_slot();
   std::lock_guard<std::mutex> lock(slot.mutex);
-  if (!slot.cache) slot.cache = std::make_shared<DiskCache>(default_cache_dir());
+  if (!slot.cache) {
+    const CacheLocation location = default_cache_location();
+    slot.cache = std::make_shared<DiskCache>(location.dir, location.named_by_user);
+  }
   return slot.cache;
 }
 

@@ -32,7 +32,9 @@ typedef enum lfce_status {
   LFCE_ERR_INVALID_ARGUMENT = 1, /* the caller's request is wrong: see lfce_last_error() */
   LFCE_ERR_COMPILE = 2,          /* LLVM or the driver's PTX JIT failed; the log is in the message */
   LFCE_ERR_CUDA = 3,             /* a driver call failed, or no driver/GPU is present */
-  LFCE_ERR_INTERNAL = 4          /* a bug in lfce */
+  LFCE_ERR_INTERNAL = 4,         /* a bug in lfce */
+  LFCE_ERR_IO = 5                /* the cache's files: a folder that is a symbolic link, files that could not
+                                    be removed; the message names each path */
 } lfce_status;
 
 typedef enum lfce_dtype { LFCE_DTYPE_BF16 = 0, LFCE_DTYPE_FP16 = 1, LFCE_DTYPE_FP32 = 2 } lfce_dtype;
@@ -175,10 +177,11 @@ LFCE_API int lfce_cache_list(lfce_cache_entry_callback callback, void* user);
 /* The metadata (JSON) of the entry whose key is `key` or starts with it. */
 LFCE_API int lfce_cache_info(const char* key, lfce_text_callback callback, void* user);
 /* Checks every entry; hands each bad one to `callback` as "key: file: problem"; removes them if
- * remove_bad. */
+ * remove_bad (LFCE_ERR_IO, naming them, if some could not be removed). */
 LFCE_API int lfce_cache_verify(int32_t remove_bad, lfce_text_callback callback, void* user, int64_t* checked,
                                int64_t* bad);
-/* Removes entries older than older_than_days (all entries if it is < 0). */
+/* Removes entries older than older_than_days (finite, >= 0; 0 removes every entry); only files
+ * the cache wrote. LFCE_ERR_IO, naming them, if some could not be removed. */
 LFCE_API int lfce_cache_clear(double older_than_days, int64_t* removed, int64_t* bytes);
 
 typedef struct lfce_kernel_load {

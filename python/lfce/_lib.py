@@ -38,6 +38,7 @@ ERR_INVALID_ARGUMENT = 1
 ERR_COMPILE = 2
 ERR_CUDA = 3
 ERR_INTERNAL = 4
+ERR_IO = 5
 
 # lfce_dtype
 DTYPE_BF16 = 0
@@ -330,6 +331,7 @@ _EXCEPTIONS = {
     ERR_INVALID_ARGUMENT: ValueError,
     ERR_COMPILE: CompileError,
     ERR_CUDA: CudaError,
+    ERR_IO: OSError,
 }
 
 
@@ -337,7 +339,8 @@ def check(status):
     """Raise the exception matching an lfce_status, with lfce_last_error() as its message.
 
     LFCE_ERR_INVALID_ARGUMENT -> ValueError, LFCE_ERR_COMPILE -> CompileError,
-    LFCE_ERR_CUDA -> CudaError, anything else (an lfce bug) -> RuntimeError.
+    LFCE_ERR_CUDA -> CudaError, LFCE_ERR_IO (the cache's files) -> OSError, anything else (an
+    lfce bug) -> RuntimeError.
     """
     if status == OK:
         return

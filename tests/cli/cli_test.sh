@@ -13,6 +13,24 @@ expect_error() {  # expect_error PATTERN CMD...: CMD must fail and print PATTERN
   "$@" >"$work/out" 2>"$work/err" && fail "'$*' succeeded"
   grep -q -- "$pattern" "$work/err" || fail "'$*' did not say '$pattern': $(cat "$work/err")"
 }
+expect_status() {  # expect_status CODE PATTERN CMD...: CMD must exit CODE and print PATTERN on stderr
+  local code=$1 pattern=$2; shift 2
+  "$@" >"$work/out" 2>"$work/err"
+  local got=$?
+  [ "$got" -eq "$code" ] || fail "'$*' exited $got, expected $code: $(cat "$work/err")"
+  grep -q -- "$pattern" "$work/err" || fail "'$*' did not say '$pattern': $(cat "$work/err")"
+}
+as_nobody() {  # as_nobody CMD...: runs CMD as a user without write access (root ignores permissions)
+  if [ "$(id -u)" -eq 0 ]; then setpriv --reuid=65534 --regid=65534 --clear-groups "$@"; else "$@"; fi
+}
+fill_cache() {  # fill_cache: six PTX entries of one preset in $LFCE_CACHE_DIR
+  "$lfce" precompile --model llama2-7b --arch sm_80 --tokens 64 >/dev/null || fail "precompile"
+}
+first_key() { ls "$LFCE_CACHE_DIR"/kernels/*.ptx | head -1 | xargs basename | sed 's/\.ptx$//'; }
+set_metadata() {  # set_metadata KEY PYTHON-EXPR-ON-j: edits kernels/KEY.json
+  python3 -c "import json,sys; p=sys.argv[1]; j=json.load(open(p)); $2; json.dump(j, open(p, 'w'))" \
+    "$LFCE_CACHE_DIR/kernels/$1.json" || fail "cannot edit $1.json"
+}
 assemble_all() {  # assemble_all DIR ARCH: every .ptx in DIR assembles, without spills
   local n=0
   for f in "$1"/*.ptx; do
@@ -82,6 +100,105 @@ case $test in
     "$lfce" cache ls | grep -q "^0 entries" || fail "entries left after clear" ;;
   unknown_command_fails)
     expect_error "frobnicate" "$lfce" frobnicate ;;
+  cache_unknown_subcommand_is_named)
+    expect_status 2 "frob" "$lfce" cache frob
+    expect_status 2 "ls, info, verify, clear" "$lfce" cache ;;
+  cache_clear_keeps_files_that_are_not_entries)
+    fill_cache
+    mkdir -p "$work/mine"
+    for name in notes.txt model.json weights.ptx 0000.cubin; do
+      echo mine >"$LFCE_CACHE_DIR/kernels/$name"
+      touch -d '2 hours ago' "$LFCE_CACHE_DIR/kernels/$name"
+    done
+    "$lfce" cache verify --remove >/dev/null 2>&1 || fail "verify --remove"
+    "$lfce" cache clear >"$work/out" || fail "cache clear"
+    grep -q "removed 6 entries" "$work/out" || fail "clear: $(cat "$work/out")"
+    for name in notes.txt model.json weights.ptx 0000.cubin; do
+      [ -f "$LFCE_CACHE_DIR/kernels/$name" ] || fail "clear or verify removed the user's file $name"
+    done ;;
+  cache_clear_does_not_follow_a_symlinked_kernels_dir)
+    LFCE_CACHE_DIR="$work/elsewhere" fill_cache
+    echo mine >"$work/elsewhere/kernels/notes.txt"
+    mkdir -p "$LFCE_CACHE_DIR"
+    ln -s "$work/elsewhere/kernels" "$LFCE_CACHE_DIR/kernels"
+    expect_status 3 "kernels.*symbolic link" "$lfce" cache clear
+    expect_status 3 "kernels.*symbolic link" "$lfce" cache verify --remove
+    [ "$(ls "$work/elsewhere/kernels" | wc -l)" -eq 13 ] || fail "files behind the link were removed: $(ls "$work/elsewhere/kernels")" ;;
+  cache_clear_on_a_read_only_cache_names_what_stays)
+    fill_cache
+    chmod -R a+rX "$work" && chmod a-w "$LFCE_CACHE_DIR/kernels" "$LFCE_CACHE_DIR/locks"
+    expect_status 3 "cannot remove.*kernels/.*json" as_nobody "$lfce" cache clear
+    key=$(first_key)
+    head -c 10 "$LFCE_CACHE_DIR/kernels/$key.ptx" >"$work/short" && cat "$work/short" >"$LFCE_CACHE_DIR/kernels/$key.ptx"
+    expect_status 3 "cannot remove.*$key" as_nobody "$lfce" cache verify --remove ;;
+  cache_ls_and_verify_survive_a_huge_creation_time)
+    fill_cache
+    key=$(first_key)
+    for created in 100000000000000000 1e300; do
+      set_metadata "$key" "j['created_unix'] = $created"
+      "$lfce" cache ls >"$work/out" 2>&1 || fail "cache ls with created_unix = $created: $(cat "$work/out")"
+      "$lfce" cache verify >"$work/out" 2>&1
+      [ $? -eq 1 ] || fail "verify did not flag created_unix = $created: $(cat "$work/out")"
+      grep -q "$key.*created_unix" "$work/out" || fail "verify did not name $key's created_unix: $(cat "$work/out")"
+    done ;;
+  cache_verify_flags_a_changed_launch_shape)
+    fill_cache
+    key=$(first_key)
+    set_metadata "$key" "j['threads'] //= 2"
+    "$lfce" cache verify >"$work/out" 2>&1 && fail "verify passed an entry whose threads were halved"
+    grep -q "$key.*checksum" "$work/out" || fail "verify did not name $key's checksum: $(cat "$work/out")" ;;
+  cache_verify_does_not_hang_on_a_fifo)
+    fill_cache
+    key=$(first_key)
+    rm "$LFCE_CACHE_DIR/kernels/$key.ptx" && mkfifo "$LFCE_CACHE_DIR/kernels/$key.ptx"
+    timeout 20 "$lfce" cache verify >"$work/out" 2>&1
+    status=$?
+    [ "$status" -ne 124 ] || fail "verify hangs on a FIFO in place of a payload"
+    [ "$status" -eq 1 ] || fail "verify exited $status: $(cat "$work/out")"
+    grep -q "$key.ptx.*not a regular file" "$work/out" || fail "verify did not name the FIFO: $(cat "$work/out")"
+    timeout 60 "$lfce" precompile --model llama2-7b --arch sm_80 --tokens 64 >"$work/out" 2>&1
+    status=$?
+    [ "$status" -ne 124 ] || fail "precompile hangs on a FIFO in place of a payload"
+    [ "$status" -eq 0 ] || fail "precompile exited $status: $(cat "$work/out")" ;;
+  cache_verify_escapes_control_characters)
+    fill_cache
+    key=$(first_key)
+    set_metadata "$key" "j['generator_version'] = '\x1b]0;pwned\x07\x1b[31m'"
+    "$lfce" cache verify >"$work/out" 2>&1 && fail "verify passed a foreign entry"
+    grep -q "$(printf '\033')" "$work/out" && fail "verify printed a raw escape sequence: $(cat -v "$work/out")"
+    grep -qF '\x1b' "$work/out" || fail "verify did not show the escape as text: $(cat -v "$work/out")" ;;
+  cache_clear_rejects_a_nan_or_negative_age)
+    fill_cache
+    expect_status 2 "older-than.*nan" "$lfce" cache clear --older-than nan
+    expect_status 2 "older-than.*-1" "$lfce" cache clear --older-than -1
+    expect_status 2 "older-than.*inf" "$lfce" cache clear --older-than inf
+    [ "$(ls "$LFCE_CACHE_DIR"/kernels/*.json | wc -l)" -eq 6 ] || fail "entries were removed" ;;
+  cache_dir_must_not_be_empty)
+    expect_status 2 "cache-dir" "$lfce" cache ls --cache-dir ""
+    expect_status 2 "cache-dir" "$lfce" precompile --model llama2-7b --cache-dir ""
+    expect_status 2 "cache-dir" "$lfce" tune --model llama2-7b --cache-dir "" ;;
+  precompile_rejects_an_empty_arch_list)
+    expect_status 2 "arch.*',,,'" "$lfce" precompile --model llama2-7b --arch ,,,
+    expect_status 2 "arch" "$lfce" precompile --model llama2-7b --arch ""
+    expect_status 2 "arch.*sm_90a,,sm_80" "$lfce" precompile --model llama2-7b --arch sm_90a,,sm_80 ;;
+  options_reject_nan_and_overflowing_numbers)
+    expect_status 2 "budget-minutes.*nan" "$lfce" tune --model llama2-7b --budget-minutes nan
+    expect_status 2 "budget-mib.*17592186044416" "$lfce" compile --vocab 100 --hidden 16 --budget-mib 17592186044416 -o "$work/x" ;;
+  compile_fails_on_a_full_disk)
+    mkdir -p "$work/full"
+    ln -s /dev/full "$work/full/lse_forward.ptx"
+    expect_status 3 "$work/full/lse_forward.ptx.*No space left" "$lfce" compile --vocab 100 --hidden 16 -o "$work/full" ;;
+  compile_fails_on_a_read_only_folder)
+    mkdir -p "$work/ro" && chmod -R a+rX "$work" && chmod a-w "$work/ro"
+    expect_status 3 "$work/ro/.*Permission denied" as_nobody "$lfce" compile --vocab 100 --hidden 16 -o "$work/ro" ;;
+  exit_status_tells_usage_errors_from_failures)
+    "$lfce" --help | grep -q "Exit status" || fail "lfce --help does not document the exit status"
+    expect_status 2 "vocab" "$lfce" compile --vocab 0 --hidden 16
+    expect_status 2 "gpt-9" "$lfce" precompile --model gpt-9
+    mkdir -p "$work/full" && ln -s /dev/full "$work/full/lse_forward.ptx"
+    expect_status 3 "No space left" "$lfce" compile --vocab 100 --hidden 16 -o "$work/full"
+    grep -q -- "--output\|--vocab\|--arch" "$work/err" && fail "a write failure was blamed on an option: $(cat "$work/err")"
+    true ;;
   *)
     fail "unknown test $test" ;;
 esac

@@ -122,3 +122,4 @@ def test_a_new_process_loads_cached_cubins_without_compiling(tmp_path):
     assert all(k["llvm_ms"] == 0 and k["jit_ms"] == 0 for k in warm), warm
     print("cold ms per kernel (LLVM + JIT):", [round(k["llvm_ms"] + k["jit_ms"], 1) for k in cold])
     print("warm load ms per kernel:", [round(k["total_ms"], 2) for k in warm])
+

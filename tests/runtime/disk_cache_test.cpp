@@ -7,7 +7,13 @@
 #include <spdlog/spdlog.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <sys/stat.h>
 #include <utime.h>
+
+#include <cmath>
+#include <csignal>
+#include <functional>
+#include <limits>
 
 #include <cstdlib>
 #include <filesystem>
@@ -479,9 +485,11 @@ TEST(DiskCache, VerifyReportsAndRemovesBadEntriesAndLeftovers) {
   const std::string kernels = dir.path() + "/kernels/";
   fs::resize_file(kernels + bad.record.key + ".ptx", 3);
   // Leftovers of interrupted writes, an hour old (younger ones may be writes in progress).
-  write_text(kernels + ".tmp-x.ptx-abcdef", "partial");
-  write_text(kernels + "0000.ptx", "orphan");
-  for (const char* name : {".tmp-x.ptx-abcdef", "0000.ptx"}) {
+  const std::string orphan = ptx_key(small_spec(KernelKind::GradBias)) + ".ptx";
+  const std::string temp = ".tmp-" + good.record.key + ".json-a1B2c3";
+  write_text(kernels + temp, "partial");
+  write_text(kernels + orphan, "orphan");
+  for (const std::string& name : {temp, orphan}) {
     const utimbuf old{std::time(nullptr) - 3600, std::time(nullptr) - 3600};
     utime((kernels + name).c_str(), &old);
   }
@@ -494,7 +502,7 @@ TEST(DiskCache, VerifyReportsAndRemovesBadEntriesAndLeftovers) {
     EXPECT_FALSE(b.removed);
     EXPECT_FALSE(b.problem.empty());
   }
-  EXPECT_EQ(files, (std::set<std::string>{bad.record.key + ".ptx", ".tmp-x.ptx-abcdef", "0000.ptx"}));
+  EXPECT_EQ(files, (std::set<std::string>{bad.record.key + ".ptx", temp, orphan}));
   for (const BadEntry& b : cache.verify(true).bad) EXPECT_TRUE(b.removed) << b.file;
   const VerifyReport after = cache.verify(false);
   EXPECT_EQ(after.checked, 1u);
@@ -517,6 +525,315 @@ TEST(DiskCache, ClearRemovesEntriesOlderThanTheGivenDays) {
   EXPECT_EQ(cache.clear().removed, 1u);
   EXPECT_TRUE(cache.list().empty());
   EXPECT_TRUE(fs::is_empty(dir.path() + "/kernels"));
+}
+
+// ---- what the cache may touch: key-shaped names it wrote, never through a link ----
+
+// Files a user keeps in the cache's folders: clear and verify must leave them alone. Aged an
+// hour, so that none is a write in progress.
+const std::vector<std::string> kUserFiles = {"notes.txt", "model.json", "weights.ptx", "0000.cubin", ".tmp-mine"};
+
+void put_user_files(const std::string& folder) {
+  fs::create_directories(folder);
+  for (const std::string& name : kUserFiles) {
+    write_text(folder + "/" + name, "mine\n");
+    const utimbuf old{std::time(nullptr) - 3600, std::time(nullptr) - 3600};
+    utime((folder + "/" + name).c_str(), &old);
+  }
+}
+
+void expect_user_files(const std::string& folder) {
+  for (const std::string& name : kUserFiles)
+    EXPECT_EQ(read_text(folder + "/" + name), "mine\n") << folder << "/" << name << " was touched";
+}
+
+TEST(DiskCache, ClearAndVerifyLeaveFilesWhoseNamesAreNotKeys) {
+  TempDir dir;
+  DiskCache cache(dir.path());
+  const Entry e = fake_ptx_entry(small_spec());
+  cache.store(e);
+  put_user_files(dir.path() + "/kernels");
+  put_user_files(dir.path() + "/locks");
+  const VerifyReport report = cache.verify(true);
+  EXPECT_TRUE(report.bad.empty()) << report.bad.front().file << ": " << report.bad.front().problem;
+  EXPECT_EQ(cache.clear().removed, 1u);
+  EXPECT_FALSE(fs::exists(dir.path() + "/kernels/" + e.record.key + ".json"));
+  expect_user_files(dir.path() + "/kernels");
+  expect_user_files(dir.path() + "/locks");
+}
+
+// `<cache>/kernels` is a link to another cache's entries (and the user's files there).
+std::string link_kernels_elsewhere(const TempDir& dir) {
+  const std::string elsewhere = dir.path() + "/elsewhere";
+  DiskCache(elsewhere).store(fake_ptx_entry(small_spec()));
+  put_user_files(elsewhere + "/kernels");
+  fs::create_directories(dir.path() + "/cache");
+  fs::create_directory_symlink(elsewhere + "/kernels", dir.path() + "/cache/kernels");
+  return elsewhere + "/kernels";
+}
+
+void expect_untouched(const std::string& kernels) {
+  std::size_t files = 0;
+  for (auto it = fs::directory_iterator(kernels); it != fs::directory_iterator(); ++it) ++files;
+  EXPECT_EQ(files, kUserFiles.size() + 2) << "files behind the link were removed";
+  expect_user_files(kernels);
+}
+
+void expect_refused_link(const std::function<void()>& call, const std::string& link) {
+  try {
+    call();
+    FAIL() << "a symbolic link at " << link << " was followed";
+  } catch (const CacheError& e) {
+    EXPECT_TRUE(contains(e.what(), link)) << e.what();
+    EXPECT_TRUE(contains(e.what(), "symbolic link")) << e.what();
+  }
+}
+
+TEST(DiskCache, ClearRefusesAKernelsFolderThatIsASymbolicLink) {
+  TempDir dir;
+  const std::string target = link_kernels_elsewhere(dir);
+  DiskCache cache(dir.path() + "/cache");
+  expect_refused_link([&] { cache.clear(); }, dir.path() + "/cache/kernels");
+  expect_untouched(target);
+}
+
+TEST(DiskCache, VerifyRefusesAKernelsFolderThatIsASymbolicLink) {
+  TempDir dir;
+  const std::string target = link_kernels_elsewhere(dir);
+  DiskCache cache(dir.path() + "/cache");
+  expect_refused_link([&] { cache.verify(true); }, dir.path() + "/cache/kernels");
+  expect_untouched(target);
+}
+
+TEST(DiskCache, KeepsEntriesInMemoryWhenTheKernelsFolderIsASymbolicLink) {
+  TempDir dir;
+  const std::string target = link_kernels_elsewhere(dir);
+  LogCapture log;
+  DiskCache cache(dir.path() + "/cache");
+  CountingProducer producer{fake_ptx_entry(small_spec(KernelKind::LseCombine))};
+  EXPECT_FALSE(producer(cache).hit);
+  EXPECT_TRUE(producer(cache).hit);
+  EXPECT_FALSE(cache.persistent());
+  EXPECT_FALSE(cache.load(fake_ptx_entry(small_spec()).record.key)) << "read through the link";
+  EXPECT_TRUE(contains(log.text(), dir.path() + "/cache/kernels")) << log.text();
+  EXPECT_TRUE(contains(log.text(), "symbolic link")) << log.text();
+  expect_untouched(target);
+}
+
+TEST(DiskCache, FollowsACacheRootLinkTheUserNamed) {
+  TempDir dir;
+  fs::create_directories(dir.path() + "/real");
+  fs::create_directory_symlink(dir.path() + "/real", dir.path() + "/link");
+  const Entry e = fake_ptx_entry(small_spec());
+  DiskCache(dir.path() + "/link").store(e);
+  EXPECT_TRUE(fs::exists(dir.path() + "/real/kernels/" + e.record.key + ".json"));
+  EXPECT_TRUE(DiskCache(dir.path() + "/link").load(e.record.key));
+}
+
+TEST(DiskCache, RefusesADerivedCacheRootThatIsASymbolicLink) {
+  TempDir dir;
+  fs::create_directories(dir.path() + "/real");
+  fs::create_directory_symlink(dir.path() + "/real", dir.path() + "/lfce");
+  LogCapture log;
+  DiskCache cache(dir.path() + "/lfce", /*named_by_user=*/false);
+  cache.store(fake_ptx_entry(small_spec()));
+  EXPECT_FALSE(cache.persistent());
+  EXPECT_TRUE(fs::is_empty(dir.path() + "/real"));
+  EXPECT_TRUE(contains(log.text(), dir.path() + "/lfce")) << log.text();
+  EXPECT_TRUE(contains(log.text(), "LFCE_CACHE_DIR")) << log.text();
+  expect_refused_link([&] { cache.clear(); }, dir.path() + "/lfce");
+}
+
+TEST(DiskCache, DoesNotCreateAFileThroughALockFileLink) {
+  TempDir dir;
+  DiskCache cache(dir.path() + "/cache");
+  CountingProducer producer{fake_ptx_entry(small_spec())};
+  const std::string victim = dir.path() + "/victim";
+  fs::create_symlink(victim, dir.path() + "/cache/locks/" + producer.entry.record.key + ".lock");
+  EXPECT_FALSE(producer(cache).hit);
+  EXPECT_FALSE(fs::exists(victim)) << "the lock file's link was followed";
+  EXPECT_TRUE(cache.load(producer.entry.record.key));
+}
+
+// Checks made by a process that cannot write the folders of `dir`, which holds the entry of
+// small_spec(): clear and verify --remove say what they could not remove, and leave the entry
+// whole. 0 if all pass, else the number of the first that failed.
+int read_only_removal_checks(const std::string& dir) {
+  DiskCache cache(dir);
+  const std::string key = ptx_key(small_spec());
+  const ClearReport cleared = cache.clear();
+  if (cleared.removed != 0 || cleared.failures.size() != 2) return 1;  // the entry's metadata, the leftover
+  const std::string failures = cleared.failures[0] + "\n" + cleared.failures[1];
+  if (!contains(failures, "cannot remove " + dir + "/kernels/" + key + ".json")) return 2;
+  if (!contains(failures, "Permission denied")) return 3;
+  if (!cache.load(key)) return 4;  // the payload stays with its metadata
+  const VerifyReport verified = cache.verify(true);
+  if (verified.bad.size() != 1 || verified.bad[0].removed) return 5;
+  if (!contains(verified.bad[0].not_removed, "cannot remove " + dir + "/kernels/")) return 6;
+  return 0;
+}
+
+TEST(DiskCache, ClearAndVerifySayWhatAReadOnlyFolderKeeps) {
+  TempDir dir;
+  const Entry e = fake_ptx_entry(small_spec());
+  DiskCache(dir.path()).store(e);
+  // A leftover for verify --remove to flag, an hour old.
+  const std::string leftover = dir.path() + "/kernels/" + ptx_key(small_spec(KernelKind::GradBias)) + ".ptx";
+  write_text(leftover, "orphan");
+  const utimbuf old{std::time(nullptr) - 3600, std::time(nullptr) - 3600};
+  utime(leftover.c_str(), &old);
+  for (const std::string& d : {dir.path() + "/kernels", dir.path() + "/locks", dir.path()})
+    fs::permissions(d, fs::perms::owner_read | fs::perms::owner_exec | fs::perms::group_read |
+                           fs::perms::group_exec | fs::perms::others_read | fs::perms::others_exec);
+  const pid_t child = fork();  // as user nobody: root ignores permissions
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    if (geteuid() == 0 && (setgid(65534) != 0 || setuid(65534) != 0)) _exit(100);
+    _exit(read_only_removal_checks(dir.path()));
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  ASSERT_NE(WEXITSTATUS(status), 100) << "could not drop root privileges to test a read-only directory";
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "read_only_removal_checks failed at check " << WEXITSTATUS(status);
+}
+
+// ---- files that are not what they should be ----
+
+// Runs `body` in a child process that is killed after `seconds`: a test of something that
+// used to hang fails instead of hanging the suite. `body` returns 0 when its checks pass.
+void expect_finishes(const std::function<int()>& body, unsigned seconds = 10) {
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    alarm(seconds);
+    _exit(body());
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_FALSE(WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM) << "hung for " << seconds << " s";
+  ASSERT_TRUE(WIFEXITED(status)) << "died of signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "check " << WEXITSTATUS(status) << " failed";
+}
+
+void replace_with_fifo(const std::string& path) {
+  fs::remove(path);
+  ASSERT_EQ(mkfifo(path.c_str(), 0644), 0) << path;
+}
+
+TEST(DiskCache, AFifoInPlaceOfAPayloadIsAMissNotAHang) {
+  TempDir dir;
+  const Entry e = fake_ptx_entry(small_spec());
+  DiskCache(dir.path()).store(e);
+  replace_with_fifo(dir.path() + "/kernels/" + e.record.key + ".ptx");
+  expect_finishes([&] {
+    DiskCache cache(dir.path());
+    if (cache.load(e.record.key)) return 1;
+    const VerifyReport report = cache.verify(false);
+    if (report.bad.size() != 1 || !contains(report.bad[0].problem, "not a regular file")) return 2;
+    CountingProducer producer{e};
+    if (producer(cache).hit || !cache.persistent()) return 3;  // the FIFO is replaced by the new payload
+    return DiskCache(dir.path()).load(e.record.key) ? 0 : 4;
+  });
+}
+
+TEST(DiskCache, AFifoInPlaceOfMetadataIsFlaggedNotAHang) {
+  TempDir dir;
+  const Entry e = fake_ptx_entry(small_spec());
+  DiskCache(dir.path()).store(e);
+  replace_with_fifo(dir.path() + "/kernels/" + e.record.key + ".json");
+  expect_finishes([&] {
+    DiskCache cache(dir.path());
+    if (cache.load(e.record.key)) return 1;
+    const VerifyReport report = cache.verify(false);
+    if (report.bad.size() != 1 || !contains(report.bad[0].file, e.record.key + ".json")) return 2;
+    return 0;
+  });
+}
+
+TEST(DiskCache, ADirectoryInPlaceOfAPayloadKeepsOnlyThatEntryInMemory) {
+  TempDir dir;
+  CountingProducer blocked{fake_ptx_entry(small_spec())}, other{fake_ptx_entry(small_spec(KernelKind::LseCombine))};
+  const std::string in_the_way = dir.path() + "/kernels/" + blocked.entry.record.key + ".ptx";
+  fs::create_directories(in_the_way);
+  LogCapture log;
+  DiskCache cache(dir.path());
+  EXPECT_FALSE(blocked(cache).hit);
+  EXPECT_TRUE(blocked(cache).hit);  // kept in memory
+  EXPECT_EQ(blocked.calls, 1);
+  EXPECT_TRUE(cache.persistent());
+  EXPECT_TRUE(contains(log.text(), in_the_way)) << log.text();
+  EXPECT_FALSE(other(cache).hit);
+  EXPECT_TRUE(DiskCache(dir.path()).load(other.entry.record.key)) << "persistence was lost for other entries";
+}
+
+TEST(DiskCache, FlagsAHugeSparsePayloadWithoutReadingIt) {
+  TempDir dir;
+  const Entry e = fake_ptx_entry(small_spec());
+  DiskCache cache(dir.path());
+  cache.store(e);
+  const std::string kernels = dir.path() + "/kernels/";
+  const std::uint64_t huge = std::uint64_t{64} << 30;
+  fs::resize_file(kernels + e.record.key + ".ptx", huge);  // sparse: no disk space used
+  json j = json::parse(read_text(kernels + e.record.key + ".json"));
+  j["payload"]["bytes"] = huge;
+  write_text(kernels + e.record.key + ".json", j.dump());
+  const VerifyReport report = cache.verify(false);
+  ASSERT_EQ(report.bad.size(), 1u);
+  EXPECT_TRUE(contains(report.bad[0].problem, std::to_string(huge))) << report.bad[0].problem;
+  EXPECT_FALSE(cache.load(e.record.key));
+}
+
+// ---- metadata: checksummed, and every field checked before use ----
+
+TEST(DiskCache, RegeneratesAnEntryWhoseLaunchShapeWasChanged) {
+  for (const auto& [field, value] : std::vector<std::pair<std::string, json>>{
+           {"threads", 128}, {"entry", "other"}, {"dynamic_smem_bytes", 0}, {"registers", 32}}) {
+    SCOPED_TRACE(field);
+    expect_recovery(
+        [&](const std::string& kernels, const Entry& e) {
+          json j = json::parse(read_text(kernels + e.record.key + ".json"));
+          j[field] = value;
+          write_text(kernels + e.record.key + ".json", j.dump(2));
+        },
+        "metadata checksum");
+  }
+}
+
+TEST(DiskCache, VerifyFlagsAnImplausibleCreationTime) {
+  for (const json& created : {json(std::int64_t{100000000000000000}), json(1e300), json(-5)}) {
+    SCOPED_TRACE(created.dump());
+    TempDir dir;
+    DiskCache cache(dir.path());
+    const Entry e = fake_ptx_entry(small_spec());
+    cache.store(e);
+    const std::string path = dir.path() + "/kernels/" + e.record.key + ".json";
+    json j = json::parse(read_text(path));
+    j["created_unix"] = created;
+    write_text(path, j.dump());
+    const VerifyReport report = cache.verify(false);
+    ASSERT_EQ(report.bad.size(), 1u);
+    EXPECT_TRUE(contains(report.bad[0].problem, "created_unix")) << report.bad[0].problem;
+    EXPECT_TRUE(cache.list().empty());
+  }
+}
+
+TEST(DiskCache, ClearRejectsANegativeOrNonFiniteAge) {
+  TempDir dir;
+  DiskCache cache(dir.path());
+  cache.store(fake_ptx_entry(small_spec()));
+  for (double days : {std::nan(""), -1.0, -std::numeric_limits<double>::infinity(),
+                      std::numeric_limits<double>::infinity()}) {
+    try {
+      cache.clear(days);
+      ADD_FAILURE() << "clear(" << days << ") was accepted";
+    } catch (const std::invalid_argument& e) {
+      std::ostringstream value;
+      value << days;
+      EXPECT_TRUE(contains(e.what(), value.str())) << e.what();
+    }
+  }
+  EXPECT_EQ(cache.list().size(), 1u);
 }
 
 // ---- through LLVM: ptx_for and precompile, in this process and in others ----

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -96,6 +97,40 @@ TEST_F(KernelCacheGpu, ReplacesADamagedCubin) {
   fs::resize_file(path, fs::file_size(path) / 2);
   const std::string again = run_helpers(dir_, "load", specs, 1).at(0).at(0);
   EXPECT_EQ(field(again, "source"), "ptx-cache") << again;  // compiled again from the PTX entry
+  const std::string warm = run_helpers(dir_, "load", specs, 1).at(0).at(0);
+  EXPECT_EQ(field(warm, "source"), "cubin-cache") << warm;
+}
+
+// A cubin whose checksums are right but which does not load (its entry name is not in the
+// module: CUDA_ERROR_NOT_FOUND, a driver error rather than a JIT one) is removed and rebuilt.
+TEST_F(KernelCacheGpu, RebuildsACachedCubinThatDoesNotLoad) {
+  const std::vector<std::string> specs = {llama3_specs().at(1)};
+  run_helpers(dir_, "load", specs, 1);
+  const DeviceInfo& info = device_info(0);
+  const std::string key =
+      cubin_key(ptx_key(KernelSpec::parse(specs[0])), {info.cc_major, info.cc_minor, driver_version()});
+  DiskCache cache(dir_);
+  std::optional<Entry> cubin = cache.load(key);
+  ASSERT_TRUE(cubin);
+  cubin->record.entry = "no_such_kernel";
+  cache.store(*cubin);  // sealed again: only loading it can tell
+  const std::string again = run_helpers(dir_, "load", specs, 1).at(0).at(0);
+  EXPECT_EQ(field(again, "source"), "ptx-cache") << again;
+  const std::string warm = run_helpers(dir_, "load", specs, 1).at(0).at(0);
+  EXPECT_EQ(field(warm, "source"), "cubin-cache") << warm;
+}
+
+// A PTX entry whose checksums are right but which the driver's JIT rejects is generated again.
+TEST_F(KernelCacheGpu, RegeneratesACachedPtxTheDriverRejects) {
+  const std::vector<std::string> specs = {llama3_specs().at(1)};
+  run_helpers(dir_, "precompile", specs, 1);
+  DiskCache cache(dir_);
+  std::optional<Entry> ptx = cache.load(ptx_key(KernelSpec::parse(specs[0])));
+  ASSERT_TRUE(ptx);
+  ptx->payload = ".version 8.0\n.target sm_80\n.address_size 64\nthis is not PTX\n";
+  cache.store(*ptx);  // sealed again: only the driver can tell
+  const std::string line = run_helpers(dir_, "load", specs, 1).at(0).at(0);
+  EXPECT_EQ(field(line, "source"), "llvm") << line;
   const std::string warm = run_helpers(dir_, "load", specs, 1).at(0).at(0);
   EXPECT_EQ(field(warm, "source"), "cubin-cache") << warm;
 }
