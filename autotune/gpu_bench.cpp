@@ -135,19 +135,20 @@ class GpuBench final : public Bench {
 
  private:
   void run(bool fwd, const Tuning& tuning) {
+    const auto plan = [&](const runtime::Problem& p, int) { return runtime::Plan(p, arch_, tuning); };
     if (fwd) {
       lfce_forward_args a{hidden_.get(), weight_.get(), p_.bias ? bias_.get() : nullptr, targets_.get(),
                           static_cast<float*>(lse_.get()), static_cast<float*>(token_loss_.get()),
                           static_cast<float*>(loss_.get()), static_cast<float*>(count_.get()), forward_ws_.get(),
                           forward_ws_.bytes(), device_, nullptr};
-      runtime::forward(p_, a, tuning);
+      runtime::forward(p_, a, plan);
     } else {
       lfce_backward_args a{hidden_.get(), weight_.get(), p_.bias ? bias_.get() : nullptr, targets_.get(),
                            static_cast<const float*>(lse_.get()), static_cast<const float*>(count_.get()),
                            static_cast<const float*>(grad_loss_.get()), grad_hidden_.get(), grad_weight_.get(),
                            p_.bias ? grad_bias_.get() : nullptr, backward_ws_.get(), backward_ws_.bytes(), device_,
                            nullptr};
-      runtime::backward(p_, a, tuning);
+      runtime::backward(p_, a, plan);
     }
   }
 

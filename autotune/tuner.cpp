@@ -160,7 +160,6 @@ TuneResult tune_with(Bench& bench, const Problem& problem, Arch arch, const Tune
         fatal.error = std::string("fatal: ") + e.what();
         entry.records.push_back({c, fatal});
         save_or_warn(store, entry, warned);
-        forget_memoized_tunings();
         throw;
       }
       if (!m.ok()) spdlog::info("{} {}: {}", kind_name(s.kind), c.text(), m.error);
@@ -174,7 +173,6 @@ TuneResult tune_with(Bench& bench, const Problem& problem, Arch arch, const Tune
     if (!s.todo.empty()) meter.finish(s.kind);
   }
   result.tuning = fixed;
-  forget_memoized_tunings();  // the next lookup_tuning() reads the new winners
   return result;
 }
 

@@ -63,7 +63,7 @@ struct KindResult {
 struct TuneResult {
   std::vector<KindResult> kinds;
   bool stopped_by_budget = false;
-  runtime::Tuning tuning;  // the winners together, as lookup_tuning() will now return them
+  runtime::Tuning tuning;  // the winners together, as the Session will now read them
 };
 
 // What a sweep measures with: the GPU in tune(), a fake in tests.

@@ -6,7 +6,6 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <stdexcept>
@@ -16,7 +15,6 @@
 #include "compiler/errors.h"
 #include "runtime/cache_files.h"
 #include "runtime/disk_cache.h"
-#include "runtime/options.h"
 
 namespace lfce::autotune {
 namespace {
@@ -101,10 +99,6 @@ void write_entry(const fs::path& path, const std::string& text) {
 
 }  // namespace
 
-bool autotune_on_first_use_from_env() {
-  return runtime::Options::from_env().autotune_on_first_use;
-}
-
 int64_t token_bucket(int64_t tokens) { return next_pow2(tokens, "tuning N bucket"); }
 
 TuningKey TuningKey::of(KernelKind kind, const Problem& p, Arch arch) {
@@ -181,65 +175,4 @@ Tuning stored_tuning(const TuningStore& store, const Problem& problem, Arch arch
   return tuning;
 }
 
-namespace {
-
-struct Memo {
-  std::mutex mutex;
-  std::map<std::string, Tuning> tunings;  // by cache dir and problem key
-};
-
-Memo& memo() {
-  static Memo* instance = new Memo;  // leaked: launches may run during static destruction
-  return *instance;
-}
-
-}  // namespace
-
-void forget_memoized_tunings() {
-  std::lock_guard<std::mutex> lock(memo().mutex);
-  memo().tunings.clear();
-}
-
 }  // namespace lfce::autotune
-
-namespace lfce::runtime {
-
-// Called on every forward and backward: the files are read once per problem key and process.
-Tuning lookup_tuning(const Problem& problem, Arch arch, int device) {
-  using namespace lfce::autotune;
-  const std::string cache_dir = runtime::default_cache_dir();
-  TuningKey key = TuningKey::of(KernelKind::LseForward, problem, arch);
-  const std::string memo_key = cache_dir + "|" + key.text();
-  {
-    std::lock_guard<std::mutex> lock(memo().mutex);
-    if (auto it = memo().tunings.find(memo_key); it != memo().tunings.end()) return it->second;
-  }
-  TuningStore store(cache_dir);
-  std::optional<Tuning> tuned;
-  if (device >= 0 && autotune_on_first_use_from_env()) {  // device < 0: offline, nothing to tune on
-    // One sweep at a time; a thread that waited here finds the winners stored and skips.
-    static std::mutex tuning_mutex;
-    std::lock_guard<std::mutex> lock(tuning_mutex);
-    bool missing = false;
-    for (KernelKind kind : tuned_kinds()) missing = missing || !store.load(TuningKey::of(kind, problem, arch));
-    if (missing) {
-      spdlog::info("LFCE_AUTOTUNE=1: tuning {} before its first use", key.text());
-      try {
-        TuneOptions options;
-        options.cache_dir = cache_dir;
-        // The small space: first use happens inside a training job, which should not stall
-        // for the default space's quarter of an hour. `lfce tune` sweeps the full one.
-        options.space = "small";
-        tuned = tune(problem, device, options).tuning;  // also right where nothing persists
-      } catch (const std::exception& e) {
-        // Tuning is an optimisation: a failed sweep must not fail the training step.
-        spdlog::warn("autotuning {} failed, running untuned: {}", key.text(), e.what());
-      }
-    }
-  }
-  Tuning tuning = tuned ? *tuned : stored_tuning(store, problem, arch);
-  std::lock_guard<std::mutex> lock(memo().mutex);
-  return memo().tunings.emplace(memo_key, tuning).first->second;
-}
-
-}  // namespace lfce::runtime

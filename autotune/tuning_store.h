@@ -1,8 +1,8 @@
 // Persisted tuning results: one JSON file per (kernel kind, V, H, dtype, mode, bias,
 // reduction, target dtype, arch, N bucket) under <cache dir>/tuning/ (the kernel disk cache's
-// directory, runtime::default_cache_dir()), holding the key, every
-// candidate measured with its median time (or its failure), and so the winner. The runtime
-// reads winners through lookup_tuning() (runtime/tuning.h); the tuner writes them.
+// directory), holding the key, every candidate measured with its median time (or its failure),
+// and so the winner. The tuner writes them; the api layer's Session reads the winners through
+// stored_tuning(), once per problem and cache directory.
 #pragma once
 
 #include <cstdint>
@@ -17,9 +17,6 @@
 #include "runtime/tuning.h"
 
 namespace lfce::autotune {
-
-// LFCE_AUTOTUNE=1: tune a problem on first use when no winners are stored.
-bool autotune_on_first_use_from_env();
 
 // N is a run-time argument of every kernel, so nearby token counts share one tuning: the
 // bucket is the next power of two of N (SpecError beyond 2^62; problems stop at kMaxTokens).
@@ -92,9 +89,5 @@ class TuningStore {
 // A Tuning from the stored winners of every tuned kind for `problem` on `arch`; kinds without
 // a usable winner keep the defaults. Logs each winner used, with its file.
 runtime::Tuning stored_tuning(const TuningStore& store, const runtime::Problem& problem, Arch arch);
-
-// Drops lookup_tuning()'s in-memory results, so the next lookup reads the files again (the
-// tuner calls it after saving; tests after changing the cache directory).
-void forget_memoized_tunings();
 
 }  // namespace lfce::autotune

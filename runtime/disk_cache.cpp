@@ -357,8 +357,9 @@ std::string not_removed_message(const std::vector<std::string>& failures) {
   return text;
 }
 
-CacheLocation default_cache_location() {
-  const Options options = Options::from_env();
+CacheLocation default_cache_location() { return default_cache_location(Options::current()); }
+
+CacheLocation default_cache_location(const Options& options) {
   if (!options.cache_dir_env.empty()) return {options.cache_dir_env, true};
   // The XDG spec says to ignore a relative XDG_CACHE_HOME.
   if (options.xdg_cache_home.rfind('/', 0) == 0) return {options.xdg_cache_home + "/lfce", false};

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "compiler/kernel_spec.h"
+#include "runtime/options.h"
 #include "lfce_generator_version.h"  // generated: LFCE_GENERATOR_VERSION
 
 namespace lfce::runtime {
@@ -48,7 +49,8 @@ struct CacheLocation {
 
 // $LFCE_CACHE_DIR, else $XDG_CACHE_HOME/lfce, else ~/.cache/lfce. The only place the cache
 // reads the environment.
-CacheLocation default_cache_location();
+CacheLocation default_cache_location(const Options& options);  // from these options
+CacheLocation default_cache_location();                         // from Options::current()
 std::string default_cache_dir();  // default_cache_location().dir
 
 // The cache's folders cannot be used as asked: a symbolic link where a folder should be, or

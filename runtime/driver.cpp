@@ -169,7 +169,7 @@ void resolve(GetProcAddress get_proc, const char* symbol, Fn& function) {
 // Runs once per process. Never dlclose'd and never freed: modules destroyed
 // during static destruction may still call cuModuleUnload through it.
 const Driver* load() {
-  const std::string path = Options::from_env().libcuda;
+  const std::string path = Options::current().libcuda;
   void* library = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (!library) {
     const char* reason = dlerror();
@@ -297,6 +297,13 @@ DeviceState& device_state(const Driver& d, int ordinal) {
   check(d.cuDeviceGetName(name, sizeof(name) - 1, state.handle),
         "cuDeviceGetName");
   state.info.name = name;
+  // Forced limits (Options: a smaller GPU, for tests): tiles, grids and the loader's shared-
+  // memory check then all see the smaller device.
+  const Options options = Options::current();
+  if (options.device_smem_limit > 0 && options.device_smem_limit < state.info.max_smem_optin)
+    state.info.max_smem_optin = static_cast<int>(options.device_smem_limit);
+  if (options.device_sm_count > 0 && options.device_sm_count < state.info.sm_count)
+    state.info.sm_count = static_cast<int>(options.device_sm_count);
   return devices.emplace(ordinal, std::move(state)).first->second;
 }
 

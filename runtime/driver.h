@@ -120,6 +120,8 @@ void check(CUresult status, const char* call);
 struct DeviceInfo {
   int ordinal = 0;
   int cc_major = 0, cc_minor = 0;
+  // The device's own, or less where Options force a smaller GPU (LFCE_DEVICE_SM_COUNT,
+  // LFCE_DEVICE_SMEM_LIMIT), read at the first use of the device.
   int sm_count = 0;
   int max_smem_optin = 0;  // bytes per block with the opt-in attribute
   int max_threads_per_block = 0;

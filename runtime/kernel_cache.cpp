@@ -195,8 +195,8 @@ std::shared_ptr<DiskCache> disk_cache() {
   return slot.cache;
 }
 
-void use_cache_dir(const std::string& dir) {
-  auto cache = std::make_shared<DiskCache>(dir);
+void use_cache_dir(const std::string& dir, bool named_by_user) {
+  auto cache = std::make_shared<DiskCache>(dir, named_by_user);
   CacheSlot& slot = cache_slot();
   std::lock_guard<std::mutex> lock(slot.mutex);
   slot.cache = std::move(cache);

@@ -31,14 +31,7 @@ void require_workspace(void* workspace, size_t given, size_t needed, const char*
 
 char* at(void* base, size_t offset) { return static_cast<char*>(base) + offset; }
 
-// The plan with `tuning` if given, else with the looked-up one.
-Plan plan_with(const Problem& problem, int device, const Tuning* tuning) {
-  if (!tuning) return plan_for_device(problem, device);
-  return Plan(problem, device_info(device).arch(), *tuning);
-}
-
-
-void run_forward(const Problem& problem, const lfce_forward_args& a, const Tuning* tuning) {
+void run_forward(const Problem& problem, const lfce_forward_args& a, const PlanFor& plan_for) {
   require_aligned(a.hidden, "hidden");
   require_aligned(a.weight, "weight");
   if (problem.bias) require(a.bias, "bias");
@@ -48,7 +41,7 @@ void run_forward(const Problem& problem, const lfce_forward_args& a, const Tunin
   require(a.valid_count, "valid_count");
   if (problem.reduction != Reduction::None) require(a.loss, "loss");
   make_context_current(a.device);
-  const Plan plan = plan_with(problem, a.device, tuning);
+  const Plan plan = plan_for(problem, a.device);
   const auto layout = plan.forward_layout();
   require_workspace(a.workspace, a.workspace_bytes, layout.bytes, "lfce_forward");
   auto stream = static_cast<CUstream>(a.stream);
@@ -78,7 +71,7 @@ void run_forward(const Problem& problem, const lfce_forward_args& a, const Tunin
   kernel_for(a.device, plan.spec(KernelKind::LossReduce)).launch({1, 1, 1}, stream, reduce_args);
 }
 
-void run_backward(const Problem& problem, const lfce_backward_args& a, const Tuning* tuning) {
+void run_backward(const Problem& problem, const lfce_backward_args& a, const PlanFor& plan_for) {
   require_aligned(a.hidden, "hidden");
   require_aligned(a.weight, "weight");
   if (problem.bias) {
@@ -92,7 +85,7 @@ void run_backward(const Problem& problem, const lfce_backward_args& a, const Tun
   require_aligned(a.grad_hidden, "grad_hidden");
   require(a.grad_weight, "grad_weight");
   make_context_current(a.device);
-  const Plan plan = plan_with(problem, a.device, tuning);
+  const Plan plan = plan_for(problem, a.device);
   const auto layout = plan.backward_layout();
   require_workspace(a.workspace, a.workspace_bytes, layout.bytes, "lfce_backward");
   auto stream = static_cast<CUstream>(a.stream);
@@ -155,18 +148,11 @@ unsigned grid_dim(int64_t extent, int64_t tile, char axis) {
   return static_cast<unsigned>(blocks);
 }
 
-Plan plan_for_device(const Problem& problem, int device) {
-  const Arch arch = device_info(device).arch();
-  return Plan(problem, arch, lookup_tuning(problem, arch, device));
+void forward(const Problem& problem, const lfce_forward_args& args, const PlanFor& plan_for) {
+  run_forward(problem, args, plan_for);
 }
-
-void forward(const Problem& problem, const lfce_forward_args& args) { run_forward(problem, args, nullptr); }
-void backward(const Problem& problem, const lfce_backward_args& args) { run_backward(problem, args, nullptr); }
-void forward(const Problem& problem, const lfce_forward_args& args, const Tuning& tuning) {
-  run_forward(problem, args, &tuning);
-}
-void backward(const Problem& problem, const lfce_backward_args& args, const Tuning& tuning) {
-  run_backward(problem, args, &tuning);
+void backward(const Problem& problem, const lfce_backward_args& args, const PlanFor& plan_for) {
+  run_backward(problem, args, plan_for);
 }
 
 }  // namespace lfce::runtime

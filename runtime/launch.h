@@ -3,18 +3,20 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include "lfce/lfce.h"
 #include "runtime/plan.h"
 
 namespace lfce::runtime {
 
-// Run with the persisted (or default) tuning for the problem: lookup_tuning().
-void forward(const Problem& problem, const lfce_forward_args& args);
-void backward(const Problem& problem, const lfce_backward_args& args);
-// Run with an explicit tuning, as the autotuner does to measure one candidate.
-void forward(const Problem& problem, const lfce_forward_args& args, const Tuning& tuning);
-void backward(const Problem& problem, const lfce_backward_args& args, const Tuning& tuning);
+// Run `problem` on args.device with the plan `plan_for(problem, device)` returns, asked for
+// once the arguments are checked (so a bad argument is named before the driver is touched):
+// the api layer's Session gives the stored tuning's plan, the autotuner a candidate's. The
+// plan's arch must be the device's.
+using PlanFor = std::function<Plan(const Problem& problem, int device)>;
+void forward(const Problem& problem, const lfce_forward_args& args, const PlanFor& plan_for);
+void backward(const Problem& problem, const lfce_backward_args& args, const PlanFor& plan_for);
 
 // CTAs along one grid axis ('x', 'y' or 'z') for `extent` items in tiles of `tile`: ceil(extent /
 // tile), or SpecError naming the numbers when CUDA's limit (2^31 - 1 along x, 65535 along y and
@@ -22,8 +24,5 @@ void backward(const Problem& problem, const lfce_backward_args& args, const Tuni
 constexpr int64_t kMaxGridX = (int64_t{1} << 31) - 1;
 constexpr int64_t kMaxGridYZ = 65535;
 unsigned grid_dim(int64_t extent, int64_t tile, char axis);
-
-// The plan for `problem` on `device` (its arch decides the kernels).
-Plan plan_for_device(const Problem& problem, int device);
 
 }  // namespace lfce::runtime

@@ -23,7 +23,12 @@ void init_logging() {
     auto logger = spdlog::stderr_logger_mt("lfce");
     logger->set_pattern("[lfce %l] %v");
     spdlog::set_default_logger(logger);
-    const std::string level = Options::from_env().log_level;
+    std::string level;
+    try {
+      level = Options::current().log_level;
+    } catch (const std::exception&) {
+      // A malformed setting elsewhere: the call that needs it reports it; logging stays at warn.
+    }
     if (level.empty() || !set_log_level(level)) spdlog::set_level(spdlog::level::warn);
     if (!level.empty() && spdlog::get_level() == spdlog::level::warn && level != "warn")
       spdlog::warn("LFCE_LOG_LEVEL='{}' is not a level (trace, debug, info, warn, error, off); using warn", level);

@@ -1,6 +1,11 @@
 #include "runtime/options.h"
 
+#include <cerrno>
 #include <cstdlib>
+#include <mutex>
+#include <optional>
+
+#include "compiler/errors.h"
 
 namespace lfce::runtime {
 namespace {
@@ -10,7 +15,42 @@ std::string env(const char* name) {
   return value ? value : "";
 }
 
+// A positive integer setting up to `max`, or 0 when unset.
+int64_t positive_env(const char* name, int64_t max) {
+  const std::string text = env(name);
+  if (text.empty()) return 0;
+  char* end = nullptr;
+  errno = 0;
+  const long long value = std::strtoll(text.c_str(), &end, 10);
+  if (errno != 0 || end == text.c_str() || *end != '\0' || value < 1 || value > max)
+    throw SpecError(std::string(name) + " = '" + text + "' is not an integer in [1, " + std::to_string(max) + "]");
+  return value;
+}
+
+struct Current {
+  std::mutex mutex;
+  std::optional<Options> options;
+};
+
+Current& current_slot() {
+  static Current* slot = new Current;  // leaked: read during static destruction by late launches
+  return *slot;
+}
+
 }  // namespace
+
+Options Options::current() {
+  Current& slot = current_slot();
+  std::lock_guard<std::mutex> lock(slot.mutex);
+  if (!slot.options) slot.options = from_env();
+  return *slot.options;
+}
+
+void Options::set_current(const Options& options) {
+  Current& slot = current_slot();
+  std::lock_guard<std::mutex> lock(slot.mutex);
+  slot.options = options;
+}
 
 Options Options::from_env() {
   Options o;
@@ -19,7 +59,8 @@ Options Options::from_env() {
   o.cache_dir_env = env("LFCE_CACHE_DIR");
   o.xdg_cache_home = env("XDG_CACHE_HOME");
   o.home = env("HOME");
-  o.autotune_on_first_use = env("LFCE_AUTOTUNE") == "1";
+  o.device_smem_limit = positive_env("LFCE_DEVICE_SMEM_LIMIT", int64_t{1} << 30);
+  o.device_sm_count = positive_env("LFCE_DEVICE_SM_COUNT", 1 << 20);
   return o;
 }
 

@@ -3,12 +3,16 @@
 //   LFCE_LIBCUDA     the driver library to dlopen (default libcuda.so.1)
 //   LFCE_LOG_LEVEL   trace, debug, info, warn, error, off (default warn)
 //   LFCE_CACHE_DIR   kernel cache directory (else $XDG_CACHE_HOME/lfce, else ~/.cache/lfce)
-//   LFCE_AUTOTUNE    1: tune a problem with no stored winners on its first use
+//   LFCE_DEVICE_SMEM_LIMIT, LFCE_DEVICE_SM_COUNT
+//                    pretend every device has at most this much opt-in shared memory per
+//                    block (bytes) / this many SMs: tile and grid choices follow, as on a
+//                    smaller GPU (a 99 KiB RTX 4090 or L40S, a 108-SM A100) — for tests
 //
-// Read at each call rather than once, so that a process (or a test) that sets a variable
-// before first use is honoured; the callers cache what they derive from it.
+// Read once per process: current() is what the first use (or the api layer's Session, which
+// calls set_current() on reload) read.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace lfce::runtime {
@@ -19,9 +23,12 @@ struct Options {
   std::string cache_dir_env;  // LFCE_CACHE_DIR, empty if unset
   std::string xdg_cache_home;
   std::string home;
-  bool autotune_on_first_use = false;
+  int64_t device_smem_limit = 0;  // 0: the device's own
+  int64_t device_sm_count = 0;    // 0: the device's own
 
-  static Options from_env();
+  static Options from_env();  // throws SpecError naming a malformed value
+  static Options current();   // from_env() at the first call, else what set_current() set
+  static void set_current(const Options& options);
 };
 
 }  // namespace lfce::runtime

@@ -34,8 +34,4 @@ TileConfig default_tile(KernelKind kind, DType dtype);
 constexpr int64_t kDefaultForwardCtas = 132;
 constexpr int64_t kMaxForwardCtas = 1056;
 
-// The persisted tuning for this problem on `arch` (autotune/tuning_store.cpp), or the
-// defaults when none was stored. With LFCE_AUTOTUNE=1 a missing entry is tuned first.
-Tuning lookup_tuning(const Problem& problem, Arch arch, int device);
-
 }  // namespace lfce::runtime

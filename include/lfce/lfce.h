@@ -141,8 +141,13 @@ LFCE_API int lfce_generate(const lfce_problem* problem, const char* arch, lfce_k
 
 /* The cache directory in use: $LFCE_CACHE_DIR, else $XDG_CACHE_HOME/lfce, else ~/.cache/lfce. */
 LFCE_API const char* lfce_cache_dir(void);
-/* Use another cache directory from now on in this process. */
+/* Use another cache directory from now on in this process: for the kernels and the tuning winners
+ * (<dir>/tuning) alike. */
 LFCE_API int lfce_set_cache_dir(const char* dir);
+/* Reads the environment again (LFCE_LOG_LEVEL, LFCE_CACHE_DIR unless lfce_set_cache_dir chose one,
+ * LFCE_DEVICE_SMEM_LIMIT / LFCE_DEVICE_SM_COUNT for devices not used yet); the first C API call reads
+ * it once. Forgets the tunings and plans read so far. LFCE_ERR_INVALID_ARGUMENT names a bad value. */
+LFCE_API int lfce_reload_options(void);
 
 typedef struct lfce_precompiled {
   const char* name;     /* template name */

@@ -1,6 +1,6 @@
 // The sweep on a real GPU (label gpu): every config of the small space gives the default
 // config's loss and gradients within the dtype's tolerance, and the winners it stores are what
-// the next lookup_tuning() returns. Skips without a GPU; fails on a machine that
+// the next stored_tuning() returns. Skips without a GPU; fails on a machine that
 // should have one (tests/runtime/gpu_required.h).
 #include <gtest/gtest.h>
 
@@ -23,10 +23,8 @@ class TunerGpu : public testing::TestWithParam<DType> {
     char tmpl[] = "/tmp/lfce_tuner_gpu_XXXXXX";
     dir_ = mkdtemp(tmpl);
     setenv("LFCE_CACHE_DIR", dir_.c_str(), 1);
-    forget_memoized_tunings();
   }
   void TearDown() override {
-    forget_memoized_tunings();
     unsetenv("LFCE_CACHE_DIR");
     if (!dir_.empty()) fs::remove_all(dir_);
   }
@@ -63,8 +61,7 @@ TEST_P(TunerGpu, SmallSpaceAgreesWithTheDefaultAndItsWinnersAreUsed) {
     }
   }
   // A later process: no memo, only the files.
-  forget_memoized_tunings();
-  EXPECT_EQ(runtime::lookup_tuning(p, arch, 0), r.tuning);
+  EXPECT_EQ(stored_tuning(TuningStore(dir_), p, arch), r.tuning);
   // and nothing is measured again
   TuneResult again = tune(p, 0, options);
   for (const KindResult& k : again.kinds) EXPECT_EQ(k.measured, 0);

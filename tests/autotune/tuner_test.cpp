@@ -1,6 +1,6 @@
 // The sweep with a fake bench, no GPU: it resumes from what the store holds, scores failures
 // +inf and goes on, fixes earlier kinds' winners for later kinds, stops cleanly on its time
-// budget, reports progress, and leaves winners that lookup_tuning() returns.
+// budget, reports progress, and leaves winners that stored_tuning() returns.
 #include "autotune/tuner.h"
 
 #include <gtest/gtest.h>
@@ -59,12 +59,10 @@ class TunerTest : public testing::Test {
     char tmpl[] = "/tmp/lfce_tuner_XXXXXX";
     dir_ = mkdtemp(tmpl);
     setenv("LFCE_CACHE_DIR", dir_.c_str(), 1);
-    forget_memoized_tunings();
     options_.space = "small";
     options_.cache_dir = dir_;
   }
   void TearDown() override {
-    forget_memoized_tunings();
     unsetenv("LFCE_CACHE_DIR");
     fs::remove_all(dir_);
   }
@@ -247,7 +245,7 @@ TEST_F(TunerTest, ProgressCountsUpToTheTotal) {
 TEST_F(TunerTest, LookupReturnsTheTunedWinners) {
   FakeBench bench;
   TuneResult r = tune_with(bench, problem(), Arch::SM90A, options_);
-  EXPECT_EQ(runtime::lookup_tuning(problem(), Arch::SM90A, 0), r.tuning);
+  EXPECT_EQ(stored_tuning(TuningStore(dir_), problem(), Arch::SM90A), r.tuning);
   EXPECT_FALSE(r.tuning == runtime::Tuning{});
 }
 

@@ -1,5 +1,5 @@
 // The tuning store with no GPU: entries round-trip through their JSON file, writes are atomic,
-// a damaged file reads as missing, and lookup_tuning() returns the stored winners for problems
+// a damaged file reads as missing, and stored_tuning() returns the stored winners for problems
 // of the same key and N bucket (and the defaults for others), reading each file once.
 #include "autotune/tuning_store.h"
 
@@ -29,18 +29,15 @@ runtime::Problem problem(int64_t tokens = 8192) {
   return p;
 }
 
-// A fresh cache directory, also exported as LFCE_CACHE_DIR for lookup_tuning().
+// A fresh cache directory, also exported as LFCE_CACHE_DIR.
 class StoreTest : public testing::Test {
  protected:
   void SetUp() override {
     char tmpl[] = "/tmp/lfce_tuning_XXXXXX";
     dir_ = mkdtemp(tmpl);
     setenv("LFCE_CACHE_DIR", dir_.c_str(), 1);
-    unsetenv("LFCE_AUTOTUNE");
-    forget_memoized_tunings();
   }
   void TearDown() override {
-    forget_memoized_tunings();
     unsetenv("LFCE_CACHE_DIR");
     fs::remove_all(dir_);
   }
@@ -137,32 +134,22 @@ TEST_F(StoreTest, LookupReturnsTheStoredWinnerForTheSameBucket) {
   store.save(entry(KernelKind::LseForward, problem(8192), kFastForward));
   store.save(entry(KernelKind::GradWeight, problem(8192), fast_gw));
 
-  runtime::Tuning tuned = runtime::lookup_tuning(problem(5000), Arch::SM90A, 0);  // bucket 8192 as well
+  runtime::Tuning tuned = stored_tuning(TuningStore(dir_), problem(5000), Arch::SM90A);  // bucket 8192 as well
   EXPECT_EQ(tuned.tile(KernelKind::LseForward, DType::BF16), kFastForward.tile);
   EXPECT_EQ(tuned.forward_ctas, 528);
   EXPECT_EQ(tuned.tile(KernelKind::GradWeight, DType::BF16), fast_gw.tile);
   EXPECT_EQ(tuned.tile(KernelKind::GradInput, DType::BF16), runtime::default_tile(KernelKind::GradInput, DType::BF16));  // none stored
   EXPECT_EQ(tuned.chunk, 0);
 
-  EXPECT_EQ(runtime::lookup_tuning(problem(8193), Arch::SM90A, 0), runtime::Tuning{});  // bucket 16384
-  EXPECT_EQ(runtime::lookup_tuning(problem(8192), Arch::SM80, 0), runtime::Tuning{});   // another arch
-}
-
-TEST_F(StoreTest, LookupReadsTheFilesOncePerProblem) {
-  TuningStore store(dir_);
-  store.save(entry(KernelKind::LseForward, problem(), kFastForward));
-  runtime::Tuning first = runtime::lookup_tuning(problem(), Arch::SM90A, 0);
-  fs::remove_all(store.dir());
-  EXPECT_EQ(runtime::lookup_tuning(problem(), Arch::SM90A, 0), first);  // memoized
-  forget_memoized_tunings();
-  EXPECT_EQ(runtime::lookup_tuning(problem(), Arch::SM90A, 0), runtime::Tuning{});
+  EXPECT_EQ(stored_tuning(TuningStore(dir_), problem(8193), Arch::SM90A), runtime::Tuning{});  // bucket 16384
+  EXPECT_EQ(stored_tuning(TuningStore(dir_), problem(8192), Arch::SM80), runtime::Tuning{});   // another arch
 }
 
 TEST_F(StoreTest, LookupIgnoresAWinnerThePrunerRejects) {
   TuningStore store(dir_);
   // As a file from another generator version might hold: over sm_90a's shared memory.
   store.save(entry(KernelKind::LseForward, problem(), Candidate{KernelKind::LseForward, TileConfig{256, 256, 64, 2, 4, 4}, 264, 0}));
-  EXPECT_EQ(runtime::lookup_tuning(problem(), Arch::SM90A, 0), runtime::Tuning{});
+  EXPECT_EQ(stored_tuning(TuningStore(dir_), problem(), Arch::SM90A), runtime::Tuning{});
 }
 
 // Tuning files are data from disk: a winner that would overflow or divide by zero is logged,
@@ -172,7 +159,7 @@ TEST_F(StoreTest, LookupIgnoresAWinnerWhoseWarpsOverflowTheThreadCount) {
   const Candidate bad{KernelKind::LseForward, TileConfig{128, 128, 64, 2, 67108864, 3}, 264, 0};
   store.save(entry(KernelKind::LseForward, problem(), bad));
   WarningCapture log;
-  EXPECT_EQ(runtime::lookup_tuning(problem(), Arch::SM90A, 0), runtime::Tuning{});
+  EXPECT_EQ(stored_tuning(TuningStore(dir_), problem(), Arch::SM90A), runtime::Tuning{});
   const std::string path = store.path(TuningKey::of(KernelKind::LseForward, problem(), Arch::SM90A));
   EXPECT_NE(log.text().find(path), std::string::npos) << log.text();
   EXPECT_NE(log.text().find("tile warps_n = 67108864 is outside 1..32"), std::string::npos) << log.text();
@@ -189,7 +176,7 @@ TEST_F(StoreTest, LookupIgnoresAWinnerWithANegativeTileAndKeepsTheOtherKinds) {
                    Candidate{KernelKind::GradWeight, TileConfig{-128, 128, 64, 2, 4, 3}, 0, 0}));
   store.save(entry(KernelKind::GradInput, p, good_gx));
   WarningCapture log;
-  const runtime::Tuning tuned = runtime::lookup_tuning(p, Arch::SM90A, 0);
+  const runtime::Tuning tuned = stored_tuning(TuningStore(dir_), p, Arch::SM90A);
   runtime::Tuning expected;
   expected.tiles[KernelKind::GradInput] = good_gx.tile;
   EXPECT_EQ(tuned, expected);

@@ -204,13 +204,13 @@ TEST(CacheDir, FollowsLfceCacheDirThenXdgThenHome) {
   setenv("LFCE_CACHE_DIR", "/a/lfce", 1);
   setenv("XDG_CACHE_HOME", "/b/xdg", 1);
   setenv("HOME", "/c/home", 1);
-  EXPECT_EQ(default_cache_dir(), "/a/lfce");
+  EXPECT_EQ(default_cache_location(Options::from_env()).dir, "/a/lfce");
   unsetenv("LFCE_CACHE_DIR");
-  EXPECT_EQ(default_cache_dir(), "/b/xdg/lfce");
+  EXPECT_EQ(default_cache_location(Options::from_env()).dir, "/b/xdg/lfce");
   setenv("XDG_CACHE_HOME", "relative", 1);  // the XDG spec says to ignore it
-  EXPECT_EQ(default_cache_dir(), "/c/home/.cache/lfce");
+  EXPECT_EQ(default_cache_location(Options::from_env()).dir, "/c/home/.cache/lfce");
   unsetenv("XDG_CACHE_HOME");
-  EXPECT_EQ(default_cache_dir(), "/c/home/.cache/lfce");
+  EXPECT_EQ(default_cache_location(Options::from_env()).dir, "/c/home/.cache/lfce");
   const auto restore = [](const char* name, const std::optional<std::string>& v) {
     v ? setenv(name, v->c_str(), 1) : unsetenv(name);
   };

@@ -5,6 +5,7 @@
 #include <string>
 #include <utility>
 
+#include "api/session.h"
 #include "autotune/tuner.h"
 #include "compiler/errors.h"
 #include "compiler/nvptx_backend.h"
@@ -28,6 +29,7 @@ int guarded(const char* function, F&& body) {
   lfce::runtime::init_logging();
   g_last_error.clear();
   try {
+    lfce::api::Session::get();  // reads the environment at the first call (a bad value throws here)
     body();
     return LFCE_OK;
   } catch (const lfce::SpecError& e) {
@@ -65,6 +67,11 @@ std::vector<lfce::KernelKind> kernel_kinds(const lfce::runtime::Problem& problem
                                          lfce::KernelKind::GradWeight, lfce::KernelKind::GradInput};
   if (problem.bias) kinds.push_back(lfce::KernelKind::GradBias);
   return kinds;
+}
+
+// The plan the session keeps for a problem on a device (stored tuning, device limits).
+lfce::runtime::Plan session_plan(const lfce::runtime::Problem& problem, int device) {
+  return lfce::api::Session::get().plan(problem, device);
 }
 
 // Workspace sizes do not depend on the arch; any arch gives the same plan geometry.
@@ -106,6 +113,10 @@ int lfce_struct_size(const char* name, size_t* bytes) {
 
 const char* lfce_last_error(void) { return g_last_error.c_str(); }
 
+int lfce_reload_options(void) {
+  return guarded("lfce_reload_options", [] { lfce::api::Session::get().reload(); });
+}
+
 int lfce_set_log_level(const char* level) {
   return guarded("lfce_set_log_level", [&] {
     require_out(level, "level");
@@ -143,14 +154,14 @@ int lfce_backward_chunk_size(const lfce_problem* problem, int64_t* chunk) {
 int lfce_forward(const lfce_problem* problem, const lfce_forward_args* args) {
   return guarded("lfce_forward", [&] {
     require_out(args, "args");
-    lfce::runtime::forward(lfce::runtime::problem_from_c(problem), *args);
+    lfce::runtime::forward(lfce::runtime::problem_from_c(problem), *args, session_plan);
   });
 }
 
 int lfce_backward(const lfce_problem* problem, const lfce_backward_args* args) {
   return guarded("lfce_backward", [&] {
     require_out(args, "args");
-    lfce::runtime::backward(lfce::runtime::problem_from_c(problem), *args);
+    lfce::runtime::backward(lfce::runtime::problem_from_c(problem), *args, session_plan);
   });
 }
 
@@ -173,7 +184,11 @@ int lfce_generate(const lfce_problem* problem, const char* arch, lfce_kernel_cal
 
 const char* lfce_cache_dir(void) {
   thread_local std::string dir;
-  dir = lfce::runtime::disk_cache()->dir();
+  try {
+    dir = lfce::api::Session::get().cache_dir();
+  } catch (const std::exception&) {
+    dir.clear();  // a malformed environment: the next guarded call reports it
+  }
   return dir.c_str();
 }
 
@@ -181,7 +196,7 @@ int lfce_set_cache_dir(const char* dir) {
   return guarded("lfce_set_cache_dir", [&] {
     require_out(dir, "dir");
     if (!*dir) throw lfce::SpecError("dir is empty");
-    lfce::runtime::use_cache_dir(dir);
+    lfce::api::Session::get().set_cache_dir(dir);
   });
 }
 
@@ -190,7 +205,8 @@ int lfce_precompile(const lfce_problem* problem, const char* arch, lfce_precompi
     require_out(arch, "arch");
     const lfce::runtime::Problem p = lfce::runtime::problem_from_c(problem);
     const lfce::Arch target = lfce::parse_arch(arch);
-    lfce::runtime::Plan plan(p, target, lfce::runtime::lookup_tuning(p, target, -1));
+    // The winners stored in this session's cache directory (the one --cache-dir names).
+    lfce::runtime::Plan plan(p, target, lfce::api::Session::get().tuning(p, target));
     for (lfce::KernelKind kind : kernel_kinds(p)) {
       const lfce::KernelSpec spec = plan.spec(kind);
       const lfce::runtime::PrecompileResult r = lfce::runtime::precompile(spec);
@@ -278,7 +294,7 @@ int lfce_tune(const lfce_problem* problem, const lfce_tune_options* options, lfc
     if (options->repetitions < 0)
       throw lfce::SpecError("repetitions must be >= 0, got " + std::to_string(options->repetitions));
     if (options->repetitions > 0) o.repetitions = options->repetitions;
-    o.cache_dir = lfce::runtime::disk_cache()->dir();
+    o.cache_dir = lfce::api::Session::get().cache_dir();
     if (options->progress) {
       o.progress = [options](const lfce::autotune::Progress& g) {
         std::string kind(lfce::kind_name(g.kind));
@@ -286,6 +302,7 @@ int lfce_tune(const lfce_problem* problem, const lfce_tune_options* options, lfc
       };
     }
     const lfce::autotune::TuneResult result = lfce::autotune::tune(p, options->device, o);
+    lfce::api::Session::get().forget_tunings();  // the next forward reads the new winners
     if (stopped_by_budget) *stopped_by_budget = result.stopped_by_budget ? 1 : 0;
     if (!callback) return;
     for (const auto& k : result.kinds) {
