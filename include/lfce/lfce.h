@@ -234,6 +234,15 @@ typedef void (*lfce_tune_callback)(const lfce_tune_result* result, void* user);
 LFCE_API int lfce_tune(const lfce_problem* problem, const lfce_tune_options* options, lfce_tune_callback callback,
                        void* user, int32_t* stopped_by_budget);
 
+/* Whether forward and backward of `problem` on `device` run with tuned winners: *tuned = 1 when
+ * winners that lfce_tune persisted in the cache directory apply to the problem on that device's
+ * arch, 0 when they run the default configs. Reads the tuning files; never tunes. */
+LFCE_API int lfce_plan_is_tuned(const lfce_problem* problem, int32_t device, int32_t* tuned);
+
+/* The version of the kernel generator this library was built with (a hash of its sources); it
+ * enters every kernel cache key. */
+LFCE_API const char* lfce_generator_version(void);
+
 /* Model presets: comma-separated names, and one preset's output-layer shape. */
 LFCE_API const char* lfce_preset_names(void);
 LFCE_API int lfce_preset(const char* name, int64_t* hidden, int64_t* vocab);

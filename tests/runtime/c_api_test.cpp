@@ -24,6 +24,34 @@ lfce_problem small_problem() {
 
 TEST(CApi, ReportsItsVersion) { EXPECT_STREQ(lfce_version(), "0.1.0"); }
 
+TEST(CApi, ReportsTheGeneratorVersionOfItsCacheKeys) {
+  const std::string version = lfce_generator_version();
+  EXPECT_EQ(version.rfind("lfce-gen-", 0), 0u) << version;
+  EXPECT_GT(version.size(), std::string("lfce-gen-").size()) << version;
+}
+
+TEST(CApi, PlanIsTunedRejectsNullOutNamingIt) {
+  lfce_problem p = small_problem();
+  EXPECT_EQ(lfce_plan_is_tuned(&p, 0, nullptr), LFCE_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(lfce_last_error()).find("tuned is NULL"), std::string::npos) << lfce_last_error();
+}
+
+TEST(CApi, PlanIsTunedRejectsABadProblemBeforeTheDriver) {
+  lfce_problem p = small_problem();
+  p.vocab = 0;
+  int32_t tuned = -1;
+  EXPECT_EQ(lfce_plan_is_tuned(&p, 0, &tuned), LFCE_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(lfce_last_error()).find("vocab must be >= 1, got 0"), std::string::npos) << lfce_last_error();
+}
+
+TEST(CApi, PlanIsTunedNeedsTheDevicesArch) {
+  ASSERT_TRUE(kNoDriver);
+  lfce_problem p = small_problem();
+  int32_t tuned = -1;
+  EXPECT_EQ(lfce_plan_is_tuned(&p, 0, &tuned), LFCE_ERR_CUDA);
+  EXPECT_EQ(tuned, -1);
+}
+
 TEST(CApi, RejectsZeroVocabNamingIt) {
   lfce_problem p = small_problem();
   p.vocab = 0;
