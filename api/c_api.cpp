@@ -7,6 +7,7 @@
 
 #include "api/session.h"
 #include "autotune/tuner.h"
+#include "autotune/tuning_store.h"
 #include "compiler/errors.h"
 #include "compiler/nvptx_backend.h"
 #include "lfce/lfce.h"
@@ -312,6 +313,19 @@ int lfce_tune(const lfce_problem* problem, const lfce_tune_options* options, lfc
                          k.speedup.value_or(0.0), k.measured, k.reused, k.failed, k.rejected, k.path.c_str()};
       callback(&r, user);
     }
+  });
+}
+
+const char* lfce_generator_version(void) { return lfce::runtime::kGeneratorVersion; }
+
+int lfce_plan_is_tuned(const lfce_problem* problem, int32_t device, int32_t* tuned) {
+  return guarded("lfce_plan_is_tuned", [&] {
+    require_out(tuned, "tuned");
+    const lfce::runtime::Problem p = lfce::runtime::problem_from_c(problem);
+    const lfce::Arch arch = lfce::runtime::device_info(device).arch();
+    // The stored winners as launches read them, without lookup_tuning()'s sweep-on-first-use.
+    const lfce::autotune::TuningStore store(lfce::runtime::default_cache_dir());
+    *tuned = lfce::autotune::stored_tuning(store, p, arch) == lfce::runtime::Tuning{} ? 0 : 1;
   });
 }
 

@@ -74,16 +74,20 @@ void run_forward(const Problem& problem, const lfce_forward_args& a, const PlanF
 void run_backward(const Problem& problem, const lfce_backward_args& a, const PlanFor& plan_for) {
   require_aligned(a.hidden, "hidden");
   require_aligned(a.weight, "weight");
-  if (problem.bias) {
-    require(a.bias, "bias");
-    require(a.grad_bias, "grad_bias");
-  }
+  if (problem.bias) require(a.bias, "bias");
   require(a.targets, "targets");
   require(a.lse, "lse");
   require(a.valid_count, "valid_count");
   if (problem.mode == Mode::Recompute) require(a.grad_loss, "grad_loss (recompute mode needs the upstream gradient)");
-  require_aligned(a.grad_hidden, "grad_hidden");
-  require(a.grad_weight, "grad_weight");
+  // Each gradient is optional (a frozen LM head, LoRA): a NULL one's kernel is neither compiled nor launched.
+  const bool want_hidden = a.grad_hidden != nullptr;
+  const bool want_weight = a.grad_weight != nullptr;
+  const bool want_bias = problem.bias && a.grad_bias != nullptr;
+  if (want_hidden) require_aligned(a.grad_hidden, "grad_hidden");
+  if (!want_hidden && !want_weight && !want_bias) {
+    spdlog::debug("backward: no gradient asked for, nothing launched");
+    return;
+  }
   make_context_current(a.device);
   const Plan plan = plan_for(problem, a.device);
   const auto layout = plan.backward_layout();
@@ -108,12 +112,13 @@ void run_backward(const Problem& problem, const lfce_backward_args& a, const Pla
   const KernelSpec gw = plan.spec(KernelKind::GradWeight);
   const KernelSpec gx = plan.spec(KernelKind::GradInput);
   const Kernel& dlogits_kernel = kernel_for(a.device, dlogits);
-  const Kernel& gw_kernel = kernel_for(a.device, gw);
-  const Kernel& gx_kernel = kernel_for(a.device, gx);
-  const Kernel* gb_kernel = problem.bias ? &kernel_for(a.device, plan.spec(KernelKind::GradBias)) : nullptr;
+  const Kernel* gw_kernel = want_weight ? &kernel_for(a.device, gw) : nullptr;
+  const Kernel* gx_kernel = want_hidden ? &kernel_for(a.device, gx) : nullptr;
+  const Kernel* gb_kernel = want_bias ? &kernel_for(a.device, plan.spec(KernelKind::GradBias)) : nullptr;
 
   const int64_t chunks = plan.chunks();
-  spdlog::debug("backward: N={} V={} H={} in {} chunk(s) of {}", n, problem.vocab, problem.hidden, chunks, plan.chunk());
+  spdlog::debug("backward: N={} V={} H={} in {} chunk(s) of {}; grad_hidden {}, grad_weight {}, grad_bias {}", n,
+                problem.vocab, problem.hidden, chunks, plan.chunk(), want_hidden, want_weight, want_bias);
   for (int64_t c = 0; c < chunks; ++c) {
     int64_t v_begin = c * plan.chunk();
     int64_t v_len = std::min(plan.chunk(), problem.vocab - v_begin);
@@ -123,16 +128,21 @@ void run_backward(const Problem& problem, const lfce_backward_args& a, const Pla
     dlogits_kernel.launch({grid_dim(n, dlogits.tile.bm, 'x'), grid_dim(v_len, dlogits.tile.bn, 'y'), 1}, stream,
                           dlogits_args);
 
-    void* gw_args[] = {&dz, &x, &n, &ld, &v_begin, &v_len, &grad_weight, &grad_loss, &count};
-    gw_kernel.launch({grid_dim(v_len, gw.tile.bm, 'x'), grid_dim(problem.hidden, gw.tile.bn, 'y'), 1}, stream, gw_args);
+    if (gw_kernel) {
+      void* gw_args[] = {&dz, &x, &n, &ld, &v_begin, &v_len, &grad_weight, &grad_loss, &count};
+      gw_kernel->launch({grid_dim(v_len, gw.tile.bm, 'x'), grid_dim(problem.hidden, gw.tile.bn, 'y'), 1}, stream,
+                        gw_args);
+    }
 
     if (gb_kernel) {
       void* gb_args[] = {&dz, &n, &ld, &v_begin, &v_len, &grad_bias, &grad_loss, &count};
       gb_kernel->launch({grid_dim(v_len, 8, 'x'), 1, 1}, stream, gb_args);
     }
 
-    void* gx_args[] = {&dz, &w, &n, &ld, &v_begin, &v_len, &acc, &grad_hidden, &first, &last, &grad_loss, &count};
-    gx_kernel.launch({grid_dim(n, gx.tile.bm, 'x'), grid_dim(problem.hidden, gx.tile.bn, 'y'), 1}, stream, gx_args);
+    if (gx_kernel) {
+      void* gx_args[] = {&dz, &w, &n, &ld, &v_begin, &v_len, &acc, &grad_hidden, &first, &last, &grad_loss, &count};
+      gx_kernel->launch({grid_dim(n, gx.tile.bm, 'x'), grid_dim(problem.hidden, gx.tile.bn, 'y'), 1}, stream, gx_args);
+    }
   }
 }
 

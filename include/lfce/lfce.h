@@ -89,9 +89,11 @@ typedef struct lfce_backward_args {
   const float* lse;          /* from lfce_forward */
   const float* valid_count;  /* from lfce_forward */
   const float* grad_loss;    /* fp32: [1] for mean/sum, [tokens] for none; NULL means 1 */
-  void* grad_hidden;         /* [tokens, hidden] out, in dtype */
-  void* grad_weight;         /* [vocab, hidden] out, in dtype */
-  void* grad_bias;           /* [vocab] out, in dtype; NULL unless has_bias */
+  /* The gradients: each may be NULL when the caller does not need it (a frozen LM head, a frozen
+   * input, LoRA); the kernel that would compute it is then neither compiled nor launched. */
+  void* grad_hidden;         /* [tokens, hidden] out, in dtype, 16-byte aligned; or NULL */
+  void* grad_weight;         /* [vocab, hidden] out, in dtype; or NULL */
+  void* grad_bias;           /* [vocab] out, in dtype; or NULL (always unused without has_bias) */
   void* workspace;           /* lfce_backward_workspace_size() bytes, 256-byte aligned */
   size_t workspace_bytes;
   int32_t device;
@@ -130,6 +132,11 @@ LFCE_API int lfce_backward_workspace_size(const lfce_problem* problem, size_t* b
 LFCE_API int lfce_backward_chunk_size(const lfce_problem* problem, int64_t* chunk);
 
 LFCE_API int lfce_forward(const lfce_problem* problem, const lfce_forward_args* args);
+/* Computes the gradients whose pointers are not NULL (see lfce_backward_args). With all of
+ * grad_hidden, grad_weight and grad_bias NULL there is nothing to compute: after checking the
+ * other arguments it returns LFCE_OK having launched nothing (nor touched the driver). The
+ * workspace size does not depend on which gradients are asked for (its fp32 grad_hidden
+ * accumulator goes unused without grad_hidden). */
 LFCE_API int lfce_backward(const lfce_problem* problem, const lfce_backward_args* args);
 
 /* Generates every kernel the problem needs for `arch` ("sm_80" or "sm_90a") without
@@ -231,6 +238,15 @@ typedef void (*lfce_tune_callback)(const lfce_tune_result* result, void* user);
  * backward calls use the winners; so do new processes. */
 LFCE_API int lfce_tune(const lfce_problem* problem, const lfce_tune_options* options, lfce_tune_callback callback,
                        void* user, int32_t* stopped_by_budget);
+
+/* Whether forward and backward of `problem` on `device` run with tuned winners: *tuned = 1 when
+ * winners that lfce_tune persisted in the cache directory apply to the problem on that device's
+ * arch, 0 when they run the default configs. Reads the tuning files; never tunes. */
+LFCE_API int lfce_plan_is_tuned(const lfce_problem* problem, int32_t device, int32_t* tuned);
+
+/* The version of the kernel generator this library was built with (a hash of its sources); it
+ * enters every kernel cache key. */
+LFCE_API const char* lfce_generator_version(void);
 
 /* Model presets: comma-separated names, and one preset's output-layer shape. */
 LFCE_API const char* lfce_preset_names(void);

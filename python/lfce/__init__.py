@@ -21,6 +21,7 @@ __all__ = [
     "__version__",
     "cache_dir",
     "generate",
+    "generator_version",
     "kernel_load_stats",
     "linear_cross_entropy",
     "precompile",
@@ -61,3 +62,10 @@ def library_version():
     from . import _lib
 
     return _lib.load().lfce_version().decode()
+
+
+def generator_version():
+    """Version of liblfce.so's kernel generator (a hash of its sources; it keys the kernel cache)."""
+    from . import _lib
+
+    return _lib.generator_version()

@@ -1,7 +1,8 @@
 """``python -m lfce --model llama3-8b``: lfce on one model's output layer.
 
-With a CUDA GPU: times forward and backward and measures memory against PyTorch
-(lfce.bench). Without one (or with --ptxas): generates the kernels for sm_90a and
+With a CUDA GPU: times forward and backward and measures memory against the PyTorch
+baseline (lfce.bench, the one benchmark harness; its JSON records the commit, the generator
+version and whether tuned winners ran). Without one (or with --ptxas): generates the kernels for sm_90a and
 sm_80, assembles each with ptxas and prints their resources; exits non-zero if
 ptxas rejects any.
 """
@@ -102,8 +103,10 @@ def main(argv=None):
         from . import bench
 
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
-        result = bench.run(args.model, hidden, vocab, args.tokens, dtype=dtype, mode=args.mode)
-        print("\n".join(bench.format_result(result)))
+        entry = bench.run(args.model, hidden, vocab, args.tokens, dtype=dtype, methods=(f"lfce_{args.mode}", "torch"))
+        print("\n".join(bench.format_result(entry)))
+        result = bench.metadata("python3 -m lfce " + " ".join(sys.argv[1:] if argv is None else argv))
+        result["results"] = [entry]
         status = 0
     line = json.dumps(result, sort_keys=True)
     print(line)

@@ -254,6 +254,8 @@ _SIGNATURES = {
     "lfce_precompile": (ctypes.c_int, [_P(Problem), ctypes.c_char_p, PRECOMPILE_CALLBACK, ctypes.c_void_p]),
     "lfce_kernel_load_stats": (ctypes.c_int, [KERNEL_LOAD_CALLBACK, ctypes.c_void_p]),
     "lfce_tune": (ctypes.c_int, [_P(Problem), _P(TuneOptions), TUNE_CALLBACK, ctypes.c_void_p, _P(ctypes.c_int32)]),
+    "lfce_plan_is_tuned": (ctypes.c_int, [_P(Problem), ctypes.c_int32, _P(ctypes.c_int32)]),
+    "lfce_generator_version": (ctypes.c_char_p, []),
     "lfce_preset_names": (ctypes.c_char_p, []),
     "lfce_preset": (ctypes.c_int, [ctypes.c_char_p, _P(ctypes.c_int64), _P(ctypes.c_int64)]),
     "lfce_compile_count": (ctypes.c_int64, []),
@@ -394,3 +396,16 @@ def presets():
         check(lib.lfce_preset(name.encode(), ctypes.byref(hidden), ctypes.byref(vocab)))
         table[name] = (hidden.value, vocab.value)
     return table
+
+
+def generator_version():
+    """The kernel generator's version (a hash of its sources) the library was built with."""
+    return load().lfce_generator_version().decode()
+
+
+def plan_is_tuned(problem, device):
+    """Whether the problem runs with tuned winners from the cache directory on CUDA device ``device``."""
+    device = _check.integer("device", device, minimum=0, maximum=_check.INT32_MAX)
+    tuned = ctypes.c_int32(0)
+    check(load().lfce_plan_is_tuned(ctypes.byref(problem), device, ctypes.byref(tuned)))
+    return bool(tuned.value)

@@ -9,6 +9,12 @@ without ever materialising the [tokens, vocab] logits. Two modes:
   keeps them until the backward, which only scales them. Faster backward, but it
   holds grad_hidden and grad_weight in between.
 
+In both modes only the gradients autograd can ask for are computed: a frozen weight
+(``requires_grad=False``: a frozen LM head, LoRA) gets no [V, H] grad_weight, a frozen
+hidden no grad_hidden; their kernels never run. In recompute mode that is decided at
+backward time (``ctx.needs_input_grad``), in eager mode at forward time (the inputs'
+``requires_grad``).
+
 Every call only enqueues work on the current CUDA stream: nothing here waits for
 the GPU or reads a device value on the host.
 """
@@ -127,12 +133,20 @@ def _stream(device):
     return torch.cuda.current_stream(device).cuda_stream or None  # 0 is the legacy default stream
 
 
-def _backward(problem, hidden, weight, bias, targets, lse, valid_count, grad_loss):
-    """Enqueue lfce_backward; return (grad_hidden, grad_weight, grad_bias or None)."""
+def _backward(problem, hidden, weight, bias, targets, lse, valid_count, grad_loss, wanted):
+    """Enqueue lfce_backward for the gradients ``wanted`` (need_hidden, need_weight, need_bias);
+    return (grad_hidden, grad_weight, grad_bias), None for each one not wanted.
+
+    A gradient not wanted is never allocated and its kernel never runs (NULL in the C API).
+    """
+    need_hidden, need_weight, need_bias = wanted
+    need_bias = need_bias and bias is not None
+    if not (need_hidden or need_weight or need_bias):
+        return None, None, None
     device = hidden.device
-    grad_hidden = torch.empty_like(hidden)
-    grad_weight = torch.empty_like(weight)
-    grad_bias = None if bias is None else torch.empty_like(bias)
+    grad_hidden = torch.empty_like(hidden) if need_hidden else None
+    grad_weight = torch.empty_like(weight) if need_weight else None
+    grad_bias = torch.empty_like(bias) if need_bias else None
     workspace = _workspace(_lib.backward_workspace_size(problem), device)
     args = _lib.BackwardArgs(
         hidden=_ptr(hidden), weight=_ptr(weight), bias=_ptr(bias), targets=_ptr(targets),
@@ -150,7 +164,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
     """autograd node over lfce_forward / lfce_backward for 2-D hidden and 1-D targets."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, problem, grad_wanted):
+    def forward(ctx, hidden, weight, bias, targets, problem, grads_wanted):
         device = hidden.device
         N = problem.tokens
         with torch.cuda.device(device):
@@ -172,10 +186,11 @@ class _LinearCrossEntropy(torch.autograd.Function):
             ctx.problem = problem
             ctx.eager = problem.mode == _lib.MODE_EAGER
             if ctx.eager:
-                if grad_wanted:
-                    # grad_loss NULL means an upstream gradient of 1; backward rescales.
-                    ctx.save_for_backward(*_backward(problem, hidden, weight, bias, targets, lse,
-                                                     valid_count, grad_loss=None))
+                # grad_loss NULL means an upstream gradient of 1; backward rescales. Only the
+                # gradients of inputs that require one are computed and held (a frozen head: no
+                # [V, H] grad_weight).
+                ctx.save_for_backward(*_backward(problem, hidden, weight, bias, targets, lse,
+                                                 valid_count, grad_loss=None, wanted=grads_wanted))
             else:
                 ctx.save_for_backward(hidden, weight, bias, targets, lse, valid_count)
 
@@ -188,20 +203,21 @@ class _LinearCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad_output):
         need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
         if ctx.eager:
-            grad_hidden, grad_weight, grad_bias = ctx.saved_tensors
-            # grad_output is a 0-dim device tensor: scaling by it needs no host sync.
-            grad_hidden = torch.mul(grad_hidden, grad_output) if need_hidden else None
-            grad_weight = torch.mul(grad_weight, grad_output) if need_weight else None
-            grad_bias = torch.mul(grad_bias, grad_output) if need_bias and grad_bias is not None else None
+            saved = ctx.saved_tensors
+            # grad_output is a 0-dim device tensor: scaling by it needs no host sync. An input
+            # that required no gradient at forward time has none saved (and needs none now).
+            grad_hidden, grad_weight, grad_bias = (
+                torch.mul(g, grad_output) if need and g is not None else None
+                for g, need in zip(saved, (need_hidden, need_weight, need_bias)))
             return grad_hidden, grad_weight, grad_bias, None, None, None
 
         hidden, weight, bias, targets, lse, valid_count = ctx.saved_tensors
         with torch.cuda.device(hidden.device):
             grad_loss = grad_output.to(torch.float32).contiguous().reshape(-1)  # [1] or [N]
             grad_hidden, grad_weight, grad_bias = _backward(ctx.problem, hidden, weight, bias, targets,
-                                                            lse, valid_count, grad_loss)
-        return (grad_hidden if need_hidden else None, grad_weight if need_weight else None,
-                grad_bias if need_bias else None, None, None, None)
+                                                            lse, valid_count, grad_loss,
+                                                            wanted=(need_hidden, need_weight, need_bias))
+        return grad_hidden, grad_weight, grad_bias, None, None, None
 
 
 def linear_cross_entropy(hidden, weight, targets, bias=None, *, ignore_index=-100, reduction="mean",
@@ -260,12 +276,12 @@ def linear_cross_entropy(hidden, weight, targets, bias=None, *, ignore_index=-10
         reduction=_lib.REDUCTIONS[reduction], mode=_lib.MODES[mode], ignore_index=operator.index(ignore_index),
         chunk_size=chunk_size, workspace_budget=workspace_budget,
     )
-    # Inside Function.forward grad mode is off, so whether a backward can follow is decided here;
-    # eager mode skips computing gradients nobody can ask for.
-    grad_wanted = torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (hidden, weight, bias))
+    # Inside Function.forward grad mode is off, so which gradients a backward can ask for is
+    # decided here; eager mode computes only those (none when grad mode is off).
+    grads_wanted = tuple(torch.is_grad_enabled() and t is not None and t.requires_grad
+                         for t in (hidden, weight, bias))
     loss = _LinearCrossEntropy.apply(_aligned(hidden), _aligned(weight), _aligned(bias), _aligned(targets),
-                                     problem, grad_wanted)
+                                     problem, grads_wanted)
     if reduction == "none":
         loss = loss.reshape(batch_shape)
     return loss

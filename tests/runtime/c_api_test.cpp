@@ -24,6 +24,34 @@ lfce_problem small_problem() {
 
 TEST(CApi, ReportsItsVersion) { EXPECT_STREQ(lfce_version(), "0.1.0"); }
 
+TEST(CApi, ReportsTheGeneratorVersionOfItsCacheKeys) {
+  const std::string version = lfce_generator_version();
+  EXPECT_EQ(version.rfind("lfce-gen-", 0), 0u) << version;
+  EXPECT_GT(version.size(), std::string("lfce-gen-").size()) << version;
+}
+
+TEST(CApi, PlanIsTunedRejectsNullOutNamingIt) {
+  lfce_problem p = small_problem();
+  EXPECT_EQ(lfce_plan_is_tuned(&p, 0, nullptr), LFCE_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(lfce_last_error()).find("tuned is NULL"), std::string::npos) << lfce_last_error();
+}
+
+TEST(CApi, PlanIsTunedRejectsABadProblemBeforeTheDriver) {
+  lfce_problem p = small_problem();
+  p.vocab = 0;
+  int32_t tuned = -1;
+  EXPECT_EQ(lfce_plan_is_tuned(&p, 0, &tuned), LFCE_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(lfce_last_error()).find("vocab must be >= 1, got 0"), std::string::npos) << lfce_last_error();
+}
+
+TEST(CApi, PlanIsTunedNeedsTheDevicesArch) {
+  ASSERT_TRUE(kNoDriver);
+  lfce_problem p = small_problem();
+  int32_t tuned = -1;
+  EXPECT_EQ(lfce_plan_is_tuned(&p, 0, &tuned), LFCE_ERR_CUDA);
+  EXPECT_EQ(tuned, -1);
+}
+
 TEST(CApi, RejectsZeroVocabNamingIt) {
   lfce_problem p = small_problem();
   p.vocab = 0;
@@ -76,6 +104,83 @@ TEST(CApi, ForwardRejectsNullHiddenBeforeTouchingTheDriver) {
   lfce_forward_args a{};
   EXPECT_EQ(lfce_forward(&p, &a), LFCE_ERR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(lfce_last_error()).find("hidden is NULL"), std::string::npos) << lfce_last_error();
+}
+
+// A backward call whose arguments are all valid: without a driver it fails at the driver, so
+// reaching LFCE_ERR_CUDA shows the argument checks passed.
+struct BackwardCall {
+  alignas(16) char buffer[1 << 16];
+  float lse[33], count, grad_loss = 1.0f;
+  int64_t targets[33] = {};
+  lfce_backward_args args{};
+  BackwardCall() {
+    args.hidden = buffer;
+    args.weight = buffer;
+    args.targets = targets;
+    args.lse = lse;
+    args.valid_count = &count;
+    args.grad_loss = &grad_loss;
+    args.grad_hidden = buffer;
+    args.grad_weight = buffer;
+    args.workspace = buffer;
+    args.workspace_bytes = sizeof buffer;
+  }
+};
+
+void expect_reaches_the_driver(const lfce_problem& p, const lfce_backward_args& a) {
+  ASSERT_TRUE(kNoDriver);
+  EXPECT_EQ(lfce_backward(&p, &a), LFCE_ERR_CUDA) << lfce_last_error();
+  EXPECT_NE(std::string(lfce_last_error()).find("no usable NVIDIA driver"), std::string::npos) << lfce_last_error();
+}
+
+TEST(CApi, BackwardAcceptsNullGradWeightForAFrozenHead) {
+  BackwardCall call;
+  call.args.grad_weight = nullptr;
+  expect_reaches_the_driver(small_problem(), call.args);
+}
+
+TEST(CApi, BackwardAcceptsNullGradHiddenForAFrozenInput) {
+  BackwardCall call;
+  call.args.grad_hidden = nullptr;
+  expect_reaches_the_driver(small_problem(), call.args);
+}
+
+TEST(CApi, BackwardAcceptsNullGradBiasWithABias) {
+  lfce_problem p = small_problem();
+  p.has_bias = 1;
+  BackwardCall call;
+  call.args.bias = call.buffer;
+  expect_reaches_the_driver(p, call.args);
+}
+
+TEST(CApi, BackwardWithNoGradientAskedForLaunchesNothing) {
+  lfce_problem p = small_problem();
+  p.has_bias = 1;
+  BackwardCall call;
+  call.args.bias = call.buffer;
+  call.args.grad_hidden = nullptr;
+  call.args.grad_weight = nullptr;
+  // No driver here: LFCE_OK shows nothing was launched (nor the driver loaded).
+  EXPECT_EQ(lfce_backward(&p, &call.args), LFCE_OK) << lfce_last_error();
+}
+
+TEST(CApi, BackwardWithNoGradientStillChecksItsInputs) {
+  BackwardCall call;
+  call.args.grad_hidden = nullptr;
+  call.args.grad_weight = nullptr;
+  call.args.lse = nullptr;
+  const lfce_problem p = small_problem();
+  EXPECT_EQ(lfce_backward(&p, &call.args), LFCE_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(lfce_last_error()).find("lse is NULL"), std::string::npos) << lfce_last_error();
+}
+
+TEST(CApi, BackwardRejectsMisalignedGradHiddenNamingIt) {
+  BackwardCall call;
+  call.args.grad_hidden = call.buffer + 4;
+  const lfce_problem p = small_problem();
+  EXPECT_EQ(lfce_backward(&p, &call.args), LFCE_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(lfce_last_error()).find("grad_hidden is not 16-byte aligned"), std::string::npos)
+      << lfce_last_error();
 }
 
 TEST(CApi, GenerateHandsOverEveryKernelWithoutGpu) {

@@ -1,0 +1,60 @@
+"""Which gradients the Python binding asks lfce_backward for, without a GPU.
+
+A stand-in for the library records the lfce_backward_args it is handed; CPU tensors stand in
+for CUDA ones. A gradient not wanted must be NULL in the call and never allocated (the GPU side
+is tests/python/test_gpu_grad_skip.py).
+"""
+
+import pytest
+import torch
+
+from lfce import _lib, functional
+
+N, H, V = 4, 16, 10
+
+
+class FakeLibrary:
+    def __init__(self):
+        self.calls = []
+
+    def lfce_backward(self, problem, args):
+        a = args._obj  # the struct behind ctypes.byref
+        self.calls.append({"grad_hidden": a.grad_hidden, "grad_weight": a.grad_weight, "grad_bias": a.grad_bias})
+        return _lib.OK
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    library = FakeLibrary()
+    monkeypatch.setattr(_lib, "load", lambda: library)
+    monkeypatch.setattr(_lib, "backward_workspace_size", lambda problem: 256)
+    monkeypatch.setattr(functional, "_stream", lambda device: None)
+    # A CPU device has no index: stand in ordinal 0.
+    args = _lib.BackwardArgs
+    monkeypatch.setattr(_lib, "BackwardArgs", lambda device, **fields: args(device=device or 0, **fields))
+    return library
+
+
+def run_backward(wanted):
+    hidden, weight, bias = torch.randn(N, H), torch.randn(V, H), torch.randn(V)
+    targets, lse, count = torch.zeros(N, dtype=torch.int64), torch.zeros(N), torch.ones(1)
+    problem = _lib.make_problem(N, H, V, _lib.DTYPE_FP32, has_bias=True)
+    return functional._backward(problem, hidden, weight, bias, targets, lse, count, grad_loss=None, wanted=wanted)
+
+
+@pytest.mark.parametrize("wanted", [(True, False, False), (False, True, False), (False, False, True),
+                                    (True, False, True)], ids=["hidden", "weight", "bias", "hidden+bias"])
+def test_backward_passes_null_for_and_allocates_no_gradient_not_wanted(fake, wanted):
+    grads = run_backward(wanted)
+    assert len(fake.calls) == 1
+    for name, want, grad in zip(("grad_hidden", "grad_weight", "grad_bias"), wanted, grads):
+        if want:
+            assert grad is not None and fake.calls[0][name] == grad.data_ptr(), f"{name} wanted but not passed"
+        else:
+            assert grad is None, f"{name} allocated though not wanted"
+            assert fake.calls[0][name] is None, f"{name} passed as {fake.calls[0][name]:#x} though not wanted"
+
+
+def test_backward_with_no_gradient_wanted_calls_nothing(fake):
+    assert run_backward((False, False, False)) == (None, None, None)
+    assert fake.calls == []
