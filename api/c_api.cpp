@@ -323,9 +323,8 @@ int lfce_plan_is_tuned(const lfce_problem* problem, int32_t device, int32_t* tun
     require_out(tuned, "tuned");
     const lfce::runtime::Problem p = lfce::runtime::problem_from_c(problem);
     const lfce::Arch arch = lfce::runtime::device_info(device).arch();
-    // The stored winners as launches read them, without lookup_tuning()'s sweep-on-first-use.
-    const lfce::autotune::TuningStore store(lfce::runtime::default_cache_dir());
-    *tuned = lfce::autotune::stored_tuning(store, p, arch) == lfce::runtime::Tuning{} ? 0 : 1;
+    // The session's tuning, as the next forward and backward run with.
+    *tuned = lfce::api::Session::get().tuning(p, arch) == lfce::runtime::Tuning{} ? 0 : 1;
   });
 }
 

@@ -9,7 +9,14 @@ The [tokens, vocab] logits are never materialised. Kernel generation
 """
 
 from ._lib import CompileError, CudaError
-from .cache import cache_dir, kernel_load_stats, precompile, set_cache_dir, tune
+from .cache import (
+    cache_dir,
+    kernel_load_stats,
+    precompile,
+    reload_options,
+    set_cache_dir,
+    tune,
+)
 from .kernels import generate
 
 __version__ = "0.1.0"
@@ -25,6 +32,7 @@ __all__ = [
     "kernel_load_stats",
     "linear_cross_entropy",
     "precompile",
+    "reload_options",
     "set_cache_dir",
     "set_log_level",
     "tune",

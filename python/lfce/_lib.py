@@ -30,7 +30,7 @@ __all__ = [
 ]
 
 # LFCE_ABI_VERSION of the lfce.h this file mirrors: bump both together.
-ABI_VERSION = 1
+ABI_VERSION = 2
 
 # lfce_status
 OK = 0
@@ -251,6 +251,7 @@ _SIGNATURES = {
     "lfce_generate": (ctypes.c_int, [_P(Problem), ctypes.c_char_p, KERNEL_CALLBACK, ctypes.c_void_p]),
     "lfce_cache_dir": (ctypes.c_char_p, []),
     "lfce_set_cache_dir": (ctypes.c_int, [ctypes.c_char_p]),
+    "lfce_reload_options": (ctypes.c_int, []),
     "lfce_precompile": (ctypes.c_int, [_P(Problem), ctypes.c_char_p, PRECOMPILE_CALLBACK, ctypes.c_void_p]),
     "lfce_kernel_load_stats": (ctypes.c_int, [KERNEL_LOAD_CALLBACK, ctypes.c_void_p]),
     "lfce_tune": (ctypes.c_int, [_P(Problem), _P(TuneOptions), TUNE_CALLBACK, ctypes.c_void_p, _P(ctypes.c_int32)]),

@@ -20,8 +20,16 @@ def cache_dir():
 
 
 def set_cache_dir(path):
-    """Use ``path`` (a str or os.PathLike) as the kernel cache directory from now on in this process."""
+    """Use ``path`` (a str or os.PathLike) as the cache directory from now on in this process:
+    for the kernels and the tuning winners (``<path>/tuning``) alike."""
     _lib.check(_lib.load().lfce_set_cache_dir(_check.path("path", path)))
+
+
+def reload_options():
+    """Read lfce's environment variables again (the first call into the library reads them once):
+    LFCE_LOG_LEVEL, LFCE_CACHE_DIR (unless set_cache_dir chose one), LFCE_DEVICE_SMEM_LIMIT and
+    LFCE_DEVICE_SM_COUNT (for devices not used yet). A malformed value raises ValueError naming it."""
+    _lib.check(_lib.load().lfce_reload_options())
 
 
 def _collect(callback_type, convert, call):

@@ -123,3 +123,11 @@ def test_a_new_process_loads_cached_cubins_without_compiling(tmp_path):
     print("cold ms per kernel (LLVM + JIT):", [round(k["llvm_ms"] + k["jit_ms"], 1) for k in cold])
     print("warm load ms per kernel:", [round(k["total_ms"], 2) for k in warm])
 
+
+
+def test_reload_options_names_a_malformed_limit(monkeypatch):
+    monkeypatch.setenv("LFCE_DEVICE_SM_COUNT", "many")
+    with pytest.raises(ValueError, match="LFCE_DEVICE_SM_COUNT = 'many'"):
+        lfce.reload_options()
+    monkeypatch.delenv("LFCE_DEVICE_SM_COUNT")
+    lfce.reload_options()
