@@ -30,7 +30,6 @@ int guarded(const char* function, F&& body) {
   lfce::runtime::init_logging();
   g_last_error.clear();
   try {
-    lfce::api::Session::get();  // reads the environment at the first call (a bad value throws here)
     body();
     return LFCE_OK;
   } catch (const lfce::SpecError& e) {
@@ -68,6 +67,12 @@ std::vector<lfce::KernelKind> kernel_kinds(const lfce::runtime::Problem& problem
                                          lfce::KernelKind::GradWeight, lfce::KernelKind::GradInput};
   if (problem.bias) kinds.push_back(lfce::KernelKind::GradBias);
   return kinds;
+}
+
+// The disk cache of the session's cache directory.
+std::shared_ptr<lfce::runtime::DiskCache> session_cache() {
+  lfce::api::Session::get();  // the first use reads the environment and opens its directory
+  return lfce::runtime::disk_cache();
 }
 
 // The plan the session keeps for a problem on a device (stored tuning, device limits).
@@ -223,7 +228,7 @@ int lfce_precompile(const lfce_problem* problem, const char* arch, lfce_precompi
 int lfce_cache_list(lfce_cache_entry_callback callback, void* user) {
   return guarded("lfce_cache_list", [&] {
     require_out(reinterpret_cast<const void*>(callback), "callback");
-    for (const lfce::runtime::EntryRecord& r : lfce::runtime::disk_cache()->list()) {
+    for (const lfce::runtime::EntryRecord& r : session_cache()->list()) {
       std::string kind(lfce::runtime::entry_kind_name(r.kind));
       lfce_cache_entry e{r.key.c_str(), kind.c_str(), r.spec.c_str(), r.arch.c_str(),
                          static_cast<int64_t>(r.payload_bytes), r.created_unix, r.registers, r.local_bytes};
@@ -236,13 +241,13 @@ int lfce_cache_info(const char* key, lfce_text_callback callback, void* user) {
   return guarded("lfce_cache_info", [&] {
     require_out(key, "key");
     require_out(reinterpret_cast<const void*>(callback), "callback");
-    callback(lfce::runtime::disk_cache()->info(key).c_str(), user);
+    callback(session_cache()->info(key).c_str(), user);
   });
 }
 
 int lfce_cache_verify(int32_t remove_bad, lfce_text_callback callback, void* user, int64_t* checked, int64_t* bad) {
   return guarded("lfce_cache_verify", [&] {
-    const lfce::runtime::VerifyReport report = lfce::runtime::disk_cache()->verify(remove_bad != 0);
+    const lfce::runtime::VerifyReport report = session_cache()->verify(remove_bad != 0);
     std::vector<std::string> left;
     for (const auto& b : report.bad) {
       if (!b.not_removed.empty()) left.push_back(b.not_removed);
@@ -262,7 +267,7 @@ int lfce_cache_clear(double older_than_days, int64_t* removed, int64_t* bytes) {
   return guarded("lfce_cache_clear", [&] {
     std::optional<double> age;  // 0: every entry
     if (older_than_days != 0) age = older_than_days;
-    const lfce::runtime::ClearReport report = lfce::runtime::disk_cache()->clear(age);
+    const lfce::runtime::ClearReport report = session_cache()->clear(age);
     if (removed) *removed = static_cast<int64_t>(report.removed);
     if (bytes) *bytes = static_cast<int64_t>(report.bytes);
     if (!report.failures.empty()) throw lfce::runtime::CacheError(lfce::runtime::not_removed_message(report.failures));
