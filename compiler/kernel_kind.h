@@ -55,21 +55,27 @@ struct KernelKindInfo {
   bool unscales_dz;
 };
 
-// lse_forward / dlogits_backward keep (max or LSE f32, sum or g f32, target i64) per row;
-// loss_reduce's tree holds two floats for each of its 1024 threads.
+// Shared memory: lse_forward / dlogits_backward keep (max or LSE f32, sum or g f32, target
+// i64) per BM row; loss_reduce's tree holds two floats for each of its 1024 threads.
+// Fields: the template's own reads of spec.<field>, and those of the helpers it calls
+// (load_target: targets; load_bias: bias, dtype; elem_type: dtype; GemmSkeleton: tile, dtype).
+// No kind reads the chunk: a chunk's offset and length are run-time arguments (v_begin, v_len).
+inline constexpr uint32_t kGemmFields = kFieldHidden | kFieldDType | kFieldTile;
 inline constexpr KernelKindInfo kKernelKinds[] = {
+    // kind, name, gemm, backward, chunked, bias_only, a, b, smem_per_row, smem_bytes, thread_per_row,
+    // reads, unscales_dz
     {KernelKind::LseForward, "lse_forward", true, false, false, false, Layout::KMajor, Layout::KMajor, 16, 0, true,
-     kFieldVocab | kFieldHidden | kFieldDType | kFieldTargets | kFieldBias | kFieldTile, false},
+     kGemmFields | kFieldVocab | kFieldTargets | kFieldBias, false},
     {KernelKind::LseCombine, "lse_combine", false, false, false, false, Layout::KMajor, Layout::KMajor, 0, 0, false,
      kFieldVocab | kFieldTargets, false},
     {KernelKind::LossReduce, "loss_reduce", false, false, false, false, Layout::KMajor, Layout::KMajor, 0, 8192, false,
      kFieldTargets | kFieldReduction, false},
     {KernelKind::DlogitsBackward, "dlogits_backward", true, true, true, false, Layout::KMajor, Layout::KMajor, 16, 0,
-     true, kFieldHidden | kFieldMode | kFieldDType | kFieldTargets | kFieldReduction | kFieldBias | kFieldTile, false},
+     true, kGemmFields | kFieldMode | kFieldTargets | kFieldReduction | kFieldBias, false},
     {KernelKind::GradWeight, "grad_weight", true, true, true, false, Layout::KMajor, Layout::MNMajor, 0, 0, false,
-     kFieldHidden | kFieldDType | kFieldTile, true},
+     kGemmFields, true},
     {KernelKind::GradInput, "grad_input", true, true, true, false, Layout::MNMajor, Layout::MNMajor, 0, 0, false,
-     kFieldHidden | kFieldDType | kFieldTile, true},
+     kGemmFields, true},
     {KernelKind::GradBias, "grad_bias", false, true, true, true, Layout::KMajor, Layout::KMajor, 0, 0, false,
      kFieldDType, true},
 };
