@@ -62,10 +62,9 @@ void require_out(const void* ptr, const char* name) {
 
 // Every kernel kind a problem runs, in launch order.
 std::vector<lfce::KernelKind> kernel_kinds(const lfce::runtime::Problem& problem) {
-  std::vector<lfce::KernelKind> kinds = {lfce::KernelKind::LseForward, lfce::KernelKind::LseCombine,
-                                         lfce::KernelKind::LossReduce, lfce::KernelKind::DlogitsBackward,
-                                         lfce::KernelKind::GradWeight, lfce::KernelKind::GradInput};
-  if (problem.bias) kinds.push_back(lfce::KernelKind::GradBias);
+  std::vector<lfce::KernelKind> kinds;
+  for (const lfce::KernelKindInfo& info : lfce::kKernelKinds)
+    if (problem.bias || !info.bias_only) kinds.push_back(info.kind);
   return kinds;
 }
 

@@ -4,34 +4,13 @@
 #include <cstdio>
 
 #include "compiler/errors.h"
-#include "templates/gemm_skeleton.h"
+#include "templates/templates.h"
 
 namespace lfce::autotune {
 namespace {
 
 using runtime::Problem;
 using runtime::Tuning;
-
-// Operand layouts and extra shared memory of each GEMM template (the GemmSkeleton
-// constructor and the smem_bytes() call of templates/<kind>.cpp). config_space_test checks
-// this table against what the templates ask for.
-struct GemmTemplate {
-  KernelKind kind;
-  Layout a, b;
-  int extra_bytes_per_row;  // per BM row: lse_forward/dlogits keep (f32, f32, i64) per row
-};
-constexpr GemmTemplate kGemmTemplates[] = {
-    {KernelKind::LseForward, Layout::KMajor, Layout::KMajor, 16},
-    {KernelKind::DlogitsBackward, Layout::KMajor, Layout::KMajor, 16},
-    {KernelKind::GradWeight, Layout::KMajor, Layout::MNMajor, 0},
-    {KernelKind::GradInput, Layout::MNMajor, Layout::MNMajor, 0},
-};
-
-const GemmTemplate& gemm_template(KernelKind kind) {
-  for (const GemmTemplate& t : kGemmTemplates)
-    if (t.kind == kind) return t;
-  throw SpecError(std::string(kind_name(kind)) + " is not a GEMM kernel: it has no tile to tune");
-}
 
 // Registers ptxas keeps besides accumulators and fragments: addresses, loop counters,
 // predicates, the epilogue's temporaries.
@@ -106,15 +85,16 @@ std::vector<Candidate> cross(KernelKind kind, const Problem& problem, const std:
 }  // namespace
 
 const std::vector<KernelKind>& tuned_kinds() {
-  static const std::vector<KernelKind> kinds = {KernelKind::LseForward, KernelKind::DlogitsBackward,
-                                                KernelKind::GradWeight, KernelKind::GradInput};
+  static const std::vector<KernelKind> kinds = [] {
+    std::vector<KernelKind> out;
+    for (const KernelKindInfo& info : kKernelKinds)
+      if (info.gemm) out.push_back(info.kind);
+    return out;
+  }();
   return kinds;
 }
 
-bool is_tuned_kind(KernelKind kind) {
-  const auto& kinds = tuned_kinds();
-  return std::find(kinds.begin(), kinds.end(), kind) != kinds.end();
-}
+bool is_tuned_kind(KernelKind kind) { return kind_info(kind).gemm; }
 
 std::string Candidate::text() const {
   std::string out = tile_text(tile);
@@ -170,11 +150,6 @@ Candidate candidate_of(KernelKind kind, const Problem& problem, const Tuning& tu
     c.forward_ctas = tuning.forward_ctas > 0 ? tuning.forward_ctas : runtime::kDefaultForwardCtas;
   if (kind == KernelKind::DlogitsBackward) c.chunk = runtime::Plan(problem, Arch::SM90A, tuning).chunk();
   return c;
-}
-
-int kernel_smem_bytes(const KernelSpec& spec) {
-  const GemmTemplate& g = gemm_template(spec.kind);
-  return gemm_smem_bytes(spec.tile, spec.dtype, g.a, g.b, g.extra_bytes_per_row * spec.tile.bm);
 }
 
 int estimated_registers(const TileConfig& t, DType dtype) {

@@ -18,7 +18,7 @@
 
 namespace lfce::autotune {
 
-// The GEMM kinds the autotuner tunes, in the order it tunes them.
+// The GEMM kinds the autotuner tunes (kKernelKinds' GEMM rows), in the order it tunes them.
 const std::vector<KernelKind>& tuned_kinds();
 bool is_tuned_kind(KernelKind kind);
 
@@ -49,9 +49,9 @@ Candidate default_candidate(KernelKind kind, const runtime::Problem& problem);
 // The candidate `tuning` selects for `kind` (unset fields read as their defaults).
 Candidate candidate_of(KernelKind kind, const runtime::Problem& problem, const runtime::Tuning& tuning);
 
-// Resources a config needs, estimated as ptxas will allot them.
-int kernel_smem_bytes(const KernelSpec& spec);   // dynamic shared memory, as the template asks
-int estimated_registers(const TileConfig& tile, DType dtype);  // per thread
+// Registers per thread a config needs, estimated as ptxas will allot them (its shared memory:
+// kernel_smem_bytes() in templates/templates.h).
+int estimated_registers(const TileConfig& tile, DType dtype);
 
 // Why `candidate` cannot run for `problem` on `arch` (which limit, the value, the limit), or
 // nothing if it can: KernelSpec::validate(), threads, shared memory, registers.

@@ -38,7 +38,7 @@ bool sticky(CUresult code) {
   }
 }
 
-bool is_forward(KernelKind kind) { return kind == KernelKind::LseForward; }
+bool is_forward(KernelKind kind) { return !kind_info(kind).backward; }
 
 Measurement failure(std::string reason) {
   Measurement m;
@@ -156,11 +156,9 @@ class GpuBench final : public Bench {
   // memory is slow by construction and is not measured.
   std::string spills(bool fwd, const Tuning& tuning) {
     const runtime::Plan plan(p_, arch_, tuning);
-    std::vector<KernelKind> kinds = fwd ? std::vector<KernelKind>{KernelKind::LseForward}
-                                        : std::vector<KernelKind>{KernelKind::DlogitsBackward, KernelKind::GradWeight,
-                                                                  KernelKind::GradInput};
-    for (KernelKind kind : kinds) {
-      const KernelSpec spec = plan.spec(kind);
+    for (const KernelKindInfo& info : kKernelKinds) {
+      if (!info.gemm || info.backward == fwd) continue;
+      const KernelSpec spec = plan.spec(info.kind);
       const runtime::KernelResources& r = runtime::kernel_for(device_, spec).loaded.resources();
       if (r.local_bytes > 0)
         return "spills: " + std::to_string(r.local_bytes) + " bytes of local memory per thread, " +

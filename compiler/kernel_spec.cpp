@@ -14,12 +14,6 @@ namespace {
 template <typename E>
 using NameTable = std::initializer_list<std::pair<E, std::string_view>>;
 
-const NameTable<KernelKind> kKinds = {
-    {KernelKind::LseForward, "lse_forward"},   {KernelKind::LseCombine, "lse_combine"},
-    {KernelKind::LossReduce, "loss_reduce"},   {KernelKind::DlogitsBackward, "dlogits_backward"},
-    {KernelKind::GradWeight, "grad_weight"},   {KernelKind::GradInput, "grad_input"},
-    {KernelKind::GradBias, "grad_bias"},
-};
 const NameTable<DType> kDTypes = {{DType::BF16, "bf16"}, {DType::FP16, "fp16"}, {DType::FP32, "fp32"}};
 const NameTable<IndexType> kIndexTypes = {{IndexType::I64, "i64"}, {IndexType::I32, "i32"}};
 const NameTable<Reduction> kReductions = {
@@ -66,14 +60,8 @@ TileConfig parse_tile(std::string_view text) {
   return t;
 }
 
-bool is_gemm(KernelKind kind) {
-  return kind == KernelKind::LseForward || kind == KernelKind::DlogitsBackward ||
-         kind == KernelKind::GradWeight || kind == KernelKind::GradInput;
-}
-
 }  // namespace
 
-std::string_view kind_name(KernelKind kind) { return name_of(kKinds, kind); }
 std::string_view dtype_name(DType dtype) { return name_of(kDTypes, dtype); }
 std::string_view reduction_name(Reduction reduction) { return name_of(kReductions, reduction); }
 std::string_view mode_name(Mode mode) { return name_of(kModes, mode); }
@@ -100,7 +88,7 @@ KernelSpec KernelSpec::parse(std::string_view text) {
     if (end == std::string_view::npos) end = text.size();
     std::string_view item = text.substr(pos, end - pos);
     if (first) {
-      spec.kind = value_of(kKinds, "kind", item);
+      spec.kind = parse_kind(item);
       first = false;
     } else {
       size_t eq = item.find('=');
@@ -155,27 +143,28 @@ void KernelSpec::validate() const {
       fail(std::string(field) + " = " + std::to_string(value) + " is outside " + std::to_string(lowest) + ".." +
            std::to_string(limit));
   };
-  bounded(vocab, "vocab", 1, kMaxVocab);
-  bounded(hidden, "hidden", 1, kMaxHidden);
-  bounded(chunk, "chunk", 0, kMaxChunk);
+  const KernelKindInfo& info = kind_info(kind);
+  const uint32_t reads = fields_read();
+  // Sizes the code reads must be >= 1; the others are 0 once normalised.
+  auto size_floor = [&](uint32_t field) { return (reads & field) ? 1 : 0; };
+  bounded(vocab, "vocab", size_floor(kFieldVocab), kMaxVocab);
+  bounded(hidden, "hidden", size_floor(kFieldHidden), kMaxHidden);
+  bounded(chunk, "chunk", size_floor(kFieldChunk), kMaxChunk);
   const int vec = 16 / dtype_bytes(dtype);  // elements per 16-byte copy
-  if (hidden % vec != 0)
+  if ((reads & kFieldHidden) && hidden % vec != 0)
     fail("hidden must be a multiple of " + std::to_string(vec) + " for " +
          std::string(dtype_name(dtype)) + " (16-byte rows), got " + std::to_string(hidden));
-  bool needs_chunk = kind == KernelKind::DlogitsBackward || kind == KernelKind::GradWeight ||
-                     kind == KernelKind::GradInput || kind == KernelKind::GradBias;
-  if (needs_chunk && chunk < 1) fail("chunk must be >= 1 for " + std::string(kind_name(kind)));
-  if (!is_gemm(kind)) return;
-  const ArchInfo& info = arch_info(arch);
+  if (!info.gemm) return;
+  const ArchInfo& limits = arch_info(arch);
   const TileConfig& t = tile;
   try {
     t.check_range();
   } catch (const SpecError& e) {
     fail(e.what());
   }
-  if (t.threads() > info.threads_per_block_max)
+  if (t.threads() > limits.threads_per_block_max)
     fail("tile warps " + std::to_string(t.warps_m) + "x" + std::to_string(t.warps_n) + " make " +
-         std::to_string(t.threads()) + " threads, over the limit of " + std::to_string(info.threads_per_block_max));
+         std::to_string(t.threads()) + " threads, over the limit of " + std::to_string(limits.threads_per_block_max));
   // 16-bit: warps tile the CTA in 16x16 ldmatrix blocks; fp32 (SIMT): 16 thread columns.
   bool fits = dtype == DType::FP32
                   ? t.threads() % 16 == 0 && t.bm % (t.threads() / 16) == 0 && t.bn % 16 == 0
@@ -184,16 +173,41 @@ void KernelSpec::validate() const {
     fail("tile " + std::to_string(t.bm) + "x" + std::to_string(t.bn) +
          " does not split evenly over " + std::to_string(t.warps_m) + "x" + std::to_string(t.warps_n) +
          " warps");
-  // lse_forward and dlogits_backward set up their per-row statistics one row per thread.
-  bool row_per_thread = kind == KernelKind::LseForward || kind == KernelKind::DlogitsBackward;
-  if (row_per_thread && t.bm > t.threads())
+  if (info.thread_per_row && t.bm > t.threads())
     fail("tile BM = " + std::to_string(t.bm) + " exceeds the " + std::to_string(t.threads()) +
-         " threads of the CTA, which " + std::string(kind_name(kind)) + " needs one per row");
+         " threads of the CTA, which " + std::string(info.name) + " needs one per row");
   // Swizzled 16-byte chunks need rows of at least 128 bytes in every operand layout.
   int min_rows = 128 / dtype_bytes(dtype);
   if (t.bk < min_rows || t.bk % min_rows != 0 || t.bm % min_rows != 0 || t.bn % min_rows != 0)
     fail("tile dimensions must be multiples of " + std::to_string(min_rows) + " for " +
          std::string(dtype_name(dtype)));
+}
+
+uint32_t KernelSpec::fields_read() const {
+  const KernelKindInfo& info = kind_info(kind);
+  uint32_t reads = info.reads;
+  // dz_scale (templates/template_util.h) is 1 unless fp16 with a mean or sum reduction, where
+  // it reads grad_loss only in recompute mode.
+  if (info.unscales_dz && dtype == DType::FP16)
+    reads |= kFieldReduction | (reduction == Reduction::None ? 0u : uint32_t{kFieldMode});
+  return reads;
+}
+
+KernelSpec KernelSpec::normalised() const {
+  const uint32_t reads = fields_read();
+  KernelSpec out;
+  out.kind = kind;
+  out.arch = arch;
+  out.vocab = (reads & kFieldVocab) ? vocab : 0;
+  out.hidden = (reads & kFieldHidden) ? hidden : 0;
+  out.chunk = (reads & kFieldChunk) ? chunk : 0;
+  if (reads & kFieldMode) out.mode = mode;
+  if (reads & kFieldDType) out.dtype = dtype;
+  if (reads & kFieldTargets) out.targets = targets;
+  if (reads & kFieldReduction) out.reduction = reduction;
+  if (reads & kFieldBias) out.bias = bias;
+  if (reads & kFieldTile) out.tile = tile;
+  return out;
 }
 
 }  // namespace lfce

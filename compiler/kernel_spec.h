@@ -9,24 +9,15 @@
 #include <tuple>
 
 #include "compiler/arch.h"
+#include "compiler/kernel_kind.h"
 
 namespace lfce {
 
-enum class KernelKind {
-  LseForward,       // logits tile GEMM + per-row (max, sum-exp) and target-logit epilogue
-  LseCombine,       // per-token LSE and loss from the per-split partials
-  LossReduce,       // mean / sum of the per-token losses and the valid-token count
-  DlogitsBackward,  // recomputed logits -> dlogits for one vocabulary chunk
-  GradWeight,       // grad_weight[chunk] = dlogitsᵀ · x
-  GradInput,        // grad_input += dlogits · W[chunk]
-  GradBias,         // grad_bias[chunk] = Σ_tokens dlogits
-};
 enum class DType { BF16, FP16, FP32 };
 enum class IndexType { I64, I32 };
 enum class Reduction { Mean, Sum, None };
 enum class Mode { Recompute, Eager };
 
-std::string_view kind_name(KernelKind kind);
 std::string_view dtype_name(DType dtype);
 std::string_view reduction_name(Reduction reduction);
 std::string_view mode_name(Mode mode);
@@ -82,8 +73,16 @@ class KernelSpec {
   std::string text() const;
   static KernelSpec parse(std::string_view text);  // throws SpecError naming the bad field
   // Throws SpecError if the spec cannot be generated (sizes and their limits above, tile
-  // ranges and shape, arch limits).
+  // ranges and shape, arch limits). Sizes the kind does not read may be 0.
   void validate() const;
+
+  // The SpecField bits this spec's generated code depends on: its kind's, and for fp16
+  // kernels that divide out dz_scale, the reduction (and the mode unless it is none).
+  uint32_t fields_read() const;
+  // This spec with every field its code does not read set to a fixed value (a default
+  // KernelSpec's, sizes 0): specs that generate the same code normalise to the same value,
+  // so they share one compile, one cache entry and one tuning.
+  KernelSpec normalised() const;
 
   auto tie() const {
     return std::tie(kind, vocab, hidden, chunk, mode, dtype, targets, reduction, bias, arch, tile);

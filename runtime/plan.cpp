@@ -117,14 +117,14 @@ Plan::Plan(const Problem& problem, Arch arch, const Tuning& tuning)
   }
 }
 
+// Normalised: problems that differ only in fields a kernel does not read share its spec, and
+// so its compile, cache entry and tuning.
 KernelSpec Plan::spec(KernelKind kind) const {
   KernelSpec s;
   s.kind = kind;
   s.vocab = p_.vocab;
   s.hidden = p_.hidden;
-  bool backward = kind == KernelKind::DlogitsBackward || kind == KernelKind::GradWeight ||
-                  kind == KernelKind::GradInput || kind == KernelKind::GradBias;
-  s.chunk = backward ? chunk_ : 0;
+  s.chunk = kind_info(kind).chunked ? chunk_ : 0;
   s.mode = p_.mode;
   s.dtype = p_.dtype;
   s.targets = p_.targets;
@@ -132,7 +132,7 @@ KernelSpec Plan::spec(KernelKind kind) const {
   s.bias = p_.bias;
   s.arch = arch_;
   s.tile = tuning_.tile(kind, p_.dtype);
-  return s;
+  return s.normalised();
 }
 
 Plan::ForwardLayout Plan::forward_layout() const {

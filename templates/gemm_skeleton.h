@@ -9,7 +9,7 @@
 //   epilogue:   each template's own slot, reading staged() and writing wherever it needs.
 //
 // Operands can be K-major (K contiguous) or MN-major (M or N contiguous); the three LFCE
-// GEMMs need both (design.md §3).
+// GEMMs need both (design.md §3). Each kind's layouts are in kKernelKinds (compiler/kernel_kind.h).
 #pragma once
 
 #include <functional>
@@ -19,8 +19,6 @@
 #include "compiler/kernel_spec.h"
 
 namespace lfce {
-
-enum class Layout { KMajor, MNMajor };
 
 struct GemmOperand {
   llvm::Value* base;       // global pointer to element (0, 0)

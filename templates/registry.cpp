@@ -1,9 +1,11 @@
 #include <llvm/IR/LLVMContext.h>
 
 #include <chrono>
+#include <iterator>
 
 #include "compiler/errors.h"
 #include "compiler/nvptx_backend.h"
+#include "templates/gemm_skeleton.h"
 #include "templates/templates.h"
 
 namespace lfce {
@@ -16,6 +18,7 @@ struct Template {
   Builder build;
 };
 
+// One builder per row of kKernelKinds, in the same order.
 constexpr Template kTemplates[] = {
     {KernelKind::LseForward, build_lse_forward},   {KernelKind::LseCombine, build_lse_combine},
     {KernelKind::LossReduce, build_loss_reduce},   {KernelKind::DlogitsBackward, build_dlogits_backward},
@@ -23,27 +26,41 @@ constexpr Template kTemplates[] = {
     {KernelKind::GradBias, build_grad_bias},
 };
 
+constexpr bool every_kind_has_a_template() {
+  if (std::size(kTemplates) != std::size(kKernelKinds)) return false;
+  for (size_t i = 0; i < std::size(kTemplates); ++i)
+    if (kTemplates[i].kind != kKernelKinds[i].kind || kTemplates[i].build == nullptr) return false;
+  return true;
+}
+static_assert(every_kind_has_a_template(), "kTemplates: one builder per row of kKernelKinds, in its order");
+
 }  // namespace
+
+int kernel_smem_bytes(const KernelSpec& spec) {
+  const KernelKindInfo& info = kind_info(spec.kind);
+  if (!info.gemm) return info.smem_bytes;
+  return gemm_smem_bytes(spec.tile, spec.dtype, info.a, info.b, info.smem_per_row * spec.tile.bm);
+}
 
 GeneratedKernel generate_kernel(const KernelSpec& spec) {
   spec.validate();
   auto start = std::chrono::steady_clock::now();
-  for (const Template& t : kTemplates) {
-    if (t.kind != spec.kind) continue;
-    llvm::LLVMContext ctx;
-    auto module = new_module(ctx, spec.text(), spec.arch);
-    GeneratedKernel out;
-    out.shape = t.build(*module, spec);
-    const ArchInfo& arch = arch_info(spec.arch);
-    if (out.shape.smem_bytes > arch.smem_per_block_optin)
-      throw SpecError("tile needs " + std::to_string(out.shape.smem_bytes) + " bytes of shared memory, over the " +
-                      std::to_string(arch.smem_per_block_optin) + " an " + arch.name + " CTA can have (" +
-                      spec.text() + ")");
-    out.ptx = emit_ptx(*module, spec.arch);
-    out.compile_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-    return out;
-  }
-  throw InternalError("no template for kernel kind " + std::string(kind_name(spec.kind)));
+  llvm::LLVMContext ctx;
+  auto module = new_module(ctx, spec.text(), spec.arch);
+  GeneratedKernel out;
+  out.shape = kTemplates[static_cast<size_t>(kind_info(spec.kind).kind)].build(*module, spec);
+  if (out.shape.smem_bytes != kernel_smem_bytes(spec))
+    throw InternalError(std::string(kind_name(spec.kind)) + " asks for " + std::to_string(out.shape.smem_bytes) +
+                        " bytes of shared memory, kernel_smem_bytes() says " +
+                        std::to_string(kernel_smem_bytes(spec)) + "; update kKernelKinds");
+  const ArchInfo& arch = arch_info(spec.arch);
+  if (out.shape.smem_bytes > arch.smem_per_block_optin)
+    throw SpecError("tile needs " + std::to_string(out.shape.smem_bytes) + " bytes of shared memory, over the " +
+                    std::to_string(arch.smem_per_block_optin) + " an " + arch.name + " CTA can have (" +
+                    spec.text() + ")");
+  out.ptx = emit_ptx(*module, spec.arch);
+  out.compile_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  return out;
 }
 
 }  // namespace lfce

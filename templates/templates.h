@@ -30,7 +30,13 @@ struct GeneratedKernel {
   double compile_ms = 0;  // IR building + O3 + PTX emission
 };
 
-// Validates the spec, builds its kernel and emits PTX. Thread-safe.
+// Validates the spec, builds its kernel and emits PTX. Thread-safe. The spec is used as
+// given: callers that want kernels shared across unread fields pass spec.normalised().
 GeneratedKernel generate_kernel(const KernelSpec& spec);
+
+// The dynamic shared memory the kernel of `spec` asks for, computed from kKernelKinds and the
+// GEMM skeleton's geometry without building IR (the autotuner and the runtime prune tiles
+// with it). generate_kernel() checks that the built kernel agrees.
+int kernel_smem_bytes(const KernelSpec& spec);
 
 }  // namespace lfce

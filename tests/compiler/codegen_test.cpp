@@ -70,9 +70,7 @@ TEST_P(Codegen, AssemblesWithoutSpills) {
   EXPECT_NE(k.ptx.find(".visible .entry " + k.shape.entry), std::string::npos);
   EXPECT_NE(k.ptx.find(".maxntid " + std::to_string(k.shape.threads)), std::string::npos);
   EXPECT_EQ(k.ptx.find(".local"), std::string::npos) << "local memory in generated PTX";
-  bool gemm = c.kind == KernelKind::LseForward || c.kind == KernelKind::DlogitsBackward ||
-              c.kind == KernelKind::GradWeight || c.kind == KernelKind::GradInput;
-  if (gemm) {
+  if (kind_info(c.kind).gemm) {
     EXPECT_NE(k.ptx.find("cp.async.cg.shared.global"), std::string::npos);
     if (c.dtype != DType::FP32) {
       EXPECT_NE(k.ptx.find("mma.sync.aligned.m16n8k16.row.col.f32"), std::string::npos);
@@ -92,11 +90,10 @@ TEST_P(Codegen, AssemblesWithoutSpills) {
 
 std::vector<Case> all_cases() {
   std::vector<Case> cases;
-  for (KernelKind kind : {KernelKind::LseForward, KernelKind::LseCombine, KernelKind::LossReduce,
-                          KernelKind::DlogitsBackward, KernelKind::GradWeight, KernelKind::GradInput,
-                          KernelKind::GradBias})
+  for (const KernelKindInfo& info : kKernelKinds)
     for (DType dtype : {DType::BF16, DType::FP16, DType::FP32})
-      for (Arch arch : {Arch::SM80, Arch::SM90A}) cases.push_back({kind, dtype, arch, kind == KernelKind::LseForward});
+      for (Arch arch : {Arch::SM80, Arch::SM90A})
+        cases.push_back({info.kind, dtype, arch, info.kind == KernelKind::LseForward});
   return cases;
 }
 

@@ -75,13 +75,37 @@ TEST(Plan, ForwardSplitsFillTheGpuWhenTokensAreFew) {
 
 TEST(Plan, SpecsCarryTheProblem) {
   Plan plan(problem(llama3(64)), Arch::SM80);
-  KernelSpec s = plan.spec(KernelKind::GradInput);
+  KernelSpec s = plan.spec(KernelKind::LseForward);
   EXPECT_EQ(s.vocab, 128256);
   EXPECT_EQ(s.hidden, 4096);
-  EXPECT_EQ(s.chunk, plan.chunk());
   EXPECT_EQ(s.arch, Arch::SM80);
-  EXPECT_EQ(plan.spec(KernelKind::LseForward).chunk, 0);
+  EXPECT_EQ(s.chunk, 0);
   EXPECT_NO_THROW(s.validate());
+  for (const KernelKindInfo& info : kKernelKinds) EXPECT_NO_THROW(plan.spec(info.kind).validate()) << info.name;
+}
+
+// Problems that differ only in fields a kernel does not read share its spec (and so its
+// compile, cache entry and tuning): the forward kernels whatever the mode, lse_combine and
+// loss_reduce whatever H and the dtype, the bf16 gradient GEMMs whatever the reduction.
+TEST(Plan, SpecsAreSharedAcrossFieldsTheKernelDoesNotRead) {
+  auto spec_text = [](const Problem& p, KernelKind kind) { return Plan(p, Arch::SM90A).spec(kind).text(); };
+  Problem recompute = problem(llama3(64)), eager = recompute;
+  eager.mode = Mode::Eager;
+  for (KernelKind kind : {KernelKind::LseForward, KernelKind::LseCombine, KernelKind::LossReduce})
+    EXPECT_EQ(spec_text(recompute, kind), spec_text(eager, kind)) << kind_name(kind);
+  EXPECT_NE(spec_text(recompute, KernelKind::DlogitsBackward),
+            spec_text(eager, KernelKind::DlogitsBackward));
+
+  Problem other = recompute;
+  other.hidden = 2048;
+  other.dtype = DType::FP16;
+  for (KernelKind kind : {KernelKind::LseCombine, KernelKind::LossReduce})
+    EXPECT_EQ(spec_text(recompute, kind), spec_text(other, kind)) << kind_name(kind);
+
+  Problem summed = recompute;
+  summed.reduction = Reduction::Sum;
+  for (KernelKind kind : {KernelKind::GradWeight, KernelKind::GradInput})
+    EXPECT_EQ(spec_text(recompute, kind), spec_text(summed, kind)) << kind_name(kind);
 }
 
 TEST(ProblemFromC, NamesZeroTokens) {

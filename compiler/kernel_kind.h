@@ -1,0 +1,96 @@
+// One row per kernel kind: what the kernel is, which spec fields its generated code depends
+// on, and what the GEMM skeleton needs of it to size shared memory without building IR.
+// Every other layer asks this table instead of listing kinds itself.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <iterator>
+#include <string_view>
+
+namespace lfce {
+
+// In launch order. Add a row to kKernelKinds for each kind (a static_assert below checks).
+enum class KernelKind {
+  LseForward,       // logits tile GEMM + per-row (max, sum-exp) and target-logit epilogue
+  LseCombine,       // per-token LSE and loss from the per-split partials
+  LossReduce,       // mean / sum of the per-token losses and the valid-token count
+  DlogitsBackward,  // recomputed logits -> dlogits for one vocabulary chunk
+  GradWeight,       // grad_weight[chunk] = dlogitsᵀ · x
+  GradInput,        // grad_input += dlogits · W[chunk]
+  GradBias,         // grad_bias[chunk] = Σ_tokens dlogits
+};
+
+// How a GEMM operand is stored: K contiguous, or M (N) contiguous.
+enum class Layout { KMajor, MNMajor };
+
+// KernelSpec fields a kind's generated code may depend on (kind and arch always do).
+enum SpecField : uint32_t {
+  kFieldVocab = 1u << 0,
+  kFieldHidden = 1u << 1,
+  kFieldChunk = 1u << 2,
+  kFieldMode = 1u << 3,
+  kFieldDType = 1u << 4,
+  kFieldTargets = 1u << 5,
+  kFieldReduction = 1u << 6,
+  kFieldBias = 1u << 7,
+  kFieldTile = 1u << 8,
+};
+inline constexpr uint32_t kAllSpecFields = (1u << 9) - 1;
+
+struct KernelKindInfo {
+  KernelKind kind;
+  std::string_view name;
+  bool gemm;            // written against the GEMM skeleton: has a tile (and so a tuning)
+  bool backward;        // run by lfce_backward (else by lfce_forward)
+  bool chunked;         // run once per vocabulary chunk
+  bool bias_only;       // run only for problems with a bias
+  Layout a, b;          // GEMM operand layouts (the GemmSkeleton constructor in templates/)
+  int smem_per_row;     // GEMM: the template's shared-memory bytes per BM row after the skeleton's
+  int smem_bytes;       // not a GEMM: the template's fixed dynamic shared memory
+  bool thread_per_row;  // GEMM: sets up per-row statistics one thread per row, so BM <= threads
+  uint32_t reads;       // SpecField bits the code depends on, whatever the dtype
+  // Divides out dz_scale (templates/template_util.h): for fp16 the code also depends on the
+  // reduction, and on the mode unless the reduction is none. See fields_read().
+  bool unscales_dz;
+};
+
+// Shared memory: lse_forward / dlogits_backward keep (max or LSE f32, sum or g f32, target
+// i64) per BM row; loss_reduce's tree holds two floats for each of its 1024 threads.
+// Fields: the template's own reads of spec.<field>, and those of the helpers it calls
+// (load_target: targets; load_bias: bias, dtype; elem_type: dtype; GemmSkeleton: tile, dtype).
+// No kind reads the chunk: a chunk's offset and length are run-time arguments (v_begin, v_len).
+inline constexpr uint32_t kGemmFields = kFieldHidden | kFieldDType | kFieldTile;
+inline constexpr KernelKindInfo kKernelKinds[] = {
+    // kind, name, gemm, backward, chunked, bias_only, a, b, smem_per_row, smem_bytes, thread_per_row,
+    // reads, unscales_dz
+    {KernelKind::LseForward, "lse_forward", true, false, false, false, Layout::KMajor, Layout::KMajor, 16, 0, true,
+     kGemmFields | kFieldVocab | kFieldTargets | kFieldBias, false},
+    {KernelKind::LseCombine, "lse_combine", false, false, false, false, Layout::KMajor, Layout::KMajor, 0, 0, false,
+     kFieldVocab | kFieldTargets, false},
+    {KernelKind::LossReduce, "loss_reduce", false, false, false, false, Layout::KMajor, Layout::KMajor, 0, 8192, false,
+     kFieldTargets | kFieldReduction, false},
+    {KernelKind::DlogitsBackward, "dlogits_backward", true, true, true, false, Layout::KMajor, Layout::KMajor, 16, 0,
+     true, kGemmFields | kFieldMode | kFieldTargets | kFieldReduction | kFieldBias, false},
+    {KernelKind::GradWeight, "grad_weight", true, true, true, false, Layout::KMajor, Layout::MNMajor, 0, 0, false,
+     kGemmFields, true},
+    {KernelKind::GradInput, "grad_input", true, true, true, false, Layout::MNMajor, Layout::MNMajor, 0, 0, false,
+     kGemmFields, true},
+    {KernelKind::GradBias, "grad_bias", false, true, true, true, Layout::KMajor, Layout::KMajor, 0, 0, false,
+     kFieldDType, true},
+};
+
+constexpr bool kinds_in_enum_order() {
+  for (size_t i = 0; i < std::size(kKernelKinds); ++i)
+    if (static_cast<size_t>(kKernelKinds[i].kind) != i) return false;
+  return true;
+}
+static_assert(kinds_in_enum_order(), "kKernelKinds: one row per KernelKind, in enum order");
+
+// The row of `kind`; throws InternalError for a value outside the enum.
+const KernelKindInfo& kind_info(KernelKind kind);
+std::string_view kind_name(KernelKind kind);
+// Throws SpecError naming `name` and the accepted names.
+KernelKind parse_kind(std::string_view name);
+
+}  // namespace lfce
