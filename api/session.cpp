@@ -83,7 +83,8 @@ runtime::Plan Session::plan(const runtime::Problem& problem, int device) {
   }
   const runtime::DeviceInfo& info = runtime::device_info(device);
   const Arch arch = info.arch();
-  runtime::Plan plan(problem, arch, tuning(problem, arch));
+  const runtime::DeviceLimits limits{info.max_smem_optin, info.sm_count};
+  runtime::Plan plan(problem, arch, tuning(problem, arch), limits);
   std::lock_guard<std::mutex> lock(mutex_);
   return plans_.emplace(key, std::move(plan)).first->second;
 }

@@ -167,8 +167,10 @@ int estimated_registers(const TileConfig& t, DType dtype) {
   return accumulators + fragments + kRegisterOverhead;
 }
 
-std::optional<std::string> rejection(const Candidate& c, const Problem& problem, Arch arch) {
+std::optional<std::string> rejection(const Candidate& c, const Problem& problem, Arch arch, int64_t smem_limit) {
   const ArchInfo& info = arch_info(arch);
+  const int64_t smem_max = smem_limit > 0 ? std::min<int64_t>(smem_limit, info.smem_per_block_optin)
+                                          : info.smem_per_block_optin;
   const std::string on = std::string(" on ") + info.name;
   try {
     c.tile.check_range();  // first: a tile read from a file may hold anything
@@ -190,9 +192,9 @@ std::optional<std::string> rejection(const Candidate& c, const Problem& problem,
     return std::string("invalid plan: ") + e.what();
   }
   const int smem = kernel_smem_bytes(spec);
-  if (smem > info.smem_per_block_optin)
-    return "shared memory " + std::to_string(smem) + " bytes > limit " + std::to_string(info.smem_per_block_optin) +
-           " bytes" + on;
+  if (smem > smem_max)
+    return "shared memory " + std::to_string(smem) + " bytes > limit " + std::to_string(smem_max) + " bytes" +
+           (smem_limit > 0 ? std::string(" of this device") : on);
   const int regs = estimated_registers(c.tile, problem.dtype);
   if (regs > info.regs_per_thread_max)
     return "registers per thread ~" + std::to_string(regs) + " (estimated) > limit " +
@@ -205,7 +207,8 @@ std::optional<std::string> rejection(const Candidate& c, const Problem& problem,
   return std::nullopt;
 }
 
-ConfigSpace config_space(KernelKind kind, const Problem& problem, Arch arch, std::string_view name) {
+ConfigSpace config_space(KernelKind kind, const Problem& problem, Arch arch, std::string_view name,
+                         int64_t smem_limit) {
   if (!is_tuned_kind(kind))
     throw SpecError(std::string(kind_name(kind)) + " is not a GEMM kernel: it has no config space");
   std::vector<TileConfig> tiles;
@@ -227,7 +230,7 @@ ConfigSpace config_space(KernelKind kind, const Problem& problem, Arch arch, std
   space.kept.push_back(fallback);  // measured first: every speed-up is relative to it
   for (const Candidate& c : cross(kind, problem, tiles, small)) {
     if (c == fallback) continue;
-    if (auto reason = rejection(c, problem, arch))
+    if (auto reason = rejection(c, problem, arch, smem_limit))
       space.rejected.push_back({c, *reason});
     else
       space.kept.push_back(c);

@@ -55,7 +55,8 @@ int estimated_registers(const TileConfig& tile, DType dtype);
 
 // Why `candidate` cannot run for `problem` on `arch` (which limit, the value, the limit), or
 // nothing if it can: KernelSpec::validate(), threads, shared memory, registers.
-std::optional<std::string> rejection(const Candidate& candidate, const runtime::Problem& problem, Arch arch);
+std::optional<std::string> rejection(const Candidate& candidate, const runtime::Problem& problem, Arch arch,
+                                     int64_t smem_limit = 0);  // 0: the arch table's
 
 struct Rejected {
   Candidate candidate;
@@ -70,6 +71,6 @@ struct ConfigSpace {
 // Named spaces: "default" (the full sweep) and "small" (3-4 configs per kind, for tests).
 // Throws SpecError for another name.
 ConfigSpace config_space(KernelKind kind, const runtime::Problem& problem, Arch arch,
-                         std::string_view name = "default");
+                         std::string_view name = "default", int64_t smem_limit = 0);
 
 }  // namespace lfce::autotune

@@ -227,10 +227,13 @@ class GpuBench final : public Bench {
 TuneResult tune(const Problem& problem, int device, const TuneOptions& options) {
   runtime::make_context_current(device);
   GpuBench bench(problem, device, options);
-  const Arch arch = runtime::device_info(device).arch();
+  const runtime::DeviceInfo& info = runtime::device_info(device);
+  const Arch arch = info.arch();
+  TuneOptions on_device = options;
+  on_device.smem_limit = info.max_smem_optin;  // candidates are pruned against this device's limit
   spdlog::info("tuning on {} ({}): N={} H={} V={} {}", bench.device_name(), arch_name(arch), problem.tokens,
                problem.hidden, problem.vocab, dtype_name(problem.dtype));
-  return tune_with(bench, problem, arch, options);
+  return tune_with(bench, problem, arch, on_device);
 }
 
 }  // namespace lfce::autotune

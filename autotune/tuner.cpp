@@ -112,7 +112,7 @@ TuneResult tune_with(Bench& bench, const Problem& problem, Arch arch, const Tune
   std::vector<KindSweep> sweeps;
   int total = 0;
   for (KernelKind kind : kinds_in_order(options)) {
-    KindSweep s{kind, config_space(kind, problem, arch, options.space), store.load(TuningKey::of(kind, problem, arch)), {}};
+    KindSweep s{kind, config_space(kind, problem, arch, options.space, options.smem_limit), store.load(TuningKey::of(kind, problem, arch)), {}};
     s.todo = remaining(s.stored, s.space.kept);
     // The default first (every speed-up is relative to it), the rest in a fixed shuffled
     // order: a sweep cut short by its budget has then sampled the whole space, not a corner.

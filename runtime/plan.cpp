@@ -1,10 +1,16 @@
 #include "runtime/plan.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
+#include <iterator>
 #include <string>
+#include <vector>
 
 #include "compiler/checked_int.h"
 #include "compiler/errors.h"
+#include "compiler/kernel_kind.h"
+#include "templates/templates.h"
 
 namespace lfce::runtime {
 namespace {
@@ -30,6 +36,27 @@ TileConfig default_tile(KernelKind kind, DType dtype) {
     case KernelKind::GradInput: return TileConfig{256, 128, 64, 4, 2, 2};
     default: return TileConfig{128, 128, 64, 2, 4, 3};  // not a GEMM: the tile is unused
   }
+}
+
+TileConfig default_tile(KernelKind kind, DType dtype, Arch arch, int64_t smem_limit) {
+  if (smem_limit <= 0) smem_limit = arch_info(arch).smem_per_block_optin;
+  KernelSpec spec;
+  spec.kind = kind;
+  spec.dtype = dtype;
+  spec.arch = arch;
+  spec.tile = default_tile(kind, dtype);
+  if (!kind_info(kind).gemm || kernel_smem_bytes(spec) <= smem_limit) return spec.tile;
+  // Smaller tiles, fastest first (the staged fp32 tile, BM x (BN + 1) floats, and the ring).
+  static const TileConfig k16bit[] = {{128, 128, 64, 2, 4, 3}, {128, 128, 64, 2, 4, 2}, {64, 128, 64, 2, 2, 3},
+                                      {64, 64, 64, 2, 2, 2}};
+  static const TileConfig k32bit[] = {{64, 128, 32, 2, 4, 2}, {64, 64, 32, 2, 2, 2}};
+  for (const TileConfig& tile : dtype == DType::FP32 ? std::vector<TileConfig>(std::begin(k32bit), std::end(k32bit))
+                                                     : std::vector<TileConfig>(std::begin(k16bit), std::end(k16bit))) {
+    spec.tile = tile;
+    if (kernel_smem_bytes(spec) <= smem_limit) return tile;
+  }
+  throw InternalError("no default tile of " + std::string(kind_name(kind)) + " fits " + std::to_string(smem_limit) +
+                      " bytes of shared memory per block");
 }
 
 TileConfig Tuning::tile(KernelKind kind, DType dtype) const {
@@ -86,16 +113,28 @@ void check_problem(const Problem& p) {
                     " (rows are copied in 16-byte pieces); pad hidden and weight with zeros");
 }
 
-Plan::Plan(const Problem& problem, Arch arch, const Tuning& tuning)
-    : p_(problem), arch_(arch), tuning_(tuning) {
+Plan::Plan(const Problem& problem, Arch arch, const Tuning& tuning, const DeviceLimits& limits)
+    : p_(problem), arch_(arch), tuning_(tuning), limits_(limits) {
   check_problem(p_);
   for (const auto& [kind, tile] : tuning_.tiles) tile.check_range();  // tiles divide below
-  const TileConfig fwd = tuning_.tile(KernelKind::LseForward, p_.dtype);
+  // A winner tuned on a GPU with more shared memory (a tuning file carried over) cannot run here.
+  for (auto it = tuning_.tiles.begin(); it != tuning_.tiles.end();) {
+    KernelSpec s = spec(it->first);
+    if (limits_.smem_per_block > 0 && kernel_smem_bytes(s) > limits_.smem_per_block) {
+      spdlog::warn("tuned tile of {} needs {} bytes of shared memory, over this device's {}: using the default",
+                   kind_name(it->first), kernel_smem_bytes(s), limits_.smem_per_block);
+      it = tuning_.tiles.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  const TileConfig fwd = tile(KernelKind::LseForward);
   auto splits_for = [&](int64_t ctas, int64_t bm, int64_t bn) {
     return std::clamp<int64_t>(ceil_div(ctas, ceil_div(p_.tokens, bm)), 1,
                                std::min<int64_t>(ceil_div(p_.vocab, bn), 65535));
   };
-  const int64_t ctas = std::min(tuning_.forward_ctas > 0 ? tuning_.forward_ctas : kDefaultForwardCtas, kMaxForwardCtas);
+  const int64_t device_ctas = limits_.sm_count > 0 ? limits_.sm_count : kDefaultForwardCtas;
+  const int64_t ctas = std::min(tuning_.forward_ctas > 0 ? tuning_.forward_ctas : device_ctas, kMaxForwardCtas);
   splits_ = splits_for(ctas, fwd.bm, fwd.bn);
   max_splits_ = splits_for(kMaxForwardCtas, 256, 64);  // bounds every tuning's tiles
   ld_ = round_up(p_.tokens, 8, "dz token stride");
@@ -119,6 +158,11 @@ Plan::Plan(const Problem& problem, Arch arch, const Tuning& tuning)
 
 // Normalised: problems that differ only in fields a kernel does not read share its spec, and
 // so its compile, cache entry and tuning.
+TileConfig Plan::tile(KernelKind kind) const {
+  auto it = tuning_.tiles.find(kind);
+  return it != tuning_.tiles.end() ? it->second : default_tile(kind, p_.dtype, arch_, limits_.smem_per_block);
+}
+
 KernelSpec Plan::spec(KernelKind kind) const {
   KernelSpec s;
   s.kind = kind;
@@ -131,7 +175,7 @@ KernelSpec Plan::spec(KernelKind kind) const {
   s.reduction = p_.reduction;
   s.bias = p_.bias;
   s.arch = arch_;
-  s.tile = tuning_.tile(kind, p_.dtype);
+  s.tile = tile(kind);
   return s.normalised();
 }
 

@@ -42,7 +42,11 @@ class Plan {
   // same for every tuning (they bound what any tuning may use), so they can be asked for
   // before the tuning is known. Throws SpecError for a problem check_problem() rejects, a
   // tuned tile outside TileConfig's ranges, or sizes that overflow int64.
-  Plan(const Problem& problem, Arch arch, const Tuning& tuning = {});
+  // `limits`: the device's; a tuned tile over its shared memory is dropped (logged) for the
+  // default that fits.
+  Plan(const Problem& problem, Arch arch, const Tuning& tuning = {}, const DeviceLimits& limits = {});
+  // The tile kind runs with: tuned, else the default that fits the device.
+  TileConfig tile(KernelKind kind) const;
 
   const Problem& problem() const { return p_; }
   Arch arch() const { return arch_; }
@@ -66,6 +70,7 @@ class Plan {
   Problem p_;
   Arch arch_;
   Tuning tuning_;
+  DeviceLimits limits_;
   int64_t budget_chunk_ = 1, max_splits_ = 1;
   int64_t splits_ = 1, chunk_ = 1, ld_ = 8;
 };

@@ -27,10 +27,21 @@ struct Tuning {
 // What each GEMM kernel runs with when nothing is tuned. The 16-bit tiles are the winners of a
 // default-space sweep for llama3-8b (N = 8192) on an H200 (2026-11-30): 1.20x over 128x128x64 for all.
 TileConfig default_tile(KernelKind kind, DType dtype);
+// The same on a device that allows `smem_limit` bytes of shared memory per block: the H200's
+// default where it fits, else the first of smaller fallbacks that does (99 KiB GPUs: RTX 30/40/50,
+// A10, L4, L40S). Throws InternalError if none fits (a limit below any GEMM tile's needs).
+TileConfig default_tile(KernelKind kind, DType dtype, Arch arch, int64_t smem_limit);
 
-// CTAs the forward aims for by default: one per SM of a 132-SM H200 (two per SM measured slower). A constant rather than
-// the device's count so that workspace sizes can be computed without a GPU. Tuned values
-// stay within kMaxForwardCtas, which sizes the forward workspace.
+// What a plan needs to know of the device it runs on; 0 = unknown (offline): the arch table's
+// shared memory and kDefaultForwardCtas. The Session fills them from runtime::device_info().
+struct DeviceLimits {
+  int64_t smem_per_block = 0;
+  int64_t sm_count = 0;
+};
+
+// CTAs the forward aims for by default: one per SM (two per SM measured slower on the H200);
+// this when the SM count is unknown (offline). Workspace sizes never depend on it: tuned and
+// per-device values stay within kMaxForwardCtas, which sizes the forward workspace.
 constexpr int64_t kDefaultForwardCtas = 132;
 constexpr int64_t kMaxForwardCtas = 1056;
 

@@ -5,7 +5,9 @@
 #include <string>
 
 #include "compiler/errors.h"
+#include "compiler/kernel_kind.h"
 #include "runtime/launch.h"
+#include "templates/templates.h"
 #include "tests/spec_error.h"
 
 namespace lfce::runtime {
@@ -106,6 +108,48 @@ TEST(Plan, SpecsAreSharedAcrossFieldsTheKernelDoesNotRead) {
   summed.reduction = Reduction::Sum;
   for (KernelKind kind : {KernelKind::GradWeight, KernelKind::GradInput})
     EXPECT_EQ(spec_text(recompute, kind), spec_text(summed, kind)) << kind_name(kind);
+}
+
+// Per-GPU limits (issue 6 item 3): a 99 KiB GPU (RTX 30/40/50, A10, L4, L40S) gets default
+// tiles that fit, and the forward aims for one CTA per SM of the device.
+TEST(Plan, DefaultTilesFitA99KibGpu) {
+  constexpr int64_t kSmall = 99 * 1024;
+  for (int dtype : {LFCE_DTYPE_BF16, LFCE_DTYPE_FP16, LFCE_DTYPE_FP32}) {
+    for (Arch arch : {Arch::SM80, Arch::SM90A}) {
+      lfce_problem c = llama3(8192);
+      c.dtype = dtype;
+      const Plan own(problem(c), arch), small(problem(c), arch, Tuning{}, DeviceLimits{kSmall, 0});
+      bool changed = false;
+      for (const KernelKindInfo& info : kKernelKinds) {
+        if (!info.gemm) continue;
+        EXPECT_LE(kernel_smem_bytes(small.spec(info.kind)), kSmall) << info.name << " dtype " << dtype;
+        changed = changed || !(small.tile(info.kind) == own.tile(info.kind));
+        // Where the H200's default fits, it is kept.
+        if (kernel_smem_bytes(own.spec(info.kind)) <= kSmall) {
+          EXPECT_EQ(small.tile(info.kind), own.tile(info.kind));
+        }
+      }
+      if (dtype != LFCE_DTYPE_FP32) {
+        EXPECT_TRUE(changed) << "the 16-bit defaults need > 99 KiB: some must change";
+      }
+    }
+  }
+}
+
+TEST(Plan, ForwardAimsForOneCtaPerSmOfTheDevice) {
+  const Problem p = problem(llama3(128));
+  const Plan a100(p, Arch::SM80, Tuning{}, DeviceLimits{0, 108});
+  const int64_t row_blocks = (128 + a100.tile(KernelKind::LseForward).bm - 1) / a100.tile(KernelKind::LseForward).bm;
+  EXPECT_EQ(a100.splits() * row_blocks, 108);
+}
+
+TEST(Plan, DropsATunedTileOverTheDevicesSharedMemory) {
+  Tuning tuned;
+  tuned.tiles[KernelKind::GradWeight] = TileConfig{128, 256, 64, 2, 4, 2};  // 136 KB on the H200
+  const Plan small(problem(llama3(8192)), Arch::SM90A, tuned, DeviceLimits{99 * 1024, 0});
+  EXPECT_LE(kernel_smem_bytes(small.spec(KernelKind::GradWeight)), 99 * 1024);
+  const Plan h200(problem(llama3(8192)), Arch::SM90A, tuned, DeviceLimits{227 * 1024, 132});
+  EXPECT_EQ(h200.tile(KernelKind::GradWeight), (TileConfig{128, 256, 64, 2, 4, 2}));
 }
 
 TEST(ProblemFromC, NamesZeroTokens) {
