@@ -2,7 +2,7 @@
 # Run the Python GPU tests and save the results: <dir>/junit.xml (each numeric test's measured
 # errors are <property> entries) and <dir>/run.json (date, GPU, driver, torch, commit).
 # Usage: bash scripts/gpu_tests.sh <results dir> [extra pytest arguments]
-# The commit comes from git, else from $LFCE_COMMIT (for a copy of the tree without .git).
+# The commit is $LFCE_COMMIT if set (a copy of the tree whose .git is absent or stale), else git's.
 # Exits with pytest's status; the results are written either way.
 set -uo pipefail
 if [ $# -lt 1 ]; then
@@ -18,8 +18,8 @@ export LFCE_REQUIRE_GPU=1  # a GPU test that cannot see the GPU fails instead of
 PYTHON=${PYTHON:-python3}
 "$PYTHON" -c "import torch" 2>/dev/null || PYTHON=/usr/bin/python3
 
-commit=$(git rev-parse HEAD 2>/dev/null || echo "${LFCE_COMMIT:-unknown}")
-if [ "$commit" != unknown ] && git rev-parse HEAD >/dev/null 2>&1 && [ -n "$(git status --porcelain 2>/dev/null)" ]; then
+commit=${LFCE_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
+if [ -z "${LFCE_COMMIT:-}" ] && [ "$commit" != unknown ] && [ -n "$(git status --porcelain 2>/dev/null)" ]; then
   commit="$commit-dirty"
 fi
 LFCE_COMMIT="$commit" "$PYTHON" - "$out/run.json" <<'EOF'

@@ -22,7 +22,7 @@ inputs, less the loss (what a training step keeps alive between forward and back
 the highest allocation during forward + backward beyond the inputs (gradients included).
 
 The JSON records what the figures depend on (metadata()): date, GPU, driver, torch, the git
-commit ($LFCE_COMMIT where there is no .git), lfce's generator version, whether each lfce
+commit ($LFCE_COMMIT where set, else git's), lfce's generator version, whether each lfce
 problem ran with tuned winners, and the baseline in words.
 """
 
@@ -50,7 +50,10 @@ FLOOR_METHODS = ("cublas_3gemm", "cublas_4gemm")
 # ---- what a result depends on (no GPU needed) -----------------------------------------------
 
 def git_commit(root=REPO):
-    """(commit, dirty) of the checkout at ``root``; ($LFCE_COMMIT or None, None) without a .git."""
+    """(commit, dirty): ($LFCE_COMMIT, None) when set (a copy whose .git is absent or stale, as on
+    a device machine), else git's for the checkout at ``root``, else (None, None)."""
+    if os.environ.get("LFCE_COMMIT"):
+        return os.environ["LFCE_COMMIT"], None
     try:
         head = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], check=False, capture_output=True, text=True,
                               timeout=10)
@@ -60,7 +63,7 @@ def git_commit(root=REPO):
             return head.stdout.strip(), (bool(status.stdout.strip()) if status.returncode == 0 else None)
     except (OSError, subprocess.SubprocessError):
         pass
-    return os.environ.get("LFCE_COMMIT") or None, None
+    return None, None
 
 
 def _driver_versions():

@@ -41,6 +41,7 @@ TEST_P(TunerGpu, SmallSpaceAgreesWithTheDefaultAndItsWinnersAreUsed) {
   p.workspace_budget = 1 << 20;  // several vocabulary chunks
   TuneOptions options;
   options.space = "small";
+  options.cache_dir = dir_;  // explicit, as the Session passes it (the environment is read once)
   options.verify = true;
   options.warmup = 1;
   options.repetitions = 3;

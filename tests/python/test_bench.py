@@ -29,11 +29,18 @@ def checkout(tmp_path):
 
 
 def test_git_commit_is_the_checkouts_head_and_clean(checkout, monkeypatch):
-    monkeypatch.setenv("LFCE_COMMIT", "not-this")
+    monkeypatch.delenv("LFCE_COMMIT", raising=False)
     assert bench.git_commit(str(checkout)) == (git(checkout, "rev-parse", "HEAD"), False)
 
 
-def test_git_commit_reports_a_modified_checkout_as_dirty(checkout):
+def test_lfce_commit_wins_over_a_stale_checkout(checkout, monkeypatch):
+    # A device machine's copy of the tree may carry a .git whose HEAD is not what was built.
+    monkeypatch.setenv("LFCE_COMMIT", "0123abc")
+    assert bench.git_commit(str(checkout)) == ("0123abc", None)
+
+
+def test_git_commit_reports_a_modified_checkout_as_dirty(checkout, monkeypatch):
+    monkeypatch.delenv("LFCE_COMMIT", raising=False)
     (checkout / "a.txt").write_text("b\n")
     assert bench.git_commit(str(checkout)) == (git(checkout, "rev-parse", "HEAD"), True)
 
