@@ -29,7 +29,9 @@ constexpr Template kTemplates[] = {
 constexpr bool every_kind_has_a_template() {
   if (std::size(kTemplates) != std::size(kKernelKinds)) return false;
   for (size_t i = 0; i < std::size(kTemplates); ++i)
-    if (kTemplates[i].kind != kKernelKinds[i].kind || kTemplates[i].build == nullptr) return false;
+    // (A builder's address is not a constant under -fsanitize: KernelKindTable's test checks
+    // that each one builds its kind.)
+    if (kTemplates[i].kind != kKernelKinds[i].kind) return false;
   return true;
 }
 static_assert(every_kind_has_a_template(), "kTemplates: one builder per row of kKernelKinds, in its order");
