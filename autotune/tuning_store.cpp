@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -27,6 +28,7 @@ using runtime::Tuning;
 
 // Bumped when the file layout changes; files of another format read as missing.
 constexpr int kFormat = 1;
+constexpr std::size_t kMaxFileBytes = 16 << 20;
 
 std::string index_name(IndexType t) { return t == IndexType::I64 ? "i64" : "i32"; }
 
@@ -142,10 +144,15 @@ std::string TuningStore::path(const TuningKey& key) const { return (fs::path(dir
 std::optional<TuningEntry> TuningStore::load(const TuningKey& key) const {
   if (dir_.empty()) return std::nullopt;
   const std::string file = path(key);
-  std::ifstream in(file);
-  if (!in) return std::nullopt;
+  // Never blocks on a FIFO or device in the file's place, never reads through a link, and
+  // bounds the size (a tuning file is a few KB).
+  std::string text;
+  if (int error = runtime::read_file(file, text, kMaxFileBytes); error != 0) {
+    if (error != ENOENT) spdlog::warn("ignoring tuning file {}: {}", file, runtime::error_text(error));
+    return std::nullopt;
+  }
   try {
-    return entry_from_json(json::parse(in), key);
+    return entry_from_json(json::parse(text), key);
   } catch (const std::exception& e) {
     spdlog::warn("ignoring tuning file {}: {}", file, e.what());
     return std::nullopt;

@@ -4,6 +4,7 @@
 #include "autotune/tuning_store.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -143,6 +144,19 @@ TEST_F(StoreTest, LookupReturnsTheStoredWinnerForTheSameBucket) {
 
   EXPECT_EQ(stored_tuning(TuningStore(dir_), problem(8193), Arch::SM90A), runtime::Tuning{});  // bucket 16384
   EXPECT_EQ(stored_tuning(TuningStore(dir_), problem(8192), Arch::SM80), runtime::Tuning{});   // another arch
+}
+
+// Issue 6: a FIFO in place of a tuning file hung the first forward (std::ifstream blocks on
+// open until a writer comes). Now it is "not a regular file": logged, read as missing.
+TEST_F(StoreTest, AFifoInPlaceOfATuningFileReadsAsMissingWithoutBlocking) {
+  TuningStore store(dir_);
+  const TuningKey key = TuningKey::of(KernelKind::LseForward, problem(), Arch::SM90A);
+  fs::create_directories(store.dir());
+  ASSERT_EQ(mkfifo(store.path(key).c_str(), 0600), 0);
+  WarningCapture log;
+  EXPECT_FALSE(store.load(key));
+  EXPECT_NE(log.text().find("not a regular file"), std::string::npos) << log.text();
+  EXPECT_EQ(stored_tuning(store, problem(), Arch::SM90A), runtime::Tuning{});
 }
 
 TEST_F(StoreTest, LookupIgnoresAWinnerThePrunerRejects) {
