@@ -104,7 +104,21 @@ void write_entry(const fs::path& path, const std::string& text) {
 int64_t token_bucket(int64_t tokens) { return next_pow2(tokens, "tuning N bucket"); }
 
 TuningKey TuningKey::of(KernelKind kind, const Problem& p, Arch arch) {
-  return TuningKey{kind, p.vocab, p.hidden, p.dtype, p.mode, p.bias, p.reduction, p.targets, arch,
+  // Problems whose kernel of this kind is the same code share one tuning: the features the
+  // kind's code does not read (KernelSpec::fields_read: mode for the forward, for instance)
+  // take the normalised spec's values. V, H and the N bucket stay: they change the timing.
+  KernelSpec spec;
+  spec.kind = kind;
+  spec.vocab = p.vocab;
+  spec.hidden = p.hidden;
+  spec.mode = p.mode;
+  spec.dtype = p.dtype;
+  spec.targets = p.targets;
+  spec.reduction = p.reduction;
+  spec.bias = p.bias;
+  spec.arch = arch;
+  const KernelSpec n = spec.normalised();
+  return TuningKey{kind, p.vocab, p.hidden, n.dtype, n.mode, n.bias, n.reduction, n.targets, arch,
                    token_bucket(p.tokens)};
 }
 

@@ -159,6 +159,29 @@ TEST_F(StoreTest, AFifoInPlaceOfATuningFileReadsAsMissingWithoutBlocking) {
   EXPECT_EQ(stored_tuning(store, problem(), Arch::SM90A), runtime::Tuning{});
 }
 
+// Issue 6 item 2: one tuning per generated kernel. lse_forward's code does not read the mode,
+// so recompute and eager problems share its winner; dlogits_backward reads it, so they do not.
+TEST(TuningKey, ProblemsWhoseKernelIsTheSameCodeShareOneKey) {
+  runtime::Problem recompute = problem(), eager = problem();
+  eager.mode = Mode::Eager;
+  EXPECT_EQ(TuningKey::of(KernelKind::LseForward, recompute, Arch::SM90A),
+            TuningKey::of(KernelKind::LseForward, eager, Arch::SM90A));
+  EXPECT_FALSE(TuningKey::of(KernelKind::DlogitsBackward, recompute, Arch::SM90A) ==
+               TuningKey::of(KernelKind::DlogitsBackward, eager, Arch::SM90A));
+  runtime::Problem sum = problem();
+  sum.reduction = Reduction::Sum;  // bf16 grad_weight does not read the reduction (fp16 does: dz_scale)
+  EXPECT_EQ(TuningKey::of(KernelKind::GradWeight, recompute, Arch::SM90A),
+            TuningKey::of(KernelKind::GradWeight, sum, Arch::SM90A));
+  sum.dtype = recompute.dtype = DType::FP16;
+  EXPECT_FALSE(TuningKey::of(KernelKind::GradWeight, recompute, Arch::SM90A) ==
+               TuningKey::of(KernelKind::GradWeight, sum, Arch::SM90A));
+  // V, H and the N bucket stay in every key: they change the timing.
+  runtime::Problem wider = problem();
+  wider.vocab += 128;
+  EXPECT_FALSE(TuningKey::of(KernelKind::GradWeight, problem(), Arch::SM90A) ==
+               TuningKey::of(KernelKind::GradWeight, wider, Arch::SM90A));
+}
+
 TEST_F(StoreTest, LookupIgnoresAWinnerThePrunerRejects) {
   TuningStore store(dir_);
   // As a file from another generator version might hold: over sm_90a's shared memory.
