@@ -107,17 +107,7 @@ TuningKey TuningKey::of(KernelKind kind, const Problem& p, Arch arch) {
   // Problems whose kernel of this kind is the same code share one tuning: the features the
   // kind's code does not read (KernelSpec::fields_read: mode for the forward, for instance)
   // take the normalised spec's values. V, H and the N bucket stay: they change the timing.
-  KernelSpec spec;
-  spec.kind = kind;
-  spec.vocab = p.vocab;
-  spec.hidden = p.hidden;
-  spec.mode = p.mode;
-  spec.dtype = p.dtype;
-  spec.targets = p.targets;
-  spec.reduction = p.reduction;
-  spec.bias = p.bias;
-  spec.arch = arch;
-  const KernelSpec n = spec.normalised();
+  const KernelSpec n = runtime::problem_spec(kind, p, arch).normalised();
   return TuningKey{kind, p.vocab, p.hidden, n.dtype, n.mode, n.bias, n.reduction, n.targets, arch,
                    token_bucket(p.tokens)};
 }

@@ -163,18 +163,23 @@ TileConfig Plan::tile(KernelKind kind) const {
   return it != tuning_.tiles.end() ? it->second : default_tile(kind, p_.dtype, arch_, limits_.smem_per_block);
 }
 
-KernelSpec Plan::spec(KernelKind kind) const {
+KernelSpec problem_spec(KernelKind kind, const Problem& p, Arch arch) {
   KernelSpec s;
   s.kind = kind;
-  s.vocab = p_.vocab;
-  s.hidden = p_.hidden;
+  s.vocab = p.vocab;
+  s.hidden = p.hidden;
+  s.mode = p.mode;
+  s.dtype = p.dtype;
+  s.targets = p.targets;
+  s.reduction = p.reduction;
+  s.bias = p.bias;
+  s.arch = arch;
+  return s;
+}
+
+KernelSpec Plan::spec(KernelKind kind) const {
+  KernelSpec s = problem_spec(kind, p_, arch_);
   s.chunk = kind_info(kind).chunked ? chunk_ : 0;
-  s.mode = p_.mode;
-  s.dtype = p_.dtype;
-  s.targets = p_.targets;
-  s.reduction = p_.reduction;
-  s.bias = p_.bias;
-  s.arch = arch_;
   s.tile = tile(kind);
   return s.normalised();
 }

@@ -28,6 +28,10 @@ struct Problem {
 // V, H and the chunk are bounded by kMaxVocab, kMaxHidden and kMaxChunk (compiler/kernel_spec.h).
 constexpr int64_t kMaxTokens = (int64_t{1} << 31) - 1;
 
+// The spec of `kind` for `problem` on `arch` as far as the problem decides it: no chunk, the
+// default tile, not normalised (Plan::spec completes it; tuning keys normalise it).
+KernelSpec problem_spec(KernelKind kind, const Problem& problem, Arch arch);
+
 // Converts and validates the C struct; throws SpecError naming the first bad field.
 Problem problem_from_c(const lfce_problem* problem);
 // Throws SpecError naming the first size of `problem` outside its range (N, H, V, chunk,

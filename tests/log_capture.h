@@ -22,6 +22,12 @@ class WarningCapture {
   WarningCapture(const WarningCapture&) = delete;
   WarningCapture& operator=(const WarningCapture&) = delete;
   std::string text() const { return out_.str(); }
+  int count(const std::string& part) const {  // occurrences of `part` in text()
+    int n = 0;
+    const std::string s = text();
+    for (std::size_t at = s.find(part); at != std::string::npos; at = s.find(part, at + 1)) ++n;
+    return n;
+  }
 
  private:
   std::ostringstream out_;

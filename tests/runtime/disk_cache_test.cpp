@@ -1,6 +1,7 @@
 // The on-disk kernel cache, without a GPU: key derivation, atomic entries and their recovery,
 // read-only and unusable directories, management, and many processes asking for one spec.
 #include "runtime/disk_cache.h"
+#include "tests/log_capture.h"
 
 #include <gtest/gtest.h>
 #include <spdlog/sinks/ostream_sink.h>
@@ -67,27 +68,7 @@ class TempDir {
   std::string path_;
 };
 
-// Sends spdlog's default logger into a string for the life of the object.
-class LogCapture {
- public:
-  LogCapture() : previous_(spdlog::default_logger()) {
-    auto logger = std::make_shared<spdlog::logger>("capture", std::make_shared<spdlog::sinks::ostream_sink_mt>(out_));
-    logger->set_level(spdlog::level::warn);
-    spdlog::set_default_logger(logger);
-  }
-  ~LogCapture() { spdlog::set_default_logger(previous_); }
-  std::string text() const { return out_.str(); }
-  int count(const std::string& part) const {
-    int n = 0;
-    const std::string s = text();
-    for (std::size_t at = s.find(part); at != std::string::npos; at = s.find(part, at + 1)) ++n;
-    return n;
-  }
-
- private:
-  std::ostringstream out_;
-  std::shared_ptr<spdlog::logger> previous_;
-};
+using LogCapture = testing_log::WarningCapture;
 
 KernelSpec small_spec(KernelKind kind = KernelKind::LossReduce) {
   KernelSpec s;
