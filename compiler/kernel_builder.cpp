@@ -20,6 +20,7 @@ KernelBuilder::KernelBuilder(llvm::Module& module, const std::string& name,
       case ParamType::I64: types.push_back(llvm::Type::getInt64Ty(c)); break;
       case ParamType::I32: types.push_back(llvm::Type::getInt32Ty(c)); break;
       case ParamType::F32: types.push_back(llvm::Type::getFloatTy(c)); break;
+      case ParamType::TensorMap: types.push_back(llvm::PointerType::get(c, 0)); break;
     }
   }
   auto* type = llvm::FunctionType::get(llvm::Type::getVoidTy(c), types, false);
@@ -29,6 +30,11 @@ KernelBuilder::KernelBuilder(llvm::Module& module, const std::string& name,
     fn_->getArg(i)->setName(params[i].name);
     if (params[i].type == ParamType::GlobalPtr && params[i].noalias)
       fn_->addParamAttr(i, llvm::Attribute::NoAlias);  // lets NVPTX use ld.global.nc
+    if (params[i].type == ParamType::TensorMap) {
+      auto* map_type = llvm::ArrayType::get(llvm::Type::getInt8Ty(c), 128);
+      fn_->addParamAttr(i, llvm::Attribute::getWithByValType(c, map_type));
+      fn_->addParamAttr(i, llvm::Attribute::getWithAlignment(c, llvm::Align(64)));
+    }
   }
   // LLVM 19 takes launch bounds only through nvvm.annotations; .maxntid also lets ptxas
   // budget registers for exactly this many threads.
@@ -40,6 +46,16 @@ KernelBuilder::KernelBuilder(llvm::Module& module, const std::string& name,
   };
   annotate("kernel", 1);
   annotate("maxntidx", threads);
+  // Without grid_constant LLVM 19 copies a byval parameter to local memory, where TMA cannot
+  // read it; with it, the parameter's address is taken in place (cvta.param).
+  std::vector<llvm::Metadata*> grid_constants;
+  for (size_t i = 0; i < params.size(); ++i)
+    if (params[i].type == ParamType::TensorMap)
+      grid_constants.push_back(llvm::ValueAsMetadata::get(
+          llvm::ConstantInt::get(llvm::Type::getInt32Ty(c), static_cast<int>(i) + 1)));  // 1-based
+  if (!grid_constants.empty())
+    md->addOperand(llvm::MDNode::get(c, {llvm::ValueAsMetadata::get(fn_), llvm::MDString::get(c, "grid_constant"),
+                                         llvm::MDNode::get(c, grid_constants)}));
 
   smem_ = module.getGlobalVariable("lfce_smem");
   if (!smem_) {
@@ -206,6 +222,125 @@ void KernelBuilder::cp_async_commit() { call(llvm::Intrinsic::nvvm_cp_async_comm
 
 void KernelBuilder::cp_async_wait(int pending_groups) {
   call(llvm::Intrinsic::nvvm_cp_async_wait_group, {c32(pending_groups)});
+}
+
+llvm::CallInst* KernelBuilder::ptx(llvm::Type* ret, const std::string& text, const std::string& constraints,
+                                   llvm::ArrayRef<Value*> args) {
+  std::vector<llvm::Type*> types;
+  for (Value* a : args) types.push_back(a->getType());
+  auto* type = llvm::FunctionType::get(ret, types, false);
+  llvm::CallInst* ci = ir_.CreateCall(llvm::InlineAsm::get(type, text, constraints, /*hasSideEffects=*/true), args);
+  ci->addFnAttr(llvm::Attribute::Convergent);
+  return ci;
+}
+
+Value* KernelBuilder::tensor_map(const std::string& name) {
+  // The byval parameter's address is in the param space; generic addressing reaches it
+  // (LLVM emits cvta.param for grid_constant parameters).
+  return ir_.CreatePtrToInt(arg(name), i64());
+}
+
+Value* KernelBuilder::smem_addr(Value* byte_offset) { return ir_.CreatePtrToInt(smem(byte_offset), i32()); }
+
+void KernelBuilder::mbarrier_init(Value* bar, int arrivals) {
+  ptx(ir_.getVoidTy(), "mbarrier.init.shared::cta.b64 [$0], $1;", "r,r,~{memory}", {smem_addr(bar), c32(arrivals)});
+}
+
+void KernelBuilder::mbarrier_init_fence() {
+  ptx(ir_.getVoidTy(), "fence.mbarrier_init.release.cluster;\n\tfence.proxy.async.shared::cta;", "~{memory}", {});
+}
+
+void KernelBuilder::mbarrier_arrive(Value* bar) {
+  ptx(ir_.getVoidTy(), "{\n\t.reg .b64 state;\n\tmbarrier.arrive.release.cta.shared::cta.b64 state, [$0];\n\t}",
+      "r,~{memory}", {smem_addr(bar)});
+}
+
+void KernelBuilder::mbarrier_arrive_expect_tx(Value* bar, int bytes) {
+  ptx(ir_.getVoidTy(),
+      "{\n\t.reg .b64 state;\n\tmbarrier.arrive.expect_tx.release.cta.shared::cta.b64 state, [$0], $1;\n\t}",
+      "r,r,~{memory}", {smem_addr(bar), c32(bytes)});
+}
+
+void KernelBuilder::mbarrier_wait(Value* bar, Value* parity) {
+  // try_wait suspends the thread for a system-dependent time; loop until the phase completed.
+  ptx(ir_.getVoidTy(),
+      "{\n\t.reg .pred done;\n\tLFCE_WAIT_${:uid}:\n\t"
+      "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 done, [$0], $1;\n\t"
+      "@!done bra LFCE_WAIT_${:uid};\n\t}",
+      "r,r,~{memory}", {smem_addr(bar), parity});
+}
+
+void KernelBuilder::tma_load_2d(Value* dst, Value* map, Value* c0, Value* c1, Value* bar) {
+  ptx(ir_.getVoidTy(),
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [$0], [$1, {$2, $3}], [$4];",
+      "r,l,r,r,r,~{memory}", {smem_addr(dst), map, c0, c1, smem_addr(bar)});
+}
+
+void KernelBuilder::set_max_registers(bool increase, int registers) {
+  call(increase ? llvm::Intrinsic::nvvm_setmaxnreg_inc_sync_aligned_u32
+                : llvm::Intrinsic::nvvm_setmaxnreg_dec_sync_aligned_u32,
+       {c32(registers)})
+      ->addFnAttr(llvm::Attribute::Convergent);
+}
+
+void KernelBuilder::named_barrier(int id, int threads) {
+  ptx(ir_.getVoidTy(), "bar.sync $0, $1;", "r,r,~{memory}", {c32(id), c32(threads)});
+}
+
+void KernelBuilder::wgmma_fence() { ptx(ir_.getVoidTy(), "wgmma.fence.sync.aligned;", "~{memory}", {}); }
+
+void KernelBuilder::wgmma_commit() { ptx(ir_.getVoidTy(), "wgmma.commit_group.sync.aligned;", "~{memory}", {}); }
+
+namespace {
+
+// "{$first, ..., $last}"
+std::string register_list(int first, int count) {
+  std::string out = "{";
+  for (int i = 0; i < count; ++i) out += (i ? ", $" : "$") + std::to_string(first + i);
+  return out + "}";
+}
+
+// count outputs "=f" then, for tying, count inputs "0".."count-1".
+std::string tied_constraints(int count, const std::string& middle) {
+  std::string out;
+  for (int i = 0; i < count; ++i) out += (i ? ",=f" : "=f");
+  if (!middle.empty()) out += "," + middle;
+  for (int i = 0; i < count; ++i) out += "," + std::to_string(i);
+  return out;
+}
+
+}  // namespace
+
+std::vector<Value*> KernelBuilder::wgmma_m64k16(bool bf16, int n, Value* desc_a, Value* desc_b,
+                                                const std::vector<Value*>& acc, bool trans_a, bool trans_b) {
+  const int count = n / 2;
+  if (static_cast<int>(acc.size()) != count) throw InternalError("wgmma_m64k16: accumulator count");
+  const char* type = bf16 ? "bf16" : "f16";
+  // scale-d is a predicate operand: set from a register (1: D = A·B + D).
+  std::string text = "{\n\t.reg .pred scale_d;\n\tsetp.ne.b32 scale_d, $" + std::to_string(count + 2) +
+                     ", 0;\n\twgmma.mma_async.sync.aligned.m64n" + std::to_string(n) + "k16.f32." + type + "." + type +
+                     " " + register_list(0, count) + ", $" + std::to_string(count) + ", $" +
+                     std::to_string(count + 1) + ", scale_d, 1, 1, " + (trans_a ? "1" : "0") + ", " +
+                     (trans_b ? "1" : "0") + ";\n\t}";
+  std::vector<llvm::Type*> fields(count, f32());
+  std::vector<Value*> args{desc_a, desc_b, c32(1)};
+  args.insert(args.end(), acc.begin(), acc.end());
+  llvm::CallInst* r = ptx(llvm::StructType::get(ctx(), fields), text, tied_constraints(count, "l,l,r"), args);
+  std::vector<Value*> out(count);
+  for (int i = 0; i < count; ++i) out[i] = ir_.CreateExtractValue(r, i);
+  return out;
+}
+
+std::vector<Value*> KernelBuilder::wgmma_wait(int pending, const std::vector<Value*>& acc) {
+  const int count = static_cast<int>(acc.size());
+  std::vector<llvm::Type*> fields(count, f32());
+  llvm::CallInst* r = ptx(llvm::StructType::get(ctx(), fields),
+                          "// the accumulators are tied through this wait\n\twgmma.wait_group.sync.aligned " +
+                              std::to_string(pending) + ";",
+                          tied_constraints(count, ""), acc);
+  std::vector<Value*> out(count);
+  for (int i = 0; i < count; ++i) out[i] = ir_.CreateExtractValue(r, i);
+  return out;
 }
 
 std::array<Value*, 4> KernelBuilder::ldmatrix_x4(Value* smem_ptr, bool transpose) {

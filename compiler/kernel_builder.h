@@ -13,7 +13,9 @@
 
 namespace lfce {
 
-enum class ParamType { GlobalPtr, I64, I32, F32 };
+// TensorMap: a 128-byte CUtensorMap passed by value (byval, 64-byte aligned, grid_constant),
+// read in place by TMA instructions through tensor_map().
+enum class ParamType { GlobalPtr, I64, I32, F32, TensorMap };
 
 struct Param {
   std::string name;
@@ -85,6 +87,35 @@ class KernelBuilder {
   void cp_async_commit();
   void cp_async_wait(int pending_groups);
 
+  // Hopper (sm_90a), as inline PTX (LLVM 19 has no intrinsics for these).
+  // The generic address of a TensorMap parameter, for TMA instructions.
+  llvm::Value* tensor_map(const std::string& name);
+  // 32-bit shared-window address of dynamic shared memory byte `offset`.
+  llvm::Value* smem_addr(llvm::Value* byte_offset);
+  // mbarriers at shared byte offsets (i32, 8-byte aligned).
+  void mbarrier_init(llvm::Value* bar, int arrivals);
+  void mbarrier_init_fence();  // makes initialised mbarriers visible to TMA and other threads
+  void mbarrier_arrive(llvm::Value* bar);
+  void mbarrier_arrive_expect_tx(llvm::Value* bar, int bytes);
+  void mbarrier_wait(llvm::Value* bar, llvm::Value* parity);  // spins until phase `parity` completed
+  // 2-D TMA tile load of box (c0 inner, c1 outer) into shared byte offset `dst`, completing
+  // its bytes on mbarrier `bar`. Coordinates are i32 elements; out-of-bounds reads zero-fill.
+  void tma_load_2d(llvm::Value* dst, llvm::Value* map, llvm::Value* c0, llvm::Value* c1, llvm::Value* bar);
+  // setmaxnreg: every warp of the warpgroup moves to `registers` per thread (a multiple of 8
+  // in 24..256); inc waits until the registers other warpgroups released are free.
+  void set_max_registers(bool increase, int registers);
+  // Named barrier `id` (1..15) over `threads` threads (a multiple of 32).
+  void named_barrier(int id, int threads);
+  // wgmma.mma_async m64nNk16 (f32 accumulate) from shared-memory descriptors a, b (i64):
+  // acc (N/2 floats per thread) += A·B. trans_*: the operand is MN-major in shared memory.
+  std::vector<llvm::Value*> wgmma_m64k16(bool bf16, int n, llvm::Value* desc_a, llvm::Value* desc_b,
+                                         const std::vector<llvm::Value*>& acc, bool trans_a, bool trans_b);
+  void wgmma_fence();
+  void wgmma_commit();
+  // wgmma.wait_group with every accumulator register tied through it, so that no read of them
+  // is scheduled before the wait.
+  std::vector<llvm::Value*> wgmma_wait(int pending, const std::vector<llvm::Value*>& acc);
+
   // Tensor cores (sm_80): ldmatrix x4 and mma.sync m16n8k16 with f32 accumulators.
   std::array<llvm::Value*, 4> ldmatrix_x4(llvm::Value* smem_ptr, bool transpose);
   std::array<llvm::Value*, 4> mma_16816(bool bf16, const std::array<llvm::Value*, 4>& a,
@@ -95,6 +126,9 @@ class KernelBuilder {
   llvm::CallInst* call(llvm::Intrinsic::ID id, llvm::ArrayRef<llvm::Value*> args,
                        llvm::ArrayRef<llvm::Type*> overloads = {});
   llvm::Value* sreg(llvm::Intrinsic::ID id);
+  // Inline PTX with side effects, marked convergent (for .sync.aligned forms).
+  llvm::CallInst* ptx(llvm::Type* ret, const std::string& text, const std::string& constraints,
+                      llvm::ArrayRef<llvm::Value*> args);
 
   llvm::Module& module_;
   llvm::IRBuilder<> ir_;

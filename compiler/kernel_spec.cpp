@@ -47,19 +47,6 @@ int64_t parse_int(std::string_view field, std::string_view text) {
   return value;
 }
 
-TileConfig parse_tile(std::string_view text) {
-  TileConfig t;
-  char x1, x2, slash1, x3, slash2, s;
-  std::istringstream in{std::string(text)};
-  in >> t.bm >> x1 >> t.bn >> x2 >> t.bk >> slash1 >> t.warps_m >> x3 >> t.warps_n >> slash2 >> s >>
-      t.stages;
-  if (!in || x1 != 'x' || x2 != 'x' || slash1 != '/' || x3 != 'x' || slash2 != '/' || s != 's' ||
-      in.peek() != EOF)
-    throw SpecError("KernelSpec field 'tile' must read BMxBNxBK/WMxWN/sSTAGES, got '" +
-                    std::string(text) + "'");
-  return t;
-}
-
 }  // namespace
 
 std::string_view dtype_name(DType dtype) { return name_of(kDTypes, dtype); }
@@ -67,14 +54,47 @@ std::string_view reduction_name(Reduction reduction) { return name_of(kReduction
 std::string_view mode_name(Mode mode) { return name_of(kModes, mode); }
 int dtype_bytes(DType dtype) { return dtype == DType::FP32 ? 4 : 2; }
 
+std::string TileConfig::text() const {
+  std::ostringstream out;
+  out << bm << 'x' << bn << 'x' << bk << '/';
+  if (wgmma())
+    out << "wg" << consumers;
+  else
+    out << warps_m << 'x' << warps_n;
+  out << "/s" << stages;
+  return out.str();
+}
+
+TileConfig TileConfig::parse(std::string_view text) {
+  TileConfig t;
+  auto bad = [&] {
+    return SpecError("tile must read BMxBNxBK/WMxWN/sSTAGES or BMxBNxBK/wgC/sSTAGES, got '" + std::string(text) + "'");
+  };
+  char x1, x2, slash1, slash2, s;
+  std::istringstream in{std::string(text)};
+  in >> t.bm >> x1 >> t.bn >> x2 >> t.bk >> slash1;
+  if (!in || x1 != 'x' || x2 != 'x' || slash1 != '/') throw bad();
+  if (in.peek() == 'w') {
+    char w, g;
+    in >> w >> g >> t.consumers;
+    if (!in || w != 'w' || g != 'g' || t.consumers < 1) throw bad();
+    t.warps_m = t.warps_n = 1;
+  } else {
+    char x3;
+    in >> t.warps_m >> x3 >> t.warps_n;
+    if (!in || x3 != 'x') throw bad();
+  }
+  in >> slash2 >> s >> t.stages;
+  if (!in || slash2 != '/' || s != 's' || in.peek() != EOF) throw bad();
+  return t;
+}
+
 std::string KernelSpec::text() const {
   std::ostringstream out;
   out << kind_name(kind) << ";V=" << vocab << ";H=" << hidden << ";chunk=" << chunk
       << ";mode=" << mode_name(mode) << ";dtype=" << dtype_name(dtype)
       << ";targets=" << name_of(kIndexTypes, targets) << ";reduction=" << reduction_name(reduction)
-      << ";bias=" << (bias ? 1 : 0) << ";arch=" << arch_name(arch) << ";tile=" << tile.bm << 'x'
-      << tile.bn << 'x' << tile.bk << '/' << tile.warps_m << 'x' << tile.warps_n << "/s"
-      << tile.stages;
+      << ";bias=" << (bias ? 1 : 0) << ";arch=" << arch_name(arch) << ";tile=" << tile.text();
   return out.str();
 }
 
@@ -117,7 +137,11 @@ KernelSpec KernelSpec::parse(std::string_view text) {
   if (bias != "0" && bias != "1") throw SpecError("KernelSpec field 'bias' must be 0 or 1, got '" + bias + "'");
   spec.bias = bias == "1";
   spec.arch = parse_arch(take("arch"));
-  spec.tile = parse_tile(take("tile"));
+  try {
+    spec.tile = TileConfig::parse(take("tile"));
+  } catch (const SpecError& e) {
+    throw SpecError(std::string("KernelSpec field 'tile': ") + e.what());
+  }
   if (!fields.empty()) throw SpecError("KernelSpec has unknown field '" + fields.begin()->first + "'");
   return spec;
 }
@@ -134,6 +158,8 @@ void TileConfig::check_range() const {
   in_range(warps_m, "warps_m", kMaxWarps);
   in_range(warps_n, "warps_n", kMaxWarps);
   in_range(stages, "stages", kMaxStages);
+  if (consumers < 0 || consumers > kMaxConsumers)
+    throw SpecError("tile consumers = " + std::to_string(consumers) + " is outside 0.." + std::to_string(kMaxConsumers));
 }
 
 void KernelSpec::validate() const {
@@ -161,6 +187,21 @@ void KernelSpec::validate() const {
     t.check_range();
   } catch (const SpecError& e) {
     fail(e.what());
+  }
+  if (t.wgmma()) {
+    // TMA boxes and wgmma descriptors of the 128-byte-swizzled layout: BK = 64 16-bit elements
+    // (one 128-byte row), each consumer warpgroup owns 64 rows (m64 instructions), BN in whole
+    // 64-element boxes up to wgmma's N = 256.
+    if (arch != Arch::SM90A) fail("the wgmma mainloop (tile " + t.text() + ") needs arch sm_90a");
+    if (dtype == DType::FP32) fail("the wgmma mainloop (tile " + t.text() + ") takes bf16 or fp16, not fp32");
+    if (t.bk != 64) fail("wgmma tiles need BK = 64 (one 128-byte swizzled row), got " + std::to_string(t.bk));
+    if (t.bm != 64 * t.consumers)
+      fail("wgmma tiles need BM = 64 x consumers = " + std::to_string(64 * t.consumers) + ", got " +
+           std::to_string(t.bm));
+    if (t.bn % 64 != 0 || t.bn > 256) fail("wgmma tiles need BN a multiple of 64 up to 256, got " + std::to_string(t.bn));
+    if (t.stages < 2) fail("wgmma tiles need at least 2 stages, got " + std::to_string(t.stages));
+    if (t.warps_m != 1 || t.warps_n != 1) fail("wgmma tiles have warps 1x1 (the warpgroups are fixed), got " + t.text());
+    return;
   }
   if (t.threads() > limits.threads_per_block_max)
     fail("tile warps " + std::to_string(t.warps_m) + "x" + std::to_string(t.warps_n) + " make " +

@@ -33,22 +33,32 @@ constexpr int64_t kMaxHidden = int64_t{1} << 20;
 // chunk: dlogits_backward tiles its vocabulary chunk along grid y, with the same bound.
 constexpr int64_t kMaxChunk = int64_t{1} << 20;
 
-// CTA tile of the GEMM skeleton: BM x BN outputs, BK deep, warps_m x warps_n warps, `stages`
-// shared-memory buffers in flight.
+// CTA tile of the GEMM skeleton: BM x BN outputs, BK deep, `stages` shared-memory buffers in
+// flight, and the mainloop that computes it:
+//   consumers == 0: cp.async + mma.sync (16-bit) or SIMT FMA (fp32) over warps_m x warps_n warps
+//                   (text "BMxBNxBK/WMxWN/sS");
+//   consumers >= 1: sm_90a only, TMA + wgmma, warp-specialised: one producer warpgroup issues
+//                   the TMA loads, `consumers` warpgroups run wgmma, each on BM/consumers rows
+//                   (text "BMxBNxBK/wgC/sS"; warps_m = warps_n = 1).
 struct TileConfig {
   // Field ranges checked by check_range(); products of fields in range fit in int.
   static constexpr int kMaxDim = 1024;   // BM, BN, BK
   static constexpr int kMaxWarps = 32;   // warps_m, warps_n (a CTA has at most 32 warps)
   static constexpr int kMaxStages = 8;
+  static constexpr int kMaxConsumers = 2;
 
   int bm = 128, bn = 128, bk = 64;
   int warps_m = 2, warps_n = 4;
   int stages = 3;
-  int threads() const { return warps_m * warps_n * 32; }
+  int consumers = 0;
+  bool wgmma() const { return consumers > 0; }
+  int threads() const { return wgmma() ? 128 * (consumers + 1) : warps_m * warps_n * 32; }
+  std::string text() const;  // "128x128x64/2x4/s3" or "128x256x64/wg2/s4"
+  static TileConfig parse(std::string_view text);  // throws SpecError naming the text
   // Throws SpecError naming the first field outside its range. A tile may come from a file:
   // call this before any arithmetic on its fields.
   void check_range() const;
-  auto tie() const { return std::tie(bm, bn, bk, warps_m, warps_n, stages); }
+  auto tie() const { return std::tie(bm, bn, bk, warps_m, warps_n, stages, consumers); }
   bool operator==(const TileConfig& o) const { return tie() == o.tie(); }
   bool operator<(const TileConfig& o) const { return tie() < o.tie(); }
 };

@@ -58,6 +58,7 @@ LFCE_SAME_ABI(cuEventSynchronize, PFN_cuEventSynchronize_v2000);
 LFCE_SAME_ABI(cuEventElapsedTime, PFN_cuEventElapsedTime_v2000);
 LFCE_SAME_ABI(cuEventDestroy, PFN_cuEventDestroy_v4000);
 LFCE_SAME_ABI(cuCtxSynchronize, PFN_cuCtxSynchronize_v2000);
+LFCE_SAME_ABI(cuTensorMapEncodeTiled, PFN_cuTensorMapEncodeTiled_v12000);
 
 namespace {
 
@@ -218,6 +219,7 @@ const Driver* load() {
   resolve(get_proc, "cuEventElapsedTime", d->cuEventElapsedTime);
   resolve(get_proc, "cuEventDestroy", d->cuEventDestroy);
   resolve(get_proc, "cuCtxSynchronize", d->cuCtxSynchronize);
+  resolve(get_proc, "cuTensorMapEncodeTiled", d->cuTensorMapEncodeTiled);
 
   // cuInit fails with CUDA_ERROR_NO_DEVICE on a machine with a driver but no
   // GPU, and with CUDA_ERROR_STUB_LIBRARY if the toolkit stub was found.
@@ -304,6 +306,7 @@ DeviceState& device_state(const Driver& d, int ordinal) {
     state.info.max_smem_optin = static_cast<int>(options.device_smem_limit);
   if (options.device_sm_count > 0 && options.device_sm_count < state.info.sm_count)
     state.info.sm_count = static_cast<int>(options.device_sm_count);
+  state.info.forced_arch = options.device_arch;
   return devices.emplace(ordinal, std::move(state)).first->second;
 }
 
@@ -354,7 +357,13 @@ int driver_version() {
 
 Arch DeviceInfo::arch() const {
   try {
-    return arch_for_compute_capability(cc_major, cc_minor);  // the one table: compiler/arch.cpp
+    const Arch own = arch_for_compute_capability(cc_major, cc_minor);  // the one table: compiler/arch.cpp
+    if (forced_arch.empty()) return own;
+    const Arch forced = parse_arch(forced_arch);
+    if (forced != Arch::SM80 && forced != own)
+      throw SpecError("LFCE_DEVICE_ARCH = " + forced_arch + " cannot run on a device whose own target is " +
+                      std::string(arch_name(own)) + " (only sm_80, the portable path, can be forced)");
+    return forced;
   } catch (const SpecError& e) {
     throw SpecError("CUDA device " + std::to_string(ordinal) + " (" + name + "): " + e.what());
   }

@@ -108,6 +108,12 @@ struct Driver {
   CUresult (*cuEventElapsedTime)(float* ms, CUevent start, CUevent end) = nullptr;
   CUresult (*cuEventDestroy)(CUevent event) = nullptr;
   CUresult (*cuCtxSynchronize)() = nullptr;
+  // TMA descriptors of the sm_90a pipeline (host-side encoding only).
+  CUresult (*cuTensorMapEncodeTiled)(CUtensorMap* map, CUtensorMapDataType type, cuuint32_t rank, void* address,
+                                     const cuuint64_t* dims, const cuuint64_t* strides, const cuuint32_t* box,
+                                     const cuuint32_t* element_strides, CUtensorMapInterleave interleave,
+                                     CUtensorMapSwizzle swizzle, CUtensorMapL2promotion l2,
+                                     CUtensorMapFloatOOBfill oob_fill) = nullptr;
 };
 
 // cuDriverGetVersion, e.g. 13000 for CUDA 13.0; read once. Throws
@@ -126,6 +132,7 @@ struct DeviceInfo {
   int max_smem_optin = 0;  // bytes per block with the opt-in attribute
   int max_threads_per_block = 0;
   std::string name;
+  std::string forced_arch;  // LFCE_DEVICE_ARCH, empty if unset
 
   // PTX target for this device: "sm_90a" on Hopper (wgmma, TMA, setmaxnreg),
   // "sm_80" (mma.sync path) on every other GPU of compute capability >= 8.0.

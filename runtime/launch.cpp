@@ -3,7 +3,9 @@
 #include <spdlog/spdlog.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
+#include <vector>
 
 #include "compiler/errors.h"
 #include "runtime/driver.h"
@@ -30,6 +32,48 @@ void require_workspace(void* workspace, size_t given, size_t needed, const char*
 }
 
 char* at(void* base, size_t offset) { return static_cast<char*>(base) + offset; }
+
+// One GEMM operand as its template describes it (the GemmOperand in templates/<kind>.cpp): the
+// stored matrix at `base`, `ld` elements between its rows, `mn` rows of M (or N) and `k` of K.
+struct Operand {
+  const void* base;
+  int64_t ld, mn, k;
+};
+
+// The TMA map the sm_90a pipeline (templates/wgmma_pipeline.cpp) loads `op` through: boxes of
+// 64 contiguous elements (one 128-byte swizzled row) by BM/BN rows (K-major) or BK rows
+// (MN-major); reads past the extents zero-fill.
+CUtensorMap operand_map(const Operand& op, Layout layout, DType dtype, int tile_mn, int bk) {
+  const bool k_major = layout == Layout::KMajor;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k_major ? op.k : op.mn),
+                              static_cast<cuuint64_t>(k_major ? op.mn : op.k)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(op.ld) * static_cast<cuuint64_t>(dtype_bytes(dtype))};
+  const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(k_major ? tile_mn : bk)};
+  const cuuint32_t element_strides[2] = {1, 1};
+  CUtensorMap map;
+  check(Driver::get().cuTensorMapEncodeTiled(
+            &map, dtype == DType::BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
+            const_cast<void*>(op.base), dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
+        "cuTensorMapEncodeTiled");
+  return map;
+}
+
+// Launches a GEMM kernel: `args` as the template declares them, then, for wgmma tiles, the
+// tensor maps of operands A and B (gemm_params in templates/gemm_skeleton.h).
+void launch_gemm(const Kernel& kernel, const KernelSpec& spec, Dim3 grid, CUstream stream,
+                 std::initializer_list<void*> args, const Operand& a, const Operand& b) {
+  std::vector<void*> params(args);
+  CUtensorMap maps[2];
+  if (spec.tile.wgmma()) {
+    const KernelKindInfo& info = kind_info(spec.kind);
+    maps[0] = operand_map(a, info.a, spec.dtype, spec.tile.bm, spec.tile.bk);
+    maps[1] = operand_map(b, info.b, spec.dtype, spec.tile.bn, spec.tile.bk);
+    params.push_back(&maps[0]);
+    params.push_back(&maps[1]);
+  }
+  kernel.launch(grid, stream, params.data());
+}
 
 void run_forward(const Problem& problem, const lfce_forward_args& a, const PlanFor& plan_for) {
   require_aligned(a.hidden, "hidden");
@@ -61,8 +105,9 @@ void run_forward(const Problem& problem, const lfce_forward_args& a, const PlanF
   void* count = a.valid_count;
 
   const KernelSpec fwd = plan.spec(KernelKind::LseForward);
-  void* lse_args[] = {&x, &w, &b, &y, &n, &pmax, &psum, &tlogit};
-  kernel_for(a.device, fwd).launch({grid_dim(n, fwd.tile.bm, 'x'), static_cast<unsigned>(splits), 1}, stream, lse_args);
+  const int64_t h = problem.hidden, v = problem.vocab;
+  launch_gemm(kernel_for(a.device, fwd), fwd, {grid_dim(n, fwd.tile.bm, 'x'), static_cast<unsigned>(splits), 1}, stream,
+              {&x, &w, &b, &y, &n, &pmax, &psum, &tlogit}, Operand{x, h, n, h}, Operand{w, h, v, h});
 
   void* combine_args[] = {&pmax, &psum, &tlogit, &y, &n, &ignore, &splits, &lse, &token_loss};
   kernel_for(a.device, plan.spec(KernelKind::LseCombine)).launch({grid_dim(n, 256, 'x'), 1, 1}, stream, combine_args);
@@ -95,6 +140,7 @@ void run_backward(const Problem& problem, const lfce_backward_args& a, const Pla
   auto stream = static_cast<CUstream>(a.stream);
 
   int64_t n = problem.tokens, ignore = problem.ignore_index, ld = plan.ld();
+  const int64_t h = problem.hidden;
   void* x = const_cast<void*>(a.hidden);
   void* w = const_cast<void*>(a.weight);
   void* b = const_cast<void*>(a.bias ? a.bias : a.weight);
@@ -124,25 +170,26 @@ void run_backward(const Problem& problem, const lfce_backward_args& a, const Pla
     int64_t v_len = std::min(plan.chunk(), problem.vocab - v_begin);
     int32_t first = c == 0, last = c == chunks - 1;
 
-    void* dlogits_args[] = {&x, &w, &b, &y, &lse, &grad_loss, &count, &n, &ignore, &v_begin, &v_len, &ld, &dz};
-    dlogits_kernel.launch({grid_dim(n, dlogits.tile.bm, 'x'), grid_dim(v_len, dlogits.tile.bn, 'y'), 1}, stream,
-                          dlogits_args);
+    // The chunk's rows of W, as the templates address them.
+    const void* w_chunk = static_cast<const char*>(w) + v_begin * h * dtype_bytes(problem.dtype);
+    launch_gemm(dlogits_kernel, dlogits, {grid_dim(n, dlogits.tile.bm, 'x'), grid_dim(v_len, dlogits.tile.bn, 'y'), 1},
+                stream, {&x, &w, &b, &y, &lse, &grad_loss, &count, &n, &ignore, &v_begin, &v_len, &ld, &dz},
+                Operand{x, h, n, h}, Operand{w_chunk, h, v_len, h});
 
-    if (gw_kernel) {
-      void* gw_args[] = {&dz, &x, &n, &ld, &v_begin, &v_len, &grad_weight, &grad_loss, &count};
-      gw_kernel->launch({grid_dim(v_len, gw.tile.bm, 'x'), grid_dim(problem.hidden, gw.tile.bn, 'y'), 1}, stream,
-                        gw_args);
-    }
+    if (gw_kernel)  // A = dzᵀ [v_len, ld] K-major; B = x [N, H] MN-major
+      launch_gemm(*gw_kernel, gw, {grid_dim(v_len, gw.tile.bm, 'x'), grid_dim(h, gw.tile.bn, 'y'), 1}, stream,
+                  {&dz, &x, &n, &ld, &v_begin, &v_len, &grad_weight, &grad_loss, &count}, Operand{dz, ld, v_len, ld},
+                  Operand{x, h, h, n});
 
     if (gb_kernel) {
       void* gb_args[] = {&dz, &n, &ld, &v_begin, &v_len, &grad_bias, &grad_loss, &count};
       gb_kernel->launch({grid_dim(v_len, 8, 'x'), 1, 1}, stream, gb_args);
     }
 
-    if (gx_kernel) {
-      void* gx_args[] = {&dz, &w, &n, &ld, &v_begin, &v_len, &acc, &grad_hidden, &first, &last, &grad_loss, &count};
-      gx_kernel->launch({grid_dim(n, gx.tile.bm, 'x'), grid_dim(problem.hidden, gx.tile.bn, 'y'), 1}, stream, gx_args);
-    }
+    if (gx_kernel)  // A = dzᵀ [v_len, ld] MN-major; B = W[chunk] [v_len, H] MN-major
+      launch_gemm(*gx_kernel, gx, {grid_dim(n, gx.tile.bm, 'x'), grid_dim(h, gx.tile.bn, 'y'), 1}, stream,
+                  {&dz, &w, &n, &ld, &v_begin, &v_len, &acc, &grad_hidden, &first, &last, &grad_loss, &count},
+                  Operand{dz, ld, n, v_len}, Operand{w_chunk, h, h, v_len});
   }
 }
 

@@ -5,6 +5,7 @@
 #include <mutex>
 #include <optional>
 
+#include "compiler/arch.h"
 #include "compiler/errors.h"
 
 namespace lfce::runtime {
@@ -61,6 +62,14 @@ Options Options::from_env() {
   o.home = env("HOME");
   o.device_smem_limit = positive_env("LFCE_DEVICE_SMEM_LIMIT", int64_t{1} << 30);
   o.device_sm_count = positive_env("LFCE_DEVICE_SM_COUNT", 1 << 20);
+  o.device_arch = env("LFCE_DEVICE_ARCH");
+  if (!o.device_arch.empty()) {
+    try {
+      parse_arch(o.device_arch);
+    } catch (const SpecError& e) {
+      throw SpecError(std::string("LFCE_DEVICE_ARCH: ") + e.what());
+    }
+  }
   return o;
 }
 

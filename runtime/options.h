@@ -7,6 +7,8 @@
 //                    pretend every device has at most this much opt-in shared memory per
 //                    block (bytes) / this many SMs: tile and grid choices follow, as on a
 //                    smaller GPU (a 99 KiB RTX 4090 or L40S, a 108-SM A100) — for tests
+//   LFCE_DEVICE_ARCH sm_80: run the portable mma.sync kernels even on a Hopper GPU (an sm_80
+//                    module runs on sm_90), to test or compare that path there
 //
 // Read once per process: current() is what the first use (or the api layer's Session, which
 // calls set_current() on reload) read.
@@ -25,6 +27,7 @@ struct Options {
   std::string home;
   int64_t device_smem_limit = 0;  // 0: the device's own
   int64_t device_sm_count = 0;    // 0: the device's own
+  std::string device_arch;        // LFCE_DEVICE_ARCH, empty if unset (else a valid arch name)
 
   static Options from_env();  // throws SpecError naming a malformed value
   static Options current();   // from_env() at the first call, else what set_current() set

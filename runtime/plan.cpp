@@ -27,8 +27,10 @@ E checked_enum(int32_t value, int32_t count, const char* field, const char* acce
 
 }  // namespace
 
-TileConfig default_tile(KernelKind kind, DType dtype) {
+TileConfig default_tile(KernelKind kind, DType dtype, Arch arch) {
   if (dtype == DType::FP32) return TileConfig{128, 128, 32, 2, 4, 2};
+  // sm_90a: TMA + wgmma, two consumer warpgroups of 64 x 256 each, four 48 KiB stages.
+  if (arch == Arch::SM90A && kind_info(kind).gemm) return TileConfig{128, 256, 64, 1, 1, 4, 2};
   switch (kind) {
     case KernelKind::LseForward: return TileConfig{64, 256, 64, 1, 4, 2};
     case KernelKind::DlogitsBackward: return TileConfig{256, 128, 64, 4, 2, 2};
@@ -38,14 +40,22 @@ TileConfig default_tile(KernelKind kind, DType dtype) {
   }
 }
 
+TileConfig default_tile(KernelKind kind, DType dtype) { return default_tile(kind, dtype, Arch::SM80); }
+
 TileConfig default_tile(KernelKind kind, DType dtype, Arch arch, int64_t smem_limit) {
   if (smem_limit <= 0) smem_limit = arch_info(arch).smem_per_block_optin;
   KernelSpec spec;
   spec.kind = kind;
   spec.dtype = dtype;
   spec.arch = arch;
-  spec.tile = default_tile(kind, dtype);
+  spec.tile = default_tile(kind, dtype, arch);
   if (!kind_info(kind).gemm || kernel_smem_bytes(spec) <= smem_limit) return spec.tile;
+  if (spec.tile.wgmma())
+    for (const TileConfig& tile : {TileConfig{128, 256, 64, 1, 1, 3, 2}, TileConfig{128, 128, 64, 1, 1, 4, 2},
+                                  TileConfig{128, 128, 64, 1, 1, 2, 2}}) {
+      spec.tile = tile;
+      if (kernel_smem_bytes(spec) <= smem_limit) return tile;
+    }
   // Smaller tiles, fastest first (the staged fp32 tile, BM x (BN + 1) floats, and the ring).
   static const TileConfig k16bit[] = {{128, 128, 64, 2, 4, 3}, {128, 128, 64, 2, 4, 2}, {64, 128, 64, 2, 2, 3},
                                       {64, 64, 64, 2, 2, 2}};

@@ -24,8 +24,11 @@ struct Tuning {
   }
 };
 
-// What each GEMM kernel runs with when nothing is tuned. The 16-bit tiles are the winners of a
-// default-space sweep for llama3-8b (N = 8192) on an H200 (2026-11-30): 1.20x over 128x128x64 for all.
+// What each GEMM kernel runs with when nothing is tuned. The 16-bit mma.sync tiles are the
+// winners of a default-space sweep for llama3-8b (N = 8192) on an H200 (2026-11-30): 1.20x
+// over 128x128x64 for all. On sm_90a the 16-bit GEMMs default to the TMA + wgmma pipeline.
+TileConfig default_tile(KernelKind kind, DType dtype, Arch arch);
+// The mma.sync (sm_80) defaults.
 TileConfig default_tile(KernelKind kind, DType dtype);
 // The same on a device that allows `smem_limit` bytes of shared memory per block: the H200's
 // default where it fits, else the first of smaller fallbacks that does (99 KiB GPUs: RTX 30/40/50,

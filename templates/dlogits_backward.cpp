@@ -18,11 +18,11 @@ using llvm::Value;
 KernelShape build_dlogits_backward(llvm::Module& module, const KernelSpec& spec) {
   const TileConfig& t = spec.tile;
   KernelBuilder kb(module, "dlogits_backward",
-                   {{"x", ParamType::GlobalPtr}, {"w", ParamType::GlobalPtr}, {"bias", ParamType::GlobalPtr},
+                   gemm_params(t, {{"x", ParamType::GlobalPtr}, {"w", ParamType::GlobalPtr}, {"bias", ParamType::GlobalPtr},
                     {"targets", ParamType::GlobalPtr}, {"lse", ParamType::GlobalPtr},
                     {"grad_loss", ParamType::GlobalPtr}, {"valid_count", ParamType::GlobalPtr},
                     {"n", ParamType::I64}, {"ignore_index", ParamType::I64}, {"v_begin", ParamType::I64},
-                    {"v_len", ParamType::I64}, {"ld", ParamType::I64}, {"dz", ParamType::GlobalPtr}},
+                    {"v_len", ParamType::I64}, {"ld", ParamType::I64}, {"dz", ParamType::GlobalPtr}}),
                    t.threads());
   auto& ir = kb.ir();
   llvm::Type* elem = elem_type(kb, spec.dtype);

@@ -30,8 +30,20 @@ Value* SmemTile::offset(KernelBuilder& kb, Value* row, Value* col, int elem_byte
                       ir.CreateAdd(ir.CreateShl(swizzled, kb.c32(4)), within));
 }
 
+std::vector<Param> gemm_params(const TileConfig& tile, std::vector<Param> params) {
+  if (tile.wgmma()) {
+    params.push_back({"tma_a", ParamType::TensorMap});
+    params.push_back({"tma_b", ParamType::TensorMap});
+  }
+  return params;
+}
+
 GemmSkeleton::GemmSkeleton(KernelBuilder& kb, const KernelSpec& spec, Layout a_layout, Layout b_layout)
     : kb_(kb), tile_(spec.tile), dtype_(spec.dtype), layouts_{a_layout, b_layout} {
+  if (tile_.wgmma()) {
+    pipeline_ = make_wgmma_pipeline(kb, tile_, dtype_, a_layout, b_layout);
+    return;
+  }
   mainloop_ = make_mainloop(kb, tile_, dtype_, operand_tile(tile_, dtype_, a_layout, tile_.bm),
                             operand_tile(tile_, dtype_, b_layout, tile_.bn));
 }
@@ -39,6 +51,7 @@ GemmSkeleton::GemmSkeleton(KernelBuilder& kb, const KernelSpec& spec, Layout a_l
 GemmSkeleton::~GemmSkeleton() = default;
 
 int gemm_smem_bytes(const TileConfig& tile, DType dtype, Layout a, Layout b, int extra_bytes) {
+  if (tile.wgmma()) return wgmma_smem_bytes(tile, dtype) + extra_bytes;
   int ring = tile.stages * (operand_tile(tile, dtype, a, tile.bm).smem.bytes() +
                             operand_tile(tile, dtype, b, tile.bn).smem.bytes());
   int staging = tile.bm * staging_row_floats(tile) * 4;
@@ -89,6 +102,10 @@ void GemmSkeleton::load_stage(const GemmOperand& op, int which, Value* slot_base
 
 void GemmSkeleton::compute_tile(const GemmOperand& a, const GemmOperand& b, Value* m0, Value* n0,
                                 Value* k_tiles) {
+  if (pipeline_) {
+    pipeline_->compute_tile(m0, n0, k_tiles, [&](Value* r, Value* c) { return staged(r, c); });
+    return;
+  }
   auto& ir = kb_.ir();
   const int stages = tile_.stages;
   const int a_bytes = operand_tile(tile_, dtype_, a.layout, tile_.bm).smem.bytes();

@@ -5,6 +5,10 @@
 //               16-byte chunks, XOR-swizzled so ldmatrix reads are bank-conflict free;
 //               edges are zero-filled, so any M, N, K works;
 //     mainloop: replaceable — mma.sync tensor cores (16-bit inputs) or SIMT FMA (fp32);
+//   or, for wgmma tiles (TileConfig::consumers > 0, sm_90a), the whole loop is replaced by a
+//   warp-specialised pipeline (templates/wgmma_pipeline.cpp): TMA loads into a 128-byte-swizzled
+//   ring signalled by mbarriers, wgmma consumer warpgroups; the kernel then takes two extra
+//   TensorMap parameters (gemm_params), built by the runtime for the same operands;
 //     staging:  the fp32 tile lands in shared memory, readable through staged();
 //   epilogue:   each template's own slot, reading staged() and writing wherever it needs.
 //
@@ -29,6 +33,11 @@ struct GemmOperand {
 };
 
 class Mainloop;
+class WgmmaPipeline;
+
+// The template's parameters followed by those the skeleton's mainloop needs (for wgmma tiles:
+// tma_a and tma_b, the tensor maps of operands A and B, in that order).
+std::vector<Param> gemm_params(const TileConfig& tile, std::vector<Param> params);
 
 // Shared-memory bytes of the skeleton for one tile, computed without building IR (the
 // autotuner prunes configs with it): the cp.async ring (stages x (A + B tiles)) and the staged
@@ -69,6 +78,7 @@ class GemmSkeleton {
   DType dtype_;
   Layout layouts_[2];
   std::unique_ptr<Mainloop> mainloop_;
+  std::unique_ptr<WgmmaPipeline> pipeline_;
 };
 
 // Shared-memory geometry of one operand tile (rows x row_bytes, 16-byte chunks swizzled).
@@ -108,5 +118,21 @@ struct OperandTile {
 // mma.sync m16n8k16 + ldmatrix for bf16/fp16; FMA on CUDA cores for fp32.
 std::unique_ptr<Mainloop> make_mainloop(KernelBuilder& kb, const TileConfig& tile, DType dtype,
                                         const OperandTile& a, const OperandTile& b);
+
+// The sm_90a pipeline for wgmma tiles: producer warpgroup 0 (one thread) issues TMA loads of
+// the operand tiles from the kernel's tma_a / tma_b maps into a `stages`-deep ring; consumer
+// warpgroups 1..C each run wgmma on BM/C rows and write their accumulators to the staged tile.
+class WgmmaPipeline {
+ public:
+  virtual ~WgmmaPipeline() = default;
+  // Every thread of the CTA calls it; ends with a CTA barrier (the staged tile is readable).
+  virtual void compute_tile(llvm::Value* m0, llvm::Value* n0, llvm::Value* k_tiles,
+                            const std::function<llvm::Value*(llvm::Value*, llvm::Value*)>& staged) = 0;
+};
+// Emits the mbarrier initialisation at the current insertion point (the kernel's start).
+std::unique_ptr<WgmmaPipeline> make_wgmma_pipeline(KernelBuilder& kb, const TileConfig& tile, DType dtype, Layout a,
+                                                   Layout b);
+// Shared-memory bytes of the pipeline (ring, overlapping staged fp32 tile, mbarriers).
+int wgmma_smem_bytes(const TileConfig& tile, DType dtype);
 
 }  // namespace lfce

@@ -14,13 +14,13 @@ using llvm::Value;
 KernelShape build_grad_input(llvm::Module& module, const KernelSpec& spec) {
   const TileConfig& t = spec.tile;
   KernelBuilder kb(module, "grad_input",
-                   {{"dz", ParamType::GlobalPtr}, {"w", ParamType::GlobalPtr}, {"n", ParamType::I64},
+                   gemm_params(t, {{"dz", ParamType::GlobalPtr}, {"w", ParamType::GlobalPtr}, {"n", ParamType::I64},
                     {"ld", ParamType::I64}, {"v_begin", ParamType::I64}, {"v_len", ParamType::I64},
                     // fp32 problems accumulate in the output itself: the same buffer twice.
                     {"acc", ParamType::GlobalPtr, /*noalias=*/false},
                     {"grad_input", ParamType::GlobalPtr, /*noalias=*/false},
                     {"first", ParamType::I32}, {"last", ParamType::I32}, {"grad_loss", ParamType::GlobalPtr},
-                    {"valid_count", ParamType::GlobalPtr}},
+                    {"valid_count", ParamType::GlobalPtr}}),
                    t.threads());
   auto& ir = kb.ir();
   llvm::Type* elem = elem_type(kb, spec.dtype);

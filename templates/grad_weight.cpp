@@ -13,10 +13,10 @@ using llvm::Value;
 KernelShape build_grad_weight(llvm::Module& module, const KernelSpec& spec) {
   const TileConfig& t = spec.tile;
   KernelBuilder kb(module, "grad_weight",
-                   {{"dz", ParamType::GlobalPtr}, {"x", ParamType::GlobalPtr}, {"n", ParamType::I64},
+                   gemm_params(t, {{"dz", ParamType::GlobalPtr}, {"x", ParamType::GlobalPtr}, {"n", ParamType::I64},
                     {"ld", ParamType::I64}, {"v_begin", ParamType::I64}, {"v_len", ParamType::I64},
                     {"grad_weight", ParamType::GlobalPtr}, {"grad_loss", ParamType::GlobalPtr},
-                    {"valid_count", ParamType::GlobalPtr}},
+                    {"valid_count", ParamType::GlobalPtr}}),
                    t.threads());
   auto& ir = kb.ir();
   llvm::Type* elem = elem_type(kb, spec.dtype);

@@ -16,10 +16,10 @@ using llvm::Value;
 KernelShape build_lse_forward(llvm::Module& module, const KernelSpec& spec) {
   const TileConfig& t = spec.tile;
   KernelBuilder kb(module, "lse_forward",
-                   {{"x", ParamType::GlobalPtr}, {"w", ParamType::GlobalPtr}, {"bias", ParamType::GlobalPtr},
+                   gemm_params(t, {{"x", ParamType::GlobalPtr}, {"w", ParamType::GlobalPtr}, {"bias", ParamType::GlobalPtr},
                     {"targets", ParamType::GlobalPtr}, {"n", ParamType::I64},
                     {"partial_max", ParamType::GlobalPtr}, {"partial_sum", ParamType::GlobalPtr},
-                    {"target_logit", ParamType::GlobalPtr}},
+                    {"target_logit", ParamType::GlobalPtr}}),
                    t.threads());
   auto& ir = kb.ir();
   GemmSkeleton gemm(kb, spec, Layout::KMajor, Layout::KMajor);

@@ -1,0 +1,238 @@
+// The sm_90a GEMM pipeline: TMA + wgmma, warp-specialised.
+//
+// Shared memory, from the (1024-byte aligned) base:
+//   ring   stages x [A tile | B tile], each in TMA's 128-byte-swizzled layout: a K-major tile is
+//          rows of 64 elements (128 bytes), 8-row atoms of 1024 bytes one after the other; an
+//          MN-major tile is one box per 64 rows of M (or N), each box BK rows of 128 bytes.
+//   staged the fp32 tile BM x (BN+1), overlapping the ring (written only after the last wgmma
+//          of the tile has read it);
+//   bars   full[stages], empty[stages] mbarriers (8 bytes each), after the larger of the two.
+//
+// Roles: warpgroup 0 is the producer; its thread 0 waits for a free slot (empty barrier),
+// arms the full barrier with the slot's byte count and issues the TMA loads. Warpgroups 1..C
+// are consumers: each waits for a full slot, issues BK/16 wgmma.m64nBNk16 on its 64 rows,
+// keeps one wgmma group in flight, and releases the previous slot (one arrival per warp).
+// Phases: the k-th slice the CTA ever loads (a counter kept across tiles) uses slot k % stages
+// and completes phase (k / stages) of its full barrier.
+#include "templates/gemm_skeleton.h"
+
+namespace lfce {
+
+using llvm::Value;
+
+namespace {
+
+constexpr int kSwizzleRow = 128;   // bytes of one swizzled row
+constexpr int kAtomBytes = 1024;   // 8 rows x 128 bytes: the swizzle pattern's period
+constexpr int kBoxElems = 64;      // 16-bit elements per 128-byte row
+
+struct Geometry {
+  int a_bytes, b_bytes, stage_bytes, ring_bytes, staged_bytes, bars_offset, bytes;
+};
+
+Geometry geometry(const TileConfig& t, DType dtype) {
+  const int e = dtype_bytes(dtype);
+  Geometry g{};
+  g.a_bytes = t.bm * t.bk * e;
+  g.b_bytes = t.bn * t.bk * e;
+  g.stage_bytes = g.a_bytes + g.b_bytes;
+  g.ring_bytes = t.stages * g.stage_bytes;
+  g.staged_bytes = t.bm * (t.bn + 1) * 4;
+  g.bars_offset = (std::max(g.ring_bytes, g.staged_bytes) + 15) / 16 * 16;
+  g.bytes = g.bars_offset + 16 * t.stages;
+  return g;
+}
+
+class TmaWgmmaPipeline final : public WgmmaPipeline {
+ public:
+  TmaWgmmaPipeline(KernelBuilder& kb, const TileConfig& t, DType dtype, Layout a, Layout b)
+      : kb_(kb), t_(t), bf16_(dtype == DType::BF16), a_(a), b_(b), g_(geometry(t, dtype)) {
+    auto& ir = kb_.ir();
+    counter_ = kb_.local_array(kb_.i32(), 1, "slices_loaded");
+    kb_.store(kb_.c32(0), kb_.at(counter_, kb_.i32(), 0));
+    kb_.if_then(ir.CreateICmpEQ(kb_.tid(), kb_.c32(0)), [&] {
+      for (int s = 0; s < t_.stages; ++s) {
+        kb_.mbarrier_init(full(kb_.c32(s)), 1);                   // the producer's expect_tx arrival
+        kb_.mbarrier_init(empty(kb_.c32(s)), 4 * t_.consumers);  // one arrival per consumer warp
+      }
+      kb_.mbarrier_init_fence();
+    });
+    kb_.barrier();
+  }
+
+  void compute_tile(Value* m0, Value* n0, Value* k_tiles,
+                    const std::function<Value*(Value*, Value*)>& staged) override {
+    auto& ir = kb_.ir();
+    Value* counter_ptr = kb_.at(counter_, kb_.i32(), 0);
+    Value* first = kb_.load(kb_.i32(), counter_ptr);
+    // The previous tile's epilogue may still read the staged tile, which overlaps the ring.
+    kb_.barrier();
+    Value* tid = kb_.tid();
+    Value* warpgroup = ir.CreateLShr(tid, kb_.c32(7));
+    // Registers move from the producer, which needs few, to the consumers' accumulators for
+    // the mainloop, and back for the epilogue that every thread runs.
+    const int shared = register_share(), producer = 40, consumer = consumer_registers();
+    kb_.if_then_else(
+        ir.CreateICmpEQ(warpgroup, kb_.c32(0)),
+        [&] {
+          kb_.set_max_registers(false, producer);
+          kb_.if_then(ir.CreateICmpEQ(tid, kb_.c32(0)), [&] { produce(m0, n0, k_tiles, first); });
+          kb_.set_max_registers(true, shared);
+        },
+        [&] {
+          kb_.set_max_registers(true, consumer);
+          consume(ir.CreateSub(warpgroup, kb_.c32(1)), k_tiles, first, staged);
+          kb_.set_max_registers(false, shared);
+        });
+    kb_.store(ir.CreateAdd(first, k_tiles), counter_ptr);
+    kb_.barrier();  // the staged tile is complete
+  }
+
+ private:
+  Value* full(Value* slot) { return kb_.ir().CreateAdd(kb_.c32(g_.bars_offset), kb_.ir().CreateMul(slot, kb_.c32(8))); }
+  Value* empty(Value* slot) {
+    return kb_.ir().CreateAdd(kb_.c32(g_.bars_offset + 8 * t_.stages), kb_.ir().CreateMul(slot, kb_.c32(8)));
+  }
+  // Registers per thread when all warpgroups share the register file equally (what ptxas
+  // allocates under .maxntid), and the consumers' share once the producer has given up all
+  // but 40: both multiples of 8, as setmaxnreg needs.
+  int register_share() const { return std::min(255, 65536 / t_.threads()) / 8 * 8; }
+  int consumer_registers() const {
+    const int pool = register_share() * t_.threads() - 40 * 128;
+    return std::min(240, pool / (128 * t_.consumers) / 8 * 8);
+  }
+  Value* slot_of(Value* k) { return kb_.ir().CreateURem(k, kb_.c32(t_.stages)); }
+  Value* parity_of(Value* k) { return kb_.ir().CreateAnd(kb_.ir().CreateUDiv(k, kb_.c32(t_.stages)), kb_.c32(1)); }
+  Value* a_base(Value* slot) { return kb_.ir().CreateMul(slot, kb_.c32(g_.stage_bytes)); }
+  Value* b_base(Value* slot) { return kb_.ir().CreateAdd(a_base(slot), kb_.c32(g_.a_bytes)); }
+
+  // Loads operand tile rows [mn0, mn0 + rows) x K slice kt into `dst`.
+  void load(Value* map, Layout layout, int rows, Value* dst, Value* mn0, Value* kt, Value* bar) {
+    auto& ir = kb_.ir();
+    Value* mn = ir.CreateTrunc(mn0, kb_.i32());
+    Value* k = ir.CreateMul(kt, kb_.c32(t_.bk));
+    if (layout == Layout::KMajor) {  // one box {BK, rows}
+      kb_.tma_load_2d(dst, map, k, mn, bar);
+      return;
+    }
+    for (int j = 0; j < rows / kBoxElems; ++j)  // boxes {64, BK}, one per 64 rows of M or N
+      kb_.tma_load_2d(ir.CreateAdd(dst, kb_.c32(j * t_.bk * kSwizzleRow)), map,
+                      ir.CreateAdd(mn, kb_.c32(j * kBoxElems)), k, bar);
+  }
+
+  void produce(Value* m0, Value* n0, Value* k_tiles, Value* first) {
+    auto& ir = kb_.ir();
+    Value* map_a = kb_.tensor_map("tma_a");
+    Value* map_b = kb_.tensor_map("tma_b");
+    kb_.for_range(kb_.c32(0), k_tiles, kb_.c32(1), [&](Value* kt) {
+      Value* k = ir.CreateAdd(first, kt);
+      Value* slot = slot_of(k);
+      // A fresh barrier counts as having completed the phase before its first: parity ^ 1
+      // passes at once for each slot's first use.
+      kb_.mbarrier_wait(empty(slot), ir.CreateXor(parity_of(k), kb_.c32(1)));
+      kb_.mbarrier_arrive_expect_tx(full(slot), g_.stage_bytes);  // out-of-bounds zeros count too
+      load(map_a, a_, t_.bm, a_base(slot), m0, kt, full(slot));
+      load(map_b, b_, t_.bn, b_base(slot), n0, kt, full(slot));
+    });
+  }
+
+  // A shared-memory matrix descriptor (128-byte swizzle) for the tile at byte offset `start`.
+  Value* descriptor(Value* start, int leading_bytes, int stride_bytes) {
+    auto& ir = kb_.ir();
+    Value* addr = ir.CreateZExt(kb_.smem_addr(start), kb_.i64());
+    Value* d = ir.CreateLShr(ir.CreateAnd(addr, kb_.c64(0x3FFFF)), kb_.c64(4));
+    uint64_t fixed = (uint64_t(leading_bytes >> 4) << 16) | (uint64_t(stride_bytes >> 4) << 32) | (uint64_t{1} << 62);
+    return ir.CreateOr(d, kb_.c64(static_cast<int64_t>(fixed)));
+  }
+
+  // The descriptor of k16 step `ks` of an operand tile at `base`; `row0` is the first of the
+  // 64 M rows (0 for B, which spans the whole BN).
+  Value* operand_descriptor(Layout layout, Value* base, int row0, int ks) {
+    auto& ir = kb_.ir();
+    if (layout == Layout::KMajor)  // rows of 128 bytes; k16 = 32 bytes along the row
+      return descriptor(ir.CreateAdd(base, kb_.c32(row0 * kSwizzleRow + ks * 32)), 16, kAtomBytes);
+    // MN-major: box j holds rows [64j, 64j + 64); k16 = two 8-row atoms. Leading byte offset:
+    // from one 64-element column of M/N to the next (the next box); stride: the next 8 k.
+    const int box_bytes = t_.bk * kSwizzleRow;
+    return descriptor(ir.CreateAdd(base, kb_.c32((row0 / kBoxElems) * box_bytes + ks * 2 * kAtomBytes)), box_bytes,
+                      kAtomBytes);
+  }
+
+  void consume(Value* consumer, Value* k_tiles, Value* first,
+               const std::function<Value*(Value*, Value*)>& staged) {
+    auto& ir = kb_.ir();
+    const int count = t_.bn / 2;
+    Value* acc_array = kb_.local_array(kb_.f32(), count, "acc");
+    std::vector<Value*> acc(count, kb_.cf(0.f));
+    auto save = [&] {
+      for (int i = 0; i < count; ++i) kb_.store(acc[i], kb_.at(acc_array, kb_.f32(), i));
+    };
+    auto restore = [&] {
+      for (int i = 0; i < count; ++i) acc[i] = kb_.load(kb_.f32(), kb_.at(acc_array, kb_.f32(), i));
+    };
+    save();
+    Value* tid = kb_.tid();
+    Value* lane = ir.CreateAnd(tid, kb_.c32(31));
+    Value* lane0 = ir.CreateICmpEQ(lane, kb_.c32(0));
+    // Consumer c's A rows start at 64c: in bytes, 64c rows (K-major) or box c (MN-major).
+    Value* a_row_bytes =
+        ir.CreateMul(consumer, kb_.c32(a_ == Layout::KMajor ? 64 * kSwizzleRow : t_.bk * kSwizzleRow));
+    kb_.wgmma_fence();
+    kb_.for_range(kb_.c32(0), k_tiles, kb_.c32(1), [&](Value* kt) {
+      Value* k = ir.CreateAdd(first, kt);
+      Value* slot = slot_of(k);
+      kb_.mbarrier_wait(full(slot), parity_of(k));
+      restore();
+      kb_.wgmma_fence();
+      Value* a = ir.CreateAdd(a_base(slot), a_row_bytes);
+      Value* b = b_base(slot);
+      for (int ks = 0; ks < t_.bk / 16; ++ks)
+        acc = kb_.wgmma_m64k16(bf16_, t_.bn, operand_descriptor(a_, a, 0, ks), operand_descriptor(b_, b, 0, ks), acc,
+                               a_ == Layout::MNMajor, b_ == Layout::MNMajor);
+      kb_.wgmma_commit();
+      acc = kb_.wgmma_wait(1, acc);  // slice kt - 1's wgmma group has finished reading its slot
+      save();
+      kb_.if_then(ir.CreateAnd(lane0, ir.CreateICmpSGT(kt, kb_.c32(0))),
+                  [&] { kb_.mbarrier_arrive(empty(slot_of(ir.CreateSub(k, kb_.c32(1))))); });
+    });
+    restore();
+    acc = kb_.wgmma_wait(0, acc);
+    kb_.if_then(ir.CreateAnd(lane0, ir.CreateICmpSGT(k_tiles, kb_.c32(0))), [&] {
+      kb_.mbarrier_arrive(empty(slot_of(ir.CreateAdd(first, ir.CreateSub(k_tiles, kb_.c32(1))))));
+    });
+    // Every consumer has finished reading the ring before any writes the overlapping staged tile.
+    kb_.named_barrier(1, 128 * t_.consumers);
+    // Accumulator i: n8 block i/4; row lane/4 (+8 for i%4 >= 2), column 2·(lane%4) (+1 for odd i),
+    // within the warp's 16 rows of the consumer's 64.
+    Value* warp_in_group = ir.CreateAnd(ir.CreateLShr(tid, kb_.c32(5)), kb_.c32(3));
+    Value* row0 = ir.CreateAdd(ir.CreateMul(consumer, kb_.c32(64)),
+                               ir.CreateAdd(ir.CreateMul(warp_in_group, kb_.c32(16)), ir.CreateLShr(lane, kb_.c32(2))));
+    Value* col0 = ir.CreateMul(ir.CreateAnd(lane, kb_.c32(3)), kb_.c32(2));
+    // One base address and constant offsets (the staged tile is row-major, BN + 1 floats per
+    // row): 128 separately computed addresses would be hoisted out of a template's tile loop
+    // and held in registers through the mainloop.
+    Value* base = staged(row0, col0);
+    for (int i = 0; i < count; ++i) {
+      const int offset = (((i % 4) / 2) * 8 * (t_.bn + 1) + (i / 4) * 8 + i % 2) * 4;
+      kb_.store(acc[i], ir.CreateConstGEP1_32(ir.getInt8Ty(), base, offset));
+    }
+  }
+
+  KernelBuilder& kb_;
+  TileConfig t_;
+  bool bf16_;
+  Layout a_, b_;
+  Geometry g_;
+  Value* counter_ = nullptr;
+};
+
+}  // namespace
+
+int wgmma_smem_bytes(const TileConfig& tile, DType dtype) { return geometry(tile, dtype).bytes; }
+
+std::unique_ptr<WgmmaPipeline> make_wgmma_pipeline(KernelBuilder& kb, const TileConfig& tile, DType dtype, Layout a,
+                                                   Layout b) {
+  return std::make_unique<TmaWgmmaPipeline>(kb, tile, dtype, a, b);
+}
+
+}  // namespace lfce
