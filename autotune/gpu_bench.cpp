@@ -230,7 +230,8 @@ TuneResult tune(const Problem& problem, int device, const TuneOptions& options) 
   const runtime::DeviceInfo& info = runtime::device_info(device);
   const Arch arch = info.arch();
   TuneOptions on_device = options;
-  on_device.smem_limit = info.max_smem_optin;  // candidates are pruned against this device's limit
+  // Candidates are pruned against this device's limits, and its winners keyed by them.
+  on_device.limits = runtime::DeviceLimits{info.max_smem_optin, info.sm_count};
   spdlog::info("tuning on {} ({}): N={} H={} V={} {}", bench.device_name(), arch_name(arch), problem.tokens,
                problem.hidden, problem.vocab, dtype_name(problem.dtype));
   return tune_with(bench, problem, arch, on_device);

@@ -38,7 +38,7 @@ struct TuneOptions {
   double budget_minutes = 0;      // stop cleanly, keeping what was measured, after this; 0: no limit
   bool verify = false;            // compare outputs with the default config's (tolerance below)
   std::string cache_dir;          // "": runtime::default_cache_dir()
-  int64_t smem_limit = 0;         // the device's shared memory per block; 0: the arch table's
+  runtime::DeviceLimits limits;   // the device's shared memory per block and SM count; 0s: the arch table's
   uint64_t seed = 20261130;       // of the random problem data
   std::function<void(const Progress&)> progress;
 };

@@ -46,14 +46,16 @@ TEST_P(TunerGpu, SmallSpaceAgreesWithTheDefaultAndItsWinnersAreUsed) {
   options.warmup = 1;
   options.repetitions = 3;
   TuneResult r = tune(p, 0, options);
-  const Arch arch = runtime::device_info(0).arch();
+  const runtime::DeviceInfo& info = runtime::device_info(0);
+  const Arch arch = info.arch();
+  const runtime::DeviceLimits limits{info.max_smem_optin, info.sm_count};  // the tuner's key
   ASSERT_EQ(r.kinds.size(), 4u);
   TuningStore store(dir_);
   for (const KindResult& k : r.kinds) {
     SCOPED_TRACE(std::string(kind_name(k.kind)));
     EXPECT_EQ(k.failed, 0);
     EXPECT_TRUE(k.winner);
-    std::optional<TuningEntry> entry = store.load(TuningKey::of(k.kind, p, arch));
+    std::optional<TuningEntry> entry = store.load(TuningKey::of(k.kind, p, arch, limits));
     ASSERT_TRUE(entry);
     for (const Record& rec : entry->records) {
       EXPECT_TRUE(rec.result.ok()) << rec.candidate.text() << ": " << rec.result.error;
@@ -62,7 +64,7 @@ TEST_P(TunerGpu, SmallSpaceAgreesWithTheDefaultAndItsWinnersAreUsed) {
     }
   }
   // A later process: no memo, only the files.
-  EXPECT_EQ(stored_tuning(TuningStore(dir_), p, arch), r.tuning);
+  EXPECT_EQ(stored_tuning(TuningStore(dir_), p, arch, limits), r.tuning);
   // and nothing is measured again
   TuneResult again = tune(p, 0, options);
   for (const KindResult& k : again.kinds) EXPECT_EQ(k.measured, 0);
