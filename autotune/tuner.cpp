@@ -99,8 +99,6 @@ KindResult result_of(const KindSweep& s, const TuningEntry& entry, const TuningS
 
 }  // namespace
 
-double verify_tolerance(DType dtype) { return dtype == DType::FP32 ? 1e-4 : 1e-2; }
-
 std::vector<Candidate> remaining(const std::optional<TuningEntry>& entry, const std::vector<Candidate>& candidates) {
   std::vector<Candidate> out;
   for (const Candidate& c : candidates)

@@ -1,5 +1,5 @@
-// The sweep on a real GPU (label gpu): every config of the small space gives the default
-// config's loss and gradients within the dtype's tolerance, and the winners it stores are what
+// The sweep on a real GPU (label gpu): every config of the small space (run with --verify)
+// matches the fp64 host reference within the dtype's bounds, and the winners it stores are what
 // the next stored_tuning() returns. Skips without a GPU; fails on a machine that
 // should have one (tests/runtime/gpu_required.h).
 #include <gtest/gtest.h>
@@ -31,7 +31,7 @@ class TunerGpu : public testing::TestWithParam<DType> {
   std::string dir_;
 };
 
-TEST_P(TunerGpu, SmallSpaceAgreesWithTheDefaultAndItsWinnersAreUsed) {
+TEST_P(TunerGpu, SmallSpaceMatchesTheHostReferenceAndItsWinnersAreUsed) {
   runtime::Problem p;
   p.tokens = 1000;  // not a multiple of any tile: edges are exercised
   p.hidden = 512;
@@ -60,7 +60,7 @@ TEST_P(TunerGpu, SmallSpaceAgreesWithTheDefaultAndItsWinnersAreUsed) {
     for (const Record& rec : entry->records) {
       EXPECT_TRUE(rec.result.ok()) << rec.candidate.text() << ": " << rec.result.error;
       EXPECT_GE(rec.result.verify_error, 0) << rec.candidate.text();
-      EXPECT_LE(rec.result.verify_error, verify_tolerance(p.dtype)) << rec.candidate.text();
+      EXPECT_LE(rec.result.verify_error, 1.0) << rec.candidate.text();  // within the bounds of the fp64 reference
     }
   }
   // A later process: no memo, only the files.
