@@ -17,17 +17,25 @@ using runtime::Problem;
 
 constexpr size_t kBlock = 64;  // vocabulary rows per unit of work: 64 x H doubles stay in cache
 
-double dot(const double* a, const double* b, size_t n) {
-  double s0 = 0, s1 = 0, s2 = 0, s3 = 0;  // four chains: the adds overlap
+// out[2 * a + b] = x_a . w_b for two rows of x and two of w: four dot products share each
+// load, in eight independent chains.
+void dot2x2(const double* x0, const double* x1, const double* w0, const double* w1, size_t n, double out[4]) {
+  double a[8] = {};
   size_t i = 0;
-  for (; i + 4 <= n; i += 4) {
-    s0 += a[i] * b[i];
-    s1 += a[i + 1] * b[i + 1];
-    s2 += a[i + 2] * b[i + 2];
-    s3 += a[i + 3] * b[i + 3];
+  for (; i + 2 <= n; i += 2)
+    for (size_t k = 0; k < 2; ++k) {
+      a[0 + k] += x0[i + k] * w0[i + k];
+      a[2 + k] += x0[i + k] * w1[i + k];
+      a[4 + k] += x1[i + k] * w0[i + k];
+      a[6 + k] += x1[i + k] * w1[i + k];
+    }
+  for (; i < n; ++i) {
+    a[0] += x0[i] * w0[i];
+    a[2] += x0[i] * w1[i];
+    a[4] += x1[i] * w0[i];
+    a[6] += x1[i] * w1[i];
   }
-  for (; i < n; ++i) s0 += a[i] * b[i];
-  return (s0 + s1) + (s2 + s3);
+  for (int k = 0; k < 4; ++k) out[k] = a[2 * k] + a[2 * k + 1];
 }
 
 void axpy(double alpha, const double* x, double* y, size_t n) {
@@ -84,9 +92,17 @@ class Inputs {
     const size_t rows = v1 - v0;
     w = as_double(data_.weight.data() + v0 * h_ * dtype_bytes(p_.dtype), rows * h_, p_.dtype);
     logits.resize(n_ * rows);
-    for (size_t t = 0; t < n_; ++t)
-      for (size_t j = 0; j < rows; ++j)
-        logits[t * rows + j] = dot(x(t), w.data() + j * h_, h_) + (p_.bias ? bias_[v0 + j] : 0.0);
+    for (size_t t = 0; t < n_; t += 2)
+      for (size_t j = 0; j < rows; j += 2) {
+        // Odd counts: the last token or row is paired with itself (its result written once).
+        const size_t t1 = std::min(t + 1, n_ - 1), j1 = std::min(j + 1, rows - 1);
+        double d[4];
+        dot2x2(x(t), x(t1), w.data() + j * h_, w.data() + j1 * h_, h_, d);
+        const size_t ts[2] = {t, t1}, js[2] = {j, j1};
+        for (int a = 0; a < 2; ++a)
+          for (int c = 0; c < 2; ++c)
+            logits[ts[a] * rows + js[c]] = d[2 * a + c] + (p_.bias ? bias_[v0 + js[c]] : 0.0);
+      }
   }
 
  private:
@@ -205,25 +221,34 @@ Reference host_reference(const Problem& p, const ProblemData& data, bool backwar
   parallel_for(
       in.blocks(),
       [&](size_t b0, size_t b1) {
-        std::vector<double> gh(n * h, 0.0), w, logits, row(h);
+        std::vector<double> gh(n * h, 0.0), w, dz, gw;
         for (size_t b = b0; b < b1; ++b) {
           size_t v0, v1;
-          in.block(b, v0, v1, w, logits);
+          in.block(b, v0, v1, w, dz);  // the logits, turned into dz in place
           const size_t rows = v1 - v0;
-          for (size_t j = 0; j < rows; ++j) {
-            std::fill(row.begin(), row.end(), 0.0);
-            double bias_sum = 0;
-            for (size_t t = 0; t < n; ++t) {
-              if (scale[t] == 0) continue;
+          for (size_t t = 0; t < n; ++t)
+            for (size_t j = 0; j < rows; ++j) {
               const double one_hot = in.target(t) == static_cast<int64_t>(v0 + j) ? 1.0 : 0.0;
-              const double dz = (std::exp(logits[t * rows + j] - lse[t]) - one_hot) * scale[t];
-              axpy(dz, in.x(t), row.data(), h);
-              axpy(dz, w.data() + j * h, gh.data() + t * h, h);
-              bias_sum += dz;
+              double& z = dz[t * rows + j];
+              z = scale[t] == 0 ? 0.0 : (std::exp(z - lse[t]) - one_hot) * scale[t];
             }
-            std::copy(row.begin(), row.end(), ref.grad_weight.begin() + (v0 + j) * h);
-            if (p.bias) ref.grad_bias[v0 + j] = static_cast<float>(bias_sum);
-          }
+          // Token-major, so that one token's rows (x, grad_hidden) stay in L1 while the
+          // block's weight and grad_weight rows (64 x H) stay in L2.
+          gw.assign(rows * h, 0.0);
+          for (size_t t = 0; t < n; ++t)
+            for (size_t j = 0; j < rows; ++j) {
+              const double z = dz[t * rows + j];
+              if (z == 0) continue;
+              axpy(z, in.x(t), gw.data() + j * h, h);
+              axpy(z, w.data() + j * h, gh.data() + t * h, h);
+            }
+          std::copy(gw.begin(), gw.end(), ref.grad_weight.begin() + v0 * h);
+          if (p.bias)
+            for (size_t j = 0; j < rows; ++j) {
+              double sum = 0;
+              for (size_t t = 0; t < n; ++t) sum += dz[t * rows + j];
+              ref.grad_bias[v0 + j] = static_cast<float>(sum);
+            }
         }
         std::lock_guard<std::mutex> lock(mutex);
         for (size_t i = 0; i < n * h; ++i) grad_hidden[i] += gh[i];

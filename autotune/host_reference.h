@@ -3,8 +3,8 @@
 // bounds of tests/python/checks.py: relative L2 plus an elementwise atol + rtol bound).
 //
 // The verification problem is the sweep's problem cut to its first kVerifyTokens tokens: the
-// host reference costs about 4·N·V·H fp64 multiply-adds (6e11 for llama3-8b at 300 tokens,
-// seconds on all cores), once per sweep. V, H, the dtype, the features and the vocabulary
+// host reference costs about 4·N·V·H fp64 multiply-adds on all cores, once per sweep and only
+// with --verify (4e10 took 20 s on two shared cores; llama3-8b at 300 tokens is 6e11). V, H, the dtype, the features and the vocabulary
 // chunk stay the sweep's, so each candidate runs the same kernels it is timed with; 300 is no
 // multiple of any tile height, so the row edge is checked too.
 #pragma once
