@@ -210,12 +210,12 @@ class GpuBench final : public Bench {
   Verdict verify(bool fwd, const Tuning& tuning) {
     const Problem v = verify_problem(p_, plan_of(p_, tuning).chunk());
     const runtime::Plan plan = plan_of(v, tuning);
-    std::vector<std::pair<std::string, Verdict>> verdicts;
+    std::vector<Verdict> verdicts;
     auto check = [&](const char* name, const DeviceBuffer& b, DType dtype, const std::vector<float>& expected,
                      const Tolerance& tolerance) {
       std::vector<uint8_t> host(expected.size() * dtype_bytes(dtype));
       b.download(host.data(), host.size());
-      verdicts.emplace_back(name, compare_output(name, host.data(), dtype, expected, tolerance));
+      verdicts.push_back(compare_output(name, host.data(), dtype, expected, tolerance));
     };
     if (fwd) {
       reserve(verify_forward_ws_, plan.forward_layout().bytes);
@@ -232,7 +232,7 @@ class GpuBench final : public Bench {
       if (v.bias) check("grad_bias", grad_bias_, v.dtype, reference_.grad_bias, gradient_tolerance(v.dtype));
     }
     Verdict worst;
-    for (const auto& [name, verdict] : verdicts) {
+    for (const Verdict& verdict : verdicts) {
       worst.score = std::max(worst.score, verdict.score);
       if (worst.failure.empty()) worst.failure = verdict.failure;
     }
