@@ -7,7 +7,6 @@
 
 #include "api/session.h"
 #include "autotune/tuner.h"
-#include "autotune/tuning_store.h"
 #include "compiler/errors.h"
 #include "compiler/nvptx_backend.h"
 #include "lfce/lfce.h"
@@ -326,9 +325,10 @@ int lfce_plan_is_tuned(const lfce_problem* problem, int32_t device, int32_t* tun
   return guarded("lfce_plan_is_tuned", [&] {
     require_out(tuned, "tuned");
     const lfce::runtime::Problem p = lfce::runtime::problem_from_c(problem);
-    const lfce::Arch arch = lfce::runtime::device_info(device).arch();
+    const lfce::runtime::DeviceInfo& info = lfce::runtime::device_info(device);
+    const lfce::runtime::DeviceLimits limits{info.max_smem_optin, info.sm_count};
     // The session's tuning, as the next forward and backward run with.
-    *tuned = lfce::api::Session::get().tuning(p, arch) == lfce::runtime::Tuning{} ? 0 : 1;
+    *tuned = lfce::api::Session::get().tuning(p, info.arch(), limits) == lfce::runtime::Tuning{} ? 0 : 1;
   });
 }
 

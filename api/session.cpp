@@ -2,11 +2,11 @@
 
 #include <string>
 
-#include "autotune/tuning_store.h"
 #include "runtime/disk_cache.h"
 #include "runtime/driver.h"
 #include "runtime/kernel_cache.h"
 #include "runtime/logging.h"
+#include "runtime/tuning_store.h"
 
 namespace lfce::api {
 namespace {
@@ -62,15 +62,16 @@ void Session::set_cache_dir(const std::string& dir) {
   plans_.clear();
 }
 
-runtime::Tuning Session::tuning(const runtime::Problem& problem, Arch arch) {
+runtime::Tuning Session::tuning(const runtime::Problem& problem, Arch arch, const runtime::DeviceLimits& limits) {
   const std::string dir = cache_dir();
-  const std::string key = dir + "|" + std::string(arch_name(arch)) + "|" + problem_key(problem);
+  const std::string key = dir + "|" + std::string(arch_name(arch)) + "|" + std::to_string(limits.smem_per_block) +
+                          "|" + std::to_string(limits.sm_count) + "|" + problem_key(problem);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (auto it = tunings_.find(key); it != tunings_.end()) return it->second;
   }
   // Read outside the lock; two threads reading the same files agree.
-  runtime::Tuning tuning = autotune::stored_tuning(autotune::TuningStore(dir), problem, arch);
+  runtime::Tuning tuning = runtime::stored_tuning(runtime::TuningFiles(dir), problem, arch, limits);
   std::lock_guard<std::mutex> lock(mutex_);
   return tunings_.emplace(key, std::move(tuning)).first->second;
 }
@@ -84,7 +85,7 @@ runtime::Plan Session::plan(const runtime::Problem& problem, int device) {
   const runtime::DeviceInfo& info = runtime::device_info(device);
   const Arch arch = info.arch();
   const runtime::DeviceLimits limits{info.max_smem_optin, info.sm_count};
-  runtime::Plan plan(problem, arch, tuning(problem, arch), limits);
+  runtime::Plan plan(problem, arch, tuning(problem, arch, limits), limits);
   std::lock_guard<std::mutex> lock(mutex_);
   return plans_.emplace(key, std::move(plan)).first->second;
 }

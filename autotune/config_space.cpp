@@ -1,7 +1,6 @@
 #include "autotune/config_space.h"
 
 #include <algorithm>
-#include <cstdio>
 
 #include "compiler/errors.h"
 #include "templates/templates.h"
@@ -57,21 +56,20 @@ std::vector<int64_t> chunk_choices(const Problem& problem, bool small) {
   return out;
 }
 
-std::vector<int64_t> ctas_choices(bool small) {
-  if (small) return {runtime::kDefaultForwardCtas, 2 * runtime::kDefaultForwardCtas};
-  return {runtime::kDefaultForwardCtas, 2 * runtime::kDefaultForwardCtas, 4 * runtime::kDefaultForwardCtas};
-}
-
-std::string tile_text(const TileConfig& t) {
-  return std::to_string(t.bm) + "x" + std::to_string(t.bn) + "x" + std::to_string(t.bk) + "/" +
-         std::to_string(t.warps_m) + "x" + std::to_string(t.warps_n) + "/s" + std::to_string(t.stages);
+// CTA targets of the forward: one, two and four per SM of the device.
+std::vector<int64_t> ctas_choices(bool small, int64_t sm_count) {
+  std::vector<int64_t> out;
+  for (int64_t per_sm : small ? std::vector<int64_t>{1, 2} : std::vector<int64_t>{1, 2, 4})
+    out.push_back(std::min(per_sm * sm_count, runtime::kMaxForwardCtas));
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
 }
 
 // Candidates for `kind` with tiles from `tiles`: every tile crossed with the kind's extra
 // axis (CTA target or chunk); in the small space, only the first tile is crossed.
 std::vector<Candidate> cross(KernelKind kind, const Problem& problem, const std::vector<TileConfig>& tiles,
-                             bool small) {
-  std::vector<int64_t> ctas = kind == KernelKind::LseForward ? ctas_choices(small) : std::vector<int64_t>{0};
+                             bool small, int64_t sm_count) {
+  std::vector<int64_t> ctas = kind == KernelKind::LseForward ? ctas_choices(small, sm_count) : std::vector<int64_t>{0};
   std::vector<int64_t> chunks =
       kind == KernelKind::DlogitsBackward ? chunk_choices(problem, small) : std::vector<int64_t>{0};
   std::vector<Candidate> out;
@@ -96,59 +94,20 @@ const std::vector<KernelKind>& tuned_kinds() {
 
 bool is_tuned_kind(KernelKind kind) { return kind_info(kind).gemm; }
 
-std::string Candidate::text() const {
-  std::string out = tile_text(tile);
-  if (kind == KernelKind::LseForward) out += ";ctas=" + std::to_string(forward_ctas);
-  if (kind == KernelKind::DlogitsBackward) out += ";chunk=" + std::to_string(chunk);
-  return out;
+Candidate default_candidate(KernelKind kind, const Problem& problem, Arch arch, const runtime::DeviceLimits& limits) {
+  return candidate_of(kind, problem, Tuning{}, arch, limits);
 }
 
-Candidate Candidate::parse(KernelKind kind, std::string_view text) {
-  const std::string s(text);
-  Candidate c;
-  c.kind = kind;
-  TileConfig& t = c.tile;
-  long long extra = 0;
-  int used = 0;
-  bool ok = false;
-  if (kind == KernelKind::LseForward) {
-    ok = std::sscanf(s.c_str(), "%dx%dx%d/%dx%d/s%d;ctas=%lld%n", &t.bm, &t.bn, &t.bk, &t.warps_m, &t.warps_n,
-                     &t.stages, &extra, &used) == 7;
-    c.forward_ctas = extra;
-  } else if (kind == KernelKind::DlogitsBackward) {
-    ok = std::sscanf(s.c_str(), "%dx%dx%d/%dx%d/s%d;chunk=%lld%n", &t.bm, &t.bn, &t.bk, &t.warps_m, &t.warps_n,
-                     &t.stages, &extra, &used) == 7;
-    c.chunk = extra;
-  } else {
-    ok = std::sscanf(s.c_str(), "%dx%dx%d/%dx%d/s%d%n", &t.bm, &t.bn, &t.bk, &t.warps_m, &t.warps_n, &t.stages,
-                     &used) == 6;
-  }
-  // Round trip: rejects trailing text and non-canonical spellings (" 128", "+128").
-  if (!ok || static_cast<size_t>(used) != s.size() || c.text() != s)
-    throw SpecError("'" + s + "' is not a " + std::string(kind_name(kind)) + " candidate; expected e.g. '" +
-                    Candidate{kind, runtime::default_tile(kind, DType::BF16), kind == KernelKind::LseForward ? runtime::kDefaultForwardCtas : 0,
-                              kind == KernelKind::DlogitsBackward ? 16384 : 0}
-                        .text() +
-                    "'");
-  return c;
-}
-
-Tuning Candidate::apply(Tuning base) const {
-  base.tiles[kind] = tile;
-  if (kind == KernelKind::LseForward) base.forward_ctas = forward_ctas;
-  if (kind == KernelKind::DlogitsBackward) base.chunk = chunk;
-  return base;
-}
-
-Candidate default_candidate(KernelKind kind, const Problem& problem) {
-  return candidate_of(kind, problem, Tuning{});
-}
-
-Candidate candidate_of(KernelKind kind, const Problem& problem, const Tuning& tuning) {
-  Candidate c{kind, tuning.tile(kind, problem.dtype), 0, 0};
+Candidate candidate_of(KernelKind kind, const Problem& problem, const Tuning& tuning, Arch arch,
+                       const runtime::DeviceLimits& limits) {
+  // What a Plan on that device runs (runtime/plan.cpp), whose unknowns are filled as the
+  // tuning key fills them.
+  const runtime::DeviceLimits device = runtime::effective_limits(arch, limits);
+  const runtime::Plan plan(problem, arch, tuning, device);
+  Candidate c{kind, plan.tile(kind), 0, 0};
   if (kind == KernelKind::LseForward)
-    c.forward_ctas = tuning.forward_ctas > 0 ? tuning.forward_ctas : runtime::kDefaultForwardCtas;
-  if (kind == KernelKind::DlogitsBackward) c.chunk = runtime::Plan(problem, Arch::SM90A, tuning).chunk();
+    c.forward_ctas = std::min(tuning.forward_ctas > 0 ? tuning.forward_ctas : device.sm_count, runtime::kMaxForwardCtas);
+  if (kind == KernelKind::DlogitsBackward) c.chunk = plan.chunk();
   return c;
 }
 
@@ -167,48 +126,19 @@ int estimated_registers(const TileConfig& t, DType dtype) {
   return accumulators + fragments + kRegisterOverhead;
 }
 
-std::optional<std::string> rejection(const Candidate& c, const Problem& problem, Arch arch, int64_t smem_limit) {
+std::optional<std::string> rejection(const Candidate& c, const Problem& problem, Arch arch,
+                                     const runtime::DeviceLimits& limits) {
+  if (auto reason = runtime::unrunnable(c, problem, arch, limits)) return reason;
   const ArchInfo& info = arch_info(arch);
-  const int64_t smem_max = smem_limit > 0 ? std::min<int64_t>(smem_limit, info.smem_per_block_optin)
-                                          : info.smem_per_block_optin;
-  const std::string on = std::string(" on ") + info.name;
-  try {
-    c.tile.check_range();  // first: a tile read from a file may hold anything
-  } catch (const SpecError& e) {
-    return e.what();
-  }
-  if (c.tile.threads() > info.threads_per_block_max)
-    return "threads per block " + std::to_string(c.tile.threads()) + " > limit " +
-           std::to_string(info.threads_per_block_max) + on;
-  if (c.kind == KernelKind::LseForward && (c.forward_ctas < 1 || c.forward_ctas > runtime::kMaxForwardCtas))
-    return "forward CTAs " + std::to_string(c.forward_ctas) + " outside 1.." +
-           std::to_string(runtime::kMaxForwardCtas) + " (the forward workspace's bound)";
-  if (c.kind == KernelKind::DlogitsBackward && (c.chunk < 1 || (c.chunk % 128 != 0 && c.chunk != problem.vocab)))
-    return "chunk " + std::to_string(c.chunk) + " is not a positive multiple of 128";
-  KernelSpec spec;
-  try {
-    spec = runtime::Plan(problem, arch, c.apply(Tuning{})).spec(c.kind);
-  } catch (const SpecError& e) {
-    return std::string("invalid plan: ") + e.what();
-  }
-  const int smem = kernel_smem_bytes(spec);
-  if (smem > smem_max)
-    return "shared memory " + std::to_string(smem) + " bytes > limit " + std::to_string(smem_max) + " bytes" +
-           (smem_limit > 0 ? std::string(" of this device") : on);
   const int regs = estimated_registers(c.tile, problem.dtype);
   if (regs > info.regs_per_thread_max)
     return "registers per thread ~" + std::to_string(regs) + " (estimated) > limit " +
-           std::to_string(info.regs_per_thread_max) + on;
-  try {
-    spec.validate();
-  } catch (const SpecError& e) {
-    return std::string("invalid spec: ") + e.what();
-  }
+           std::to_string(info.regs_per_thread_max) + " on " + info.name;
   return std::nullopt;
 }
 
 ConfigSpace config_space(KernelKind kind, const Problem& problem, Arch arch, std::string_view name,
-                         int64_t smem_limit) {
+                         const runtime::DeviceLimits& limits) {
   if (!is_tuned_kind(kind))
     throw SpecError(std::string(kind_name(kind)) + " is not a GEMM kernel: it has no config space");
   std::vector<TileConfig> tiles;
@@ -226,11 +156,11 @@ ConfigSpace config_space(KernelKind kind, const Problem& problem, Arch arch, std
     throw SpecError("config space '" + std::string(name) + "' does not exist; expected default or small");
   }
   ConfigSpace space;
-  const Candidate fallback = default_candidate(kind, problem);
+  const Candidate fallback = default_candidate(kind, problem, arch, limits);
   space.kept.push_back(fallback);  // measured first: every speed-up is relative to it
-  for (const Candidate& c : cross(kind, problem, tiles, small)) {
+  for (const Candidate& c : cross(kind, problem, tiles, small, runtime::effective_limits(arch, limits).sm_count)) {
     if (c == fallback) continue;
-    if (auto reason = rejection(c, problem, arch, smem_limit))
+    if (auto reason = rejection(c, problem, arch, limits))
       space.rejected.push_back({c, *reason});
     else
       space.kept.push_back(c);

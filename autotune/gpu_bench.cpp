@@ -1,7 +1,8 @@
 // Measuring on the GPU: the problem's buffers filled with reproducible random data, each
 // candidate run through runtime::forward / backward with its tuning, timed with CUDA events
 // (warm-up, repetitions, median; L2 flushed before each timed run), optionally checked
-// against the default config's outputs.
+// against an fp64 reference computed on the host (autotune/host_reference.h: on the first
+// kVerifyTokens tokens of the same data).
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "autotune/device_buffers.h"
+#include "autotune/host_reference.h"
 #include "autotune/problem_data.h"
 #include "autotune/tuner.h"
 #include "runtime/driver.h"
@@ -46,20 +48,11 @@ Measurement failure(std::string reason) {
   return m;
 }
 
-// A host copy of the outputs one direction produces, raw, with the dtype of each.
-struct Outputs {
-  struct Tensor {
-    const char* name;
-    std::vector<uint8_t> bytes;
-    DType dtype;
-  };
-  std::vector<Tensor> tensors;
-};
-
 class GpuBench final : public Bench {
  public:
   GpuBench(const Problem& problem, int device, const TuneOptions& options)
-      : p_(problem), device_(device), options_(options), arch_(runtime::device_info(device).arch()) {}
+      : p_(problem), device_(device), options_(options), arch_(runtime::device_info(device).arch()),
+        limits_(options.limits) {}
 
   std::string device_name() const override { return runtime::device_info(device_).name; }
 
@@ -76,11 +69,14 @@ class GpuBench final : public Bench {
       synchronize();
       Measurement m;
       if (options_.verify) {
-        m.verify_error = verify_error(fwd);
-        const double tolerance = verify_tolerance(p_.dtype);
-        if (!(m.verify_error <= tolerance))
-          return failure("verify: relative L2 error " + std::to_string(m.verify_error) + " against the default config > " +
-                         std::to_string(tolerance));
+        const Verdict v = verify(fwd, tuning);
+        m.verify_error = v.score;
+        if (!v.ok()) {
+          Measurement rejected = failure("verify against the fp64 host reference (first " +
+                                         std::to_string(verify_problem(p_, 0).tokens) + " tokens): " + v.failure);
+          rejected.verify_error = v.score;
+          return rejected;
+        }
       }
       for (int i = 0; i < options_.warmup; ++i) run(fwd, tuning);
       std::vector<double> times;
@@ -108,7 +104,7 @@ class GpuBench final : public Bench {
     runtime::make_context_current(device_);
     const ProblemData data = make_problem_data(p_, options_.seed);
     const size_t e = dtype_bytes(p_.dtype), n = p_.tokens, h = p_.hidden, v = p_.vocab;
-    const runtime::Plan plan(p_, arch_);
+    const runtime::Plan plan(p_, arch_, Tuning{}, limits_);
     auto upload = [](const std::vector<uint8_t>& host) {
       DeviceBuffer b(std::max<size_t>(host.size(), 16));
       b.upload(host.data(), host.size());
@@ -131,31 +127,48 @@ class GpuBench final : public Bench {
     forward_ws_ = DeviceBuffer(std::max<size_t>(plan.forward_layout().bytes, 256));
     backward_ws_ = DeviceBuffer(std::max<size_t>(plan.backward_layout().bytes, 256));
     flush_ = DeviceBuffer(kFlushBytes);
+    if (options_.verify) prepare_verification(data);
   }
 
  private:
+  // Output buffers of the forward, and the LSE and count the backward reads.
+  struct ForwardOut {
+    DeviceBuffer *lse, *token_loss, *loss, *count, *workspace;
+  };
+  struct BackwardIn {
+    const DeviceBuffer *lse, *count, *workspace;
+  };
+
   void run(bool fwd, const Tuning& tuning) {
-    const auto plan = [&](const runtime::Problem& p, int) { return runtime::Plan(p, arch_, tuning); };
-    if (fwd) {
-      lfce_forward_args a{hidden_.get(), weight_.get(), p_.bias ? bias_.get() : nullptr, targets_.get(),
-                          static_cast<float*>(lse_.get()), static_cast<float*>(token_loss_.get()),
-                          static_cast<float*>(loss_.get()), static_cast<float*>(count_.get()), forward_ws_.get(),
-                          forward_ws_.bytes(), device_, nullptr};
-      runtime::forward(p_, a, plan);
-    } else {
-      lfce_backward_args a{hidden_.get(), weight_.get(), p_.bias ? bias_.get() : nullptr, targets_.get(),
-                           static_cast<const float*>(lse_.get()), static_cast<const float*>(count_.get()),
-                           static_cast<const float*>(grad_loss_.get()), grad_hidden_.get(), grad_weight_.get(),
-                           p_.bias ? grad_bias_.get() : nullptr, backward_ws_.get(), backward_ws_.bytes(), device_,
-                           nullptr};
-      runtime::backward(p_, a, plan);
-    }
+    if (fwd)
+      forward(p_, tuning, {&lse_, &token_loss_, &loss_, &count_, &forward_ws_});
+    else
+      backward(p_, tuning, {&lse_, &count_, &backward_ws_});
+  }
+
+  runtime::Plan plan_of(const Problem& p, const Tuning& tuning) const { return runtime::Plan(p, arch_, tuning, limits_); }
+
+  void forward(const Problem& p, const Tuning& tuning, const ForwardOut& out) {
+    lfce_forward_args a{hidden_.get(), weight_.get(), p.bias ? bias_.get() : nullptr, targets_.get(),
+                        static_cast<float*>(out.lse->get()), static_cast<float*>(out.token_loss->get()),
+                        static_cast<float*>(out.loss->get()), static_cast<float*>(out.count->get()),
+                        out.workspace->get(), out.workspace->bytes(), device_, nullptr};
+    runtime::forward(p, a, [&](const Problem& q, int) { return plan_of(q, tuning); });
+  }
+
+  void backward(const Problem& p, const Tuning& tuning, const BackwardIn& in) {
+    lfce_backward_args a{hidden_.get(), weight_.get(), p.bias ? bias_.get() : nullptr, targets_.get(),
+                         static_cast<const float*>(in.lse->get()), static_cast<const float*>(in.count->get()),
+                         static_cast<const float*>(grad_loss_.get()), grad_hidden_.get(), grad_weight_.get(),
+                         p.bias ? grad_bias_.get() : nullptr, in.workspace->get(), in.workspace->bytes(), device_,
+                         nullptr};
+    runtime::backward(p, a, [&](const Problem& q, int) { return plan_of(q, tuning); });
   }
 
   // Compiles and loads the direction's GEMM kernels; a kernel that spills registers to local
   // memory is slow by construction and is not measured.
   std::string spills(bool fwd, const Tuning& tuning) {
-    const runtime::Plan plan(p_, arch_, tuning);
+    const runtime::Plan plan = plan_of(p_, tuning);
     for (const KernelKindInfo& info : kKernelKinds) {
       if (!info.gemm || info.backward == fwd) continue;
       const KernelSpec spec = plan.spec(info.kind);
@@ -173,41 +186,55 @@ class GpuBench final : public Bench {
                    "cuMemsetD32Async");
   }
 
-  Outputs read_outputs(bool fwd) const {
-    auto copy = [](const char* name, const DeviceBuffer& b, size_t bytes, DType dtype) {
-      Outputs::Tensor t{name, std::vector<uint8_t>(bytes), dtype};
-      b.download(t.bytes.data(), bytes);
-      return t;
-    };
-    const size_t e = dtype_bytes(p_.dtype), n = p_.tokens, h = p_.hidden, v = p_.vocab;
-    Outputs out;
-    if (fwd) {
-      out.tensors.push_back(copy("lse", lse_, 4 * n, DType::FP32));
-      out.tensors.push_back(copy("token_loss", token_loss_, 4 * n, DType::FP32));
-    } else {
-      out.tensors.push_back(copy("grad_hidden", grad_hidden_, e * n * h, p_.dtype));
-      out.tensors.push_back(copy("grad_weight", grad_weight_, e * v * h, p_.dtype));
-      if (p_.bias) out.tensors.push_back(copy("grad_bias", grad_bias_, e * v, p_.dtype));
-    }
-    return out;
+  // The host reference of the verification problem (both directions, once per sweep), its LSE
+  // and count for the backward to read, and the forward's own outputs.
+  void prepare_verification(const ProblemData& data) {
+    const Problem v = verify_problem(p_, 0);
+    spdlog::info("computing the fp64 host reference of the first {} tokens for --verify", v.tokens);
+    reference_ = host_reference(v, data, true);
+    const size_t n = static_cast<size_t>(v.tokens);
+    verify_lse_in_ = DeviceBuffer(4 * n);
+    verify_lse_in_.upload(reference_.lse.data(), 4 * n);
+    verify_count_in_ = DeviceBuffer(16);
+    verify_count_in_.upload(&reference_.valid_count, 4);
+    for (DeviceBuffer* b : {&verify_lse_, &verify_token_loss_}) *b = DeviceBuffer(4 * n);
+    for (DeviceBuffer* b : {&verify_loss_, &verify_count_}) *b = DeviceBuffer(16);
   }
 
-  // Largest relative L2 error over the direction's outputs against the default config's,
-  // whose outputs are computed once (the current outputs are the candidate's: read first).
-  double verify_error(bool fwd) {
-    Outputs actual = read_outputs(fwd);
-    std::optional<Outputs>& reference = fwd ? reference_forward_ : reference_backward_;
-    if (!reference) {
-      run(fwd, Tuning{});
+  static void reserve(DeviceBuffer& buffer, size_t bytes) {
+    if (buffer.bytes() < bytes) buffer = DeviceBuffer(std::max<size_t>(bytes, 256));
+  }
+
+  // The candidate's outputs on the verification problem (the vocabulary chunk the candidate is
+  // timed with) against the host reference: the worst score, and the first failure.
+  Verdict verify(bool fwd, const Tuning& tuning) {
+    const Problem v = verify_problem(p_, plan_of(p_, tuning).chunk());
+    const runtime::Plan plan = plan_of(v, tuning);
+    std::vector<Verdict> verdicts;
+    auto check = [&](const char* name, const DeviceBuffer& b, DType dtype, const std::vector<float>& expected,
+                     const Tolerance& tolerance) {
+      std::vector<uint8_t> host(expected.size() * dtype_bytes(dtype));
+      b.download(host.data(), host.size());
+      verdicts.push_back(compare_output(name, host.data(), dtype, expected, tolerance));
+    };
+    if (fwd) {
+      reserve(verify_forward_ws_, plan.forward_layout().bytes);
+      forward(v, tuning, {&verify_lse_, &verify_token_loss_, &verify_loss_, &verify_count_, &verify_forward_ws_});
       synchronize();
-      reference = read_outputs(fwd);
+      check("lse", verify_lse_, DType::FP32, reference_.lse, loss_tolerance(v.dtype));
+      check("token_loss", verify_token_loss_, DType::FP32, reference_.token_loss, loss_tolerance(v.dtype));
+    } else {
+      reserve(verify_backward_ws_, plan.backward_layout().bytes);
+      backward(v, tuning, {&verify_lse_in_, &verify_count_in_, &verify_backward_ws_});
+      synchronize();
+      check("grad_hidden", grad_hidden_, v.dtype, reference_.grad_hidden, gradient_tolerance(v.dtype));
+      check("grad_weight", grad_weight_, v.dtype, reference_.grad_weight, gradient_tolerance(v.dtype));
+      if (v.bias) check("grad_bias", grad_bias_, v.dtype, reference_.grad_bias, gradient_tolerance(v.dtype));
     }
-    double worst = 0;
-    for (size_t i = 0; i < actual.tensors.size(); ++i) {
-      const auto& a = actual.tensors[i];
-      const auto& r = reference->tensors[i];
-      const size_t count = a.bytes.size() / dtype_bytes(a.dtype);
-      worst = std::max(worst, relative_l2(a.bytes.data(), r.bytes.data(), count, a.dtype));
+    Verdict worst;
+    for (const Verdict& verdict : verdicts) {
+      worst.score = std::max(worst.score, verdict.score);
+      if (worst.failure.empty()) worst.failure = verdict.failure;
     }
     return worst;
   }
@@ -216,21 +243,26 @@ class GpuBench final : public Bench {
   int device_;
   TuneOptions options_;
   Arch arch_;
+  runtime::DeviceLimits limits_;
   bool lse_from_default_ = false;
   DeviceBuffer hidden_, weight_, bias_, targets_, lse_, token_loss_, loss_, count_, grad_loss_;
   DeviceBuffer grad_hidden_, grad_weight_, grad_bias_, forward_ws_, backward_ws_, flush_;
-  std::optional<Outputs> reference_forward_, reference_backward_;
+  // --verify: the reference, and the verification problem's own buffers.
+  Reference reference_;
+  DeviceBuffer verify_lse_in_, verify_count_in_, verify_lse_, verify_token_loss_, verify_loss_, verify_count_;
+  DeviceBuffer verify_forward_ws_, verify_backward_ws_;
 };
 
 }  // namespace
 
 TuneResult tune(const Problem& problem, int device, const TuneOptions& options) {
   runtime::make_context_current(device);
-  GpuBench bench(problem, device, options);
   const runtime::DeviceInfo& info = runtime::device_info(device);
   const Arch arch = info.arch();
   TuneOptions on_device = options;
-  on_device.smem_limit = info.max_smem_optin;  // candidates are pruned against this device's limit
+  // Candidates are pruned against this device's limits, run with them, and their winners keyed by them.
+  on_device.limits = runtime::DeviceLimits{info.max_smem_optin, info.sm_count};
+  GpuBench bench(problem, device, on_device);
   spdlog::info("tuning on {} ({}): N={} H={} V={} {}", bench.device_name(), arch_name(arch), problem.tokens,
                problem.hidden, problem.vocab, dtype_name(problem.dtype));
   return tune_with(bench, problem, arch, on_device);

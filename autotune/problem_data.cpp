@@ -7,6 +7,8 @@
 #include <limits>
 #include <thread>
 
+#include "compiler/checked_int.h"
+
 namespace lfce::autotune {
 namespace {
 
@@ -26,19 +28,9 @@ float normal(uint64_t stream, uint64_t index) {
   return static_cast<float>(std::sqrt(-2.0 * std::log(unit(a))) * std::cos(2.0 * M_PI * unit(b)));
 }
 
-// body(begin, end) over [0, count) on all cores: a weight of V x H is ~5e8 values.
-void parallel_for(size_t count, const std::function<void(size_t, size_t)>& body) {
-  const size_t threads = std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 64);
-  if (count < (1u << 16) || threads == 1) return body(0, count);
-  std::vector<std::thread> pool;
-  const size_t step = (count + threads - 1) / threads;
-  for (size_t begin = 0; begin < count; begin += step)
-    pool.emplace_back(body, begin, std::min(count, begin + step));
-  for (auto& t : pool) t.join();
-}
-
 std::vector<uint8_t> normal_tensor(size_t count, DType dtype, float stddev, uint64_t stream) {
-  std::vector<uint8_t> out(count * dtype_bytes(dtype));
+  std::vector<uint8_t> out(static_cast<size_t>(
+      checked_mul(static_cast<int64_t>(count), dtype_bytes(dtype), "random tensor bytes")));
   parallel_for(count, [&](size_t begin, size_t end) {
     for (size_t i = begin; i < end; ++i) {
       float v = stddev * normal(stream, i);
@@ -55,15 +47,26 @@ std::vector<uint8_t> normal_tensor(size_t count, DType dtype, float stddev, uint
 
 }  // namespace
 
+void parallel_for(size_t count, const std::function<void(size_t, size_t)>& body, size_t serial_below) {
+  const size_t threads = std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 64);
+  if (count < serial_below || threads == 1) return body(0, count);
+  std::vector<std::thread> pool;
+  const size_t step = (count + threads - 1) / threads;
+  for (size_t begin = 0; begin < count; begin += step)
+    pool.emplace_back(body, begin, std::min(count, begin + step));
+  for (auto& t : pool) t.join();
+}
+
 ProblemData make_problem_data(const runtime::Problem& p, uint64_t seed) {
   const uint64_t s = splitmix64(seed);
   ProblemData d;
-  d.hidden = normal_tensor(static_cast<size_t>(p.tokens * p.hidden), p.dtype, 1.0f, s ^ 1);
-  d.weight = normal_tensor(static_cast<size_t>(p.vocab * p.hidden), p.dtype,
+  d.hidden = normal_tensor(static_cast<size_t>(checked_mul(p.tokens, p.hidden, "hidden elements (N * H)")), p.dtype,
+                           1.0f, s ^ 1);
+  d.weight = normal_tensor(static_cast<size_t>(checked_mul(p.vocab, p.hidden, "weight elements (V * H)")), p.dtype,
                            2.5f / std::sqrt(static_cast<float>(p.hidden)), s ^ 2);
   if (p.bias) d.bias = normal_tensor(static_cast<size_t>(p.vocab), p.dtype, 0.1f, s ^ 3);
   const int bytes = p.targets == IndexType::I64 ? 8 : 4;
-  d.targets.resize(static_cast<size_t>(p.tokens) * bytes);
+  d.targets.resize(static_cast<size_t>(checked_mul(p.tokens, bytes, "target bytes")));
   for (int64_t i = 0; i < p.tokens; ++i) {
     uint64_t h = splitmix64((s ^ 4) + splitmix64(i));
     int64_t t = h % 17 == 0 ? p.ignore_index : static_cast<int64_t>((h >> 8) % static_cast<uint64_t>(p.vocab));
@@ -147,29 +150,6 @@ std::vector<float> to_float(const void* data, size_t count, DType dtype) {
   const auto* bits = static_cast<const uint16_t*>(data);
   for (size_t i = 0; i < count; ++i) out[i] = dtype == DType::BF16 ? bf16_to_float(bits[i]) : half_to_float(bits[i]);
   return out;
-}
-
-double relative_l2(const std::vector<float>& actual, const std::vector<float>& expected) {
-  if (actual.size() != expected.size()) return std::numeric_limits<double>::infinity();
-  return relative_l2(actual.data(), expected.data(), actual.size(), DType::FP32);
-}
-
-double relative_l2(const void* actual, const void* expected, size_t count, DType dtype) {
-  auto element = [dtype](const void* data, size_t i) -> double {
-    if (dtype == DType::FP32) return static_cast<const float*>(data)[i];
-    const uint16_t bits = static_cast<const uint16_t*>(data)[i];
-    return dtype == DType::BF16 ? bf16_to_float(bits) : half_to_float(bits);
-  };
-  double diff = 0, ref = 0, act = 0;
-  for (size_t i = 0; i < count; ++i) {
-    const double a = element(actual, i), e = element(expected, i);
-    if (!std::isfinite(a) || !std::isfinite(e)) return std::numeric_limits<double>::infinity();
-    diff += (a - e) * (a - e);
-    ref += e * e;
-    act += a * a;
-  }
-  if (ref > 0) return std::sqrt(diff / ref);
-  return act > 0 ? std::numeric_limits<double>::infinity() : 0.0;
 }
 
 }  // namespace lfce::autotune

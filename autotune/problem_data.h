@@ -1,9 +1,10 @@
 // Host-side data for measuring a problem: reproducible random inputs in the problem's dtypes,
-// conversions of 16-bit results back to float, and the error measure of verification.
+// and conversions of 16-bit results back to float.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "runtime/plan.h"
@@ -19,7 +20,12 @@ struct ProblemData {
 };
 
 // Every value depends only on (seed, tensor, index): the same data whatever the threading.
+// Throws SpecError naming a size product that does not fit in 64 bits.
 ProblemData make_problem_data(const runtime::Problem& problem, uint64_t seed);
+
+// body(begin, end) over [0, count) split in one contiguous range per core, one call per range
+// (a weight of V x H is ~5e8 values); a count below serial_below runs in the calling thread.
+void parallel_for(size_t count, const std::function<void(size_t, size_t)>& body, size_t serial_below = 1 << 16);
 
 uint16_t float_to_bf16(float value);  // round to nearest even
 uint16_t float_to_half(float value);  // round to nearest even, subnormals kept
@@ -28,11 +34,5 @@ float half_to_float(uint16_t bits);
 
 // `count` elements of `dtype` at `data`, as floats.
 std::vector<float> to_float(const void* data, size_t count, DType dtype);
-
-// ||actual - expected|| / ||expected||: 0 when both are all zeros, +inf when only expected
-// is, when sizes differ, or when anything is not finite.
-double relative_l2(const std::vector<float>& actual, const std::vector<float>& expected);
-// The same over `count` raw elements of `dtype` each (no float copy of a [V, H] gradient).
-double relative_l2(const void* actual, const void* expected, size_t count, DType dtype);
 
 }  // namespace lfce::autotune

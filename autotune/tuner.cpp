@@ -60,10 +60,11 @@ class ProgressMeter {
 };
 
 // The other kinds' choices in `fixed`, as the record of what a kind was measured with.
-std::map<std::string, std::string> context_of(KernelKind kind, const Problem& problem, const Tuning& fixed) {
+std::map<std::string, std::string> context_of(KernelKind kind, const Problem& problem, const Tuning& fixed, Arch arch,
+                                              const runtime::DeviceLimits& limits) {
   std::map<std::string, std::string> out;
   for (KernelKind other : tuned_kinds())
-    if (other != kind) out[std::string(kind_name(other))] = candidate_of(other, problem, fixed).text();
+    if (other != kind) out[std::string(kind_name(other))] = candidate_of(other, problem, fixed, arch, limits).text();
   return out;
 }
 
@@ -98,8 +99,6 @@ KindResult result_of(const KindSweep& s, const TuningEntry& entry, const TuningS
 
 }  // namespace
 
-double verify_tolerance(DType dtype) { return dtype == DType::FP32 ? 1e-4 : 1e-2; }
-
 std::vector<Candidate> remaining(const std::optional<TuningEntry>& entry, const std::vector<Candidate>& candidates) {
   std::vector<Candidate> out;
   for (const Candidate& c : candidates)
@@ -112,7 +111,8 @@ TuneResult tune_with(Bench& bench, const Problem& problem, Arch arch, const Tune
   std::vector<KindSweep> sweeps;
   int total = 0;
   for (KernelKind kind : kinds_in_order(options)) {
-    KindSweep s{kind, config_space(kind, problem, arch, options.space, options.smem_limit), store.load(TuningKey::of(kind, problem, arch)), {}};
+    KindSweep s{kind, config_space(kind, problem, arch, options.space, options.limits),
+                store.load(TuningKey::of(kind, problem, arch, options.limits)), {}};
     s.todo = remaining(s.stored, s.space.kept);
     // The default first (every speed-up is relative to it), the rest in a fixed shuffled
     // order: a sweep cut short by its budget has then sampled the whole space, not a corner.
@@ -132,15 +132,15 @@ TuneResult tune_with(Bench& bench, const Problem& problem, Arch arch, const Tune
   ProgressMeter meter(total, options.progress);
   TuneResult result;
   // Kinds not tuned now run with their stored winners while the others are measured.
-  Tuning fixed = stored_tuning(store, problem, arch);
+  Tuning fixed = stored_tuning(store, problem, arch, options.limits);
   bool warned = false, prepared = false;
   for (KindSweep& s : sweeps) {
     TuningEntry entry = s.stored ? *s.stored : TuningEntry{};
-    entry.key = TuningKey::of(s.kind, problem, arch);
+    entry.key = TuningKey::of(s.kind, problem, arch, options.limits);
     entry.tokens = problem.tokens;
     entry.device = bench.device_name();
     entry.default_config = s.space.kept.front();
-    entry.measured_with = context_of(s.kind, problem, fixed);
+    entry.measured_with = context_of(s.kind, problem, fixed, arch, options.limits);
     int measured = 0;
     for (const Candidate& c : s.todo) {
       if (Clock::now() >= deadline) {

@@ -36,16 +36,12 @@ struct TuneOptions {
   int warmup = 2;                 // untimed runs after the first (which compiles and loads)
   int repetitions = 10;           // timed runs; the median counts
   double budget_minutes = 0;      // stop cleanly, keeping what was measured, after this; 0: no limit
-  bool verify = false;            // compare outputs with the default config's (tolerance below)
+  bool verify = false;            // check outputs against the fp64 host reference (host_reference.h)
   std::string cache_dir;          // "": runtime::default_cache_dir()
-  int64_t smem_limit = 0;         // the device's shared memory per block; 0: the arch table's
+  runtime::DeviceLimits limits;   // the device's shared memory per block and SM count; 0s: the arch table's
   uint64_t seed = 20261130;       // of the random problem data
   std::function<void(const Progress&)> progress;
 };
-
-// Relative L2 error allowed between a candidate's loss/gradients and the default config's:
-// they differ by fp32 reassociation, plus bf16/fp16 rounding of dz and of the outputs.
-double verify_tolerance(DType dtype);
 
 struct KindResult {
   KernelKind kind = KernelKind::LseForward;

@@ -216,7 +216,7 @@ typedef struct lfce_tune_options {
   int32_t device;
   const char* space;         /* "default" or "small"; NULL = "default" */
   double budget_minutes;     /* stop cleanly after this long, keeping what was measured; 0 = no limit */
-  int32_t verify;            /* 1: check every config's loss and gradients against the default config's */
+  int32_t verify;            /* 1: check every config's outputs against an fp64 host reference (first 300 tokens) */
   int32_t repetitions;       /* timed runs per config (median); 0 = 10 */
   lfce_tune_progress progress; /* may be NULL */
   void* user;

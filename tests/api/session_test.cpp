@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <string>
 
+#include "autotune/config_space.h"
 #include "autotune/tuning_store.h"
 #include "compiler/errors.h"
 #include "runtime/kernel_cache.h"
@@ -39,7 +40,7 @@ void store_winner(const std::string& dir) {
   e.key = TuningKey::of(KernelKind::LseForward, problem(), Arch::SM90A);
   e.tokens = 8192;
   e.device = "NVIDIA H200";
-  e.default_config = autotune::default_candidate(KernelKind::LseForward, problem());
+  e.default_config = autotune::default_candidate(KernelKind::LseForward, problem(), Arch::SM90A);
   e.records.push_back({e.default_config, Measurement{2.0, "", -1}});
   e.records.push_back({kFastForward, Measurement{1.5, "", -1}});
   TuningStore(dir).save(e);

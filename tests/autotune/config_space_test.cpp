@@ -68,7 +68,7 @@ TEST(Autotune, KeepsTheDefaultConfig) {
     for (Arch arch : {Arch::SM80, Arch::SM90A})
       for (DType dtype : {DType::BF16, DType::FP16, DType::FP32}) {
         auto problem = llama3_8b(dtype);
-        auto reason = rejection(default_candidate(kind, problem), problem, arch);
+        auto reason = rejection(default_candidate(kind, problem, arch), problem, arch);
         EXPECT_FALSE(reason.has_value()) << kind_name(kind) << " " << *reason;
       }
 }
@@ -78,7 +78,7 @@ TEST(ConfigSpace, DefaultSpaceStartsWithTheDefaultAndGivesEveryRejectionAReason)
     const auto problem = llama3_8b();
     ConfigSpace space = config_space(kind, problem, Arch::SM80);
     ASSERT_FALSE(space.kept.empty());
-    EXPECT_EQ(space.kept.front(), default_candidate(kind, problem));
+    EXPECT_EQ(space.kept.front(), default_candidate(kind, problem, Arch::SM80));
     EXPECT_GT(space.kept.size(), 20u) << kind_name(kind);
     EXPECT_FALSE(space.rejected.empty()) << kind_name(kind);
     std::set<Candidate> seen;
@@ -98,6 +98,37 @@ TEST(ConfigSpace, ForwardSweepsTheCtaTarget) {
   std::set<int64_t> ctas;
   for (const Candidate& c : space.kept) ctas.insert(c.forward_ctas);
   EXPECT_EQ(ctas, (std::set<int64_t>{132, 264, 528}));
+}
+
+// Issue 6: on a 99 KiB GPU (RTX 30/40/50, A10, L4, L40S) the sweep's baseline was the H200's
+// default tile, which does not fit there (three backward defaults need 131-136 KB). It is the
+// default the runtime runs on that device: default_tile() for that limit, one CTA per SM.
+TEST(ConfigSpace, DefaultCandidateOnA99KiBDeviceIsTheDefaultTileForThatLimit) {
+  const runtime::DeviceLimits small_gpu{99 * 1024, 108};
+  int differs_from_the_h200s = 0;
+  for (KernelKind kind : tuned_kinds())
+    for (DType dtype : {DType::BF16, DType::FP16, DType::FP32}) {
+      SCOPED_TRACE(std::string(kind_name(kind)) + " " + std::string(dtype_name(dtype)));
+      const auto problem = llama3_8b(dtype);
+      const ConfigSpace space = config_space(kind, problem, Arch::SM90A, "default", small_gpu);
+      ASSERT_FALSE(space.kept.empty());
+      const Candidate& first = space.kept.front();
+      EXPECT_EQ(first.tile, runtime::default_tile(kind, dtype, Arch::SM90A, small_gpu.smem_per_block));
+      EXPECT_FALSE(rejection(first, problem, Arch::SM90A, small_gpu).has_value())
+          << *rejection(first, problem, Arch::SM90A, small_gpu);
+      if (kind == KernelKind::LseForward) {
+        EXPECT_EQ(first.forward_ctas, 108);
+      }
+      if (!(first.tile == runtime::default_tile(kind, dtype))) ++differs_from_the_h200s;
+    }
+  EXPECT_GE(differs_from_the_h200s, 3);  // the H200's backward defaults do not fit 99 KiB
+}
+
+TEST(ConfigSpace, ForwardSweepsTheCtaTargetPerSmOfTheDevice) {
+  ConfigSpace space = config_space(KernelKind::LseForward, llama3_8b(), Arch::SM90A, "default", {0, 108});
+  std::set<int64_t> ctas;
+  for (const Candidate& c : space.kept) ctas.insert(c.forward_ctas);
+  EXPECT_EQ(ctas, (std::set<int64_t>{108, 216, 432}));
 }
 
 TEST(ConfigSpace, ChunksStayWithinTheBudgetInMultiplesOf128) {
@@ -140,8 +171,8 @@ TEST(Candidate, TextRoundTrips) {
   for (KernelKind kind : tuned_kinds())
     for (const Candidate& c : config_space(kind, llama3_8b(), Arch::SM90A, "small").kept)
       EXPECT_EQ(Candidate::parse(kind, c.text()), c) << c.text();
-  EXPECT_EQ(default_candidate(KernelKind::LseForward, llama3_8b()).text(), "64x256x64/1x4/s2;ctas=132");
-  EXPECT_EQ(default_candidate(KernelKind::GradWeight, llama3_8b()).text(), "128x256x64/2x4/s2");
+  EXPECT_EQ(default_candidate(KernelKind::LseForward, llama3_8b(), Arch::SM90A).text(), "64x256x64/1x4/s2;ctas=132");
+  EXPECT_EQ(default_candidate(KernelKind::GradWeight, llama3_8b(), Arch::SM90A).text(), "128x256x64/2x4/s2");
 }
 
 TEST(Candidate, ParseNamesTheBadText) {
@@ -164,7 +195,7 @@ TEST(Candidate, ApplySetsOnlyItsKind) {
   EXPECT_EQ(t.forward_ctas, 0);
   EXPECT_EQ(t.tile(KernelKind::DlogitsBackward, DType::BF16), c.tile);
   EXPECT_EQ(t.tile(KernelKind::GradInput, DType::BF16), (TileConfig{64, 64, 64, 2, 2, 2}));
-  EXPECT_EQ(candidate_of(KernelKind::DlogitsBackward, llama3_8b(), t), c);
+  EXPECT_EQ(candidate_of(KernelKind::DlogitsBackward, llama3_8b(), t, Arch::SM90A), c);
 }
 
 // ---- Every kept config of the small space generates PTX that ptxas accepts. ----

@@ -1,5 +1,5 @@
-// The sweep on a real GPU (label gpu): every config of the small space gives the default
-// config's loss and gradients within the dtype's tolerance, and the winners it stores are what
+// The sweep on a real GPU (label gpu): every config of the small space (run with --verify)
+// matches the fp64 host reference within the dtype's bounds, and the winners it stores are what
 // the next stored_tuning() returns. Skips without a GPU; fails on a machine that
 // should have one (tests/runtime/gpu_required.h).
 #include <gtest/gtest.h>
@@ -31,7 +31,7 @@ class TunerGpu : public testing::TestWithParam<DType> {
   std::string dir_;
 };
 
-TEST_P(TunerGpu, SmallSpaceAgreesWithTheDefaultAndItsWinnersAreUsed) {
+TEST_P(TunerGpu, SmallSpaceMatchesTheHostReferenceAndItsWinnersAreUsed) {
   runtime::Problem p;
   p.tokens = 1000;  // not a multiple of any tile: edges are exercised
   p.hidden = 512;
@@ -46,23 +46,25 @@ TEST_P(TunerGpu, SmallSpaceAgreesWithTheDefaultAndItsWinnersAreUsed) {
   options.warmup = 1;
   options.repetitions = 3;
   TuneResult r = tune(p, 0, options);
-  const Arch arch = runtime::device_info(0).arch();
+  const runtime::DeviceInfo& info = runtime::device_info(0);
+  const Arch arch = info.arch();
+  const runtime::DeviceLimits limits{info.max_smem_optin, info.sm_count};  // the tuner's key
   ASSERT_EQ(r.kinds.size(), 4u);
   TuningStore store(dir_);
   for (const KindResult& k : r.kinds) {
     SCOPED_TRACE(std::string(kind_name(k.kind)));
     EXPECT_EQ(k.failed, 0);
     EXPECT_TRUE(k.winner);
-    std::optional<TuningEntry> entry = store.load(TuningKey::of(k.kind, p, arch));
+    std::optional<TuningEntry> entry = store.load(TuningKey::of(k.kind, p, arch, limits));
     ASSERT_TRUE(entry);
     for (const Record& rec : entry->records) {
       EXPECT_TRUE(rec.result.ok()) << rec.candidate.text() << ": " << rec.result.error;
       EXPECT_GE(rec.result.verify_error, 0) << rec.candidate.text();
-      EXPECT_LE(rec.result.verify_error, verify_tolerance(p.dtype)) << rec.candidate.text();
+      EXPECT_LE(rec.result.verify_error, 1.0) << rec.candidate.text();  // within the bounds of the fp64 reference
     }
   }
   // A later process: no memo, only the files.
-  EXPECT_EQ(stored_tuning(TuningStore(dir_), p, arch), r.tuning);
+  EXPECT_EQ(stored_tuning(TuningStore(dir_), p, arch, limits), r.tuning);
   // and nothing is measured again
   TuneResult again = tune(p, 0, options);
   for (const KindResult& k : again.kinds) EXPECT_EQ(k.measured, 0);

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "autotune/config_space.h"
 #include "compiler/errors.h"
 #include "runtime/tuning.h"
 #include "tests/log_capture.h"
@@ -48,7 +49,7 @@ class StoreTest : public testing::Test {
     e.key = TuningKey::of(kind, p, Arch::SM90A);
     e.tokens = p.tokens;
     e.device = "NVIDIA H200";
-    e.default_config = default_candidate(kind, p);
+    e.default_config = default_candidate(kind, p, Arch::SM90A);
     e.measured_with = {{"lse_forward", "128x128x64/2x4/s3;ctas=264"}};
     e.records.push_back({e.default_config, Measurement{2.0, "", 0.0}});
     e.records.push_back({fast, Measurement{1.5, "", 0.001}});
@@ -91,7 +92,7 @@ TEST_F(StoreTest, FileIsReadableJsonNamedAfterTheKey) {
   TuningEntry saved = entry(KernelKind::LseForward, problem(5000), kFastForward);
   store.save(saved);
   const std::string path = store.path(saved.key);
-  EXPECT_EQ(fs::path(path).filename(), "lse_forward-sm_90a-bf16-V128256-H4096-N8192-recompute-mean-i64-nobias.json");
+  EXPECT_EQ(fs::path(path).filename(), "lse_forward-sm_90a-smem232448-sms132-bf16-V128256-H4096-N8192-recompute-mean-i64-nobias.json");
   nlohmann::json j = nlohmann::json::parse(std::ifstream(path));
   EXPECT_EQ(j["key"]["n_bucket"], 8192);
   EXPECT_EQ(j["winner"]["config"], kFastForward.text());

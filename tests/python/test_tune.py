@@ -1,6 +1,6 @@
 """Autotuning end to end: `lfce tune` (the command line) on a small space writes winners that a
 new training process uses with no code change and without tuning; every config of the space
-agrees with the default config (--verify). Needs a GPU, except the argument checks."""
+matches an fp64 host reference (--verify). Needs a GPU, except the argument checks."""
 
 import os
 import subprocess
