@@ -45,7 +45,7 @@ class Unavailable(Exception):
 
 def add_wheels(folder):
     """Make the wheels in ``folder`` importable without pip: unpack each into one temporary
-    directory (removed at exit) put first on sys.path. Returns the wheel file names.
+    directory (removed at exit) put last on sys.path. Returns the wheel file names.
 
     Unpacked rather than imported from the zip: Triton reads a kernel's source file.
     """
@@ -63,7 +63,7 @@ def add_wheels(folder):
                 wheel.extractall(target)
         except zipfile.BadZipFile:
             raise ValueError(f"wheel {os.path.join(folder, name)!r} is not a zip file") from None
-    sys.path.insert(0, target)
+    sys.path.append(target)  # last: a package installed on the machine wins over its wheel
     importlib.invalidate_caches()
     return wheels
 
