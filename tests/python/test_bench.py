@@ -414,7 +414,7 @@ def test_main_writes_the_json_with_every_shape_and_the_plot(tmp_path):
                        "--iters", "1", "--warmup", "1", "--profile-steps", "1", "--out", str(out)]) == 0
     [path] = [p for p in out.iterdir() if p.suffix == ".json"]
     result = json.loads(path.read_text())
-    assert result["complete"] is True and result["gpu"] and result["git_commit"] is not None
+    assert result["complete"] is True and result["gpu"] and "git_commit" in result
     assert [(e["model"], e["tokens"]) for e in result["results"]] == [("llama3-8b", 256), ("llama3-8b", 512)]
     for e in result["results"]:
         assert "error" not in e["profile"] and set(e["methods"]) == {"cublas_4gemm", "lfce_recompute"}, e

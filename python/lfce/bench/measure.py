@@ -176,12 +176,24 @@ def run(model, hidden, vocab, tokens, dtype=None, methods=("lfce_recompute", "lf
 def format_result(entry):
     """Human-readable lines for one run() result."""
     lines = [f"{entry['model']}: N={entry['tokens']} H={entry['hidden']} V={entry['vocab']} {entry['dtype']}"]
+    if entry["methods"]:
+        lines.extend(_method_lines(entry["methods"]))
+    if "profile" in entry:
+        profile = entry["profile"]
+        if "skipped" in profile:
+            lines.append(f"profile: skipped ({profile['skipped']})")
+        else:
+            lines.extend(gemm_profile.format_profile(profile))
+    return lines
+
+
+def _method_lines(methods):
     header = ("", "fwd ms", "bwd ms", "total ms", "held MiB", "peak MiB", "TFLOP/s", "vs 4gemm", "tuned")
-    lines.append("{:<15} {:>8} {:>8} {:>9} {:>9} {:>9} {:>8} {:>8} {:>6}".format(*header))
+    lines = ["{:<15} {:>8} {:>8} {:>9} {:>9} {:>9} {:>8} {:>8} {:>6}".format(*header)]
 
     def cell(row, key, spec):
         return format(row[key], spec) if key in row else "-"
-    for name, row in entry["methods"].items():
+    for name, row in methods.items():
         if "total_ms" not in row:
             reason = row.get("error") or "skipped: " + row.get("skipped", "?")
             lines.append(f"{name:<15} {reason}")
@@ -190,10 +202,4 @@ def format_result(entry):
         lines.append(f"{name:<15} {cell(row, 'forward_ms', '.2f'):>8} {cell(row, 'backward_ms', '.2f'):>8} "
                      f"{row['total_ms']:9.2f} {cell(row, 'held_mib', '.1f'):>9} {cell(row, 'peak_mib', '.1f'):>9} "
                      f"{cell(row, 'useful_tflops', '.1f'):>8} {cell(row, 'vs_cublas_4gemm', '.2f'):>8} {tuned:>6}")
-    if "profile" in entry:
-        profile = entry["profile"]
-        if "skipped" in profile:
-            lines.append(f"profile: skipped ({profile['skipped']})")
-        else:
-            lines.extend(gemm_profile.format_profile(profile))
     return lines
