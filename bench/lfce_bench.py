@@ -1,4 +1,4 @@
-"""Entry point of lfce's benchmark harness, python/lfce/bench.py (``python3 -m lfce.bench``).
+"""Entry point of lfce's benchmark harness, python/lfce/bench/ (``python3 -m lfce.bench``).
 
     python3 bench/lfce_bench.py --out bench/results/
 

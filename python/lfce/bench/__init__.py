@@ -1,0 +1,217 @@
+"""lfce's one benchmark harness: lfce against the anchors and the GEMM floor, on one GPU.
+
+    python3 -m lfce.bench --models llama3-8b --tokens 8192 --wheels .device/wheels --out DIR
+    python3 -m lfce.bench --gemm-only --models llama3-8b,gemma2-2b --tokens 8192 --out DIR
+    python3 -m lfce.bench --plot-from DIR/bench-<date>-<commit>.json --out DIR   # the plot, no GPU
+    python3 -m lfce --model llama3-8b                   # one model and mode (uses run())
+
+Implementations (impls.py), each forward + backward w.r.t. hidden and weight, bf16 by default, mean
+reduction, one target in 17 ignored (5.9%, like padding in a packed batch):
+
+* ``cublas_4gemm`` / ``cublas_3gemm``: the matrix products alone through torch.matmul (cuBLAS):
+  logits x·Wᵀ twice, dz·W and dzᵀ·x (the floor a recompute kernel is measured against), or
+  without the recompute (the eager floor). Every ratio ``vs_cublas_4gemm`` is to the first.
+* ``lfce_recompute`` / ``lfce_eager``: ``lfce.linear_cross_entropy`` in each mode.
+* ``torch``: ``F.linear`` + ``F.cross_entropy`` with bf16 logits, as users run it; ``torch_compile``:
+  the same under torch.compile, recompiled for each shape.
+* ``liger``: Liger-Kernel's fused linear cross entropy; ``cce`` / ``cce_exact``: Cut Cross-Entropy
+  with and without gradient filtering. Imported when run: ``--wheels DIR`` unpacks the pure-Python
+  wheels in DIR (``pip download --no-deps liger-kernel cut-cross-entropy -d DIR``) so that a machine
+  without network needs no pip install. One that cannot be imported (no Triton, no wheel) is
+  reported as skipped, with the reason.
+
+Shapes: each preset of ``--models`` at each N of ``--tokens`` (``model:N`` pins one N). A
+combination whose estimated memory (impls.estimate_bytes) exceeds 90% of the free memory is skipped
+up front; one that still fails gets its error and the run goes on.
+
+Timings: warm-ups, then the median (and min, max) of CUDA-event timings of the forward, the
+backward and both; first_call_s is the wall time of the first step (compiles included).
+useful_tflops counts the three GEMMs every method must do (3 · 2·N·H·V FLOPs) over the total time.
+Memory, from the caching allocator's counters: held = allocated after the forward beyond the
+inputs, less the loss (what a training step keeps alive between forward and backward); peak =
+the highest allocation during forward + backward beyond the inputs (gradients included).
+
+Profile (gemm_profile.py; on by default, alone with ``--gemm-only``): from torch.profiler traces,
+each lfce GEMM kernel's time, launches and TFLOP/s over one recompute forward + backward against the
+cuBLAS GEMM of the same shape, and the time of every kernel of that forward + backward.
+
+The JSON (written after each shape, so an interrupted run keeps what it measured) records what the
+figures depend on (meta.metadata()): date, GPU, driver, torch, Triton, Liger and CCE versions, the
+git commit ($LFCE_COMMIT where set, else git's), lfce's generator version, whether each lfce problem
+ran with tuned winners, and the baseline in words. The PNG beside it (plot.py) needs matplotlib.
+"""
+
+import argparse
+import os
+import sys
+import time
+
+from . import impls
+from .gemm_profile import format_profile, gemm_flops
+from .impls import DESCRIPTIONS, IMPLEMENTATIONS, estimate_bytes, make_inputs
+from .measure import TIME_LIMIT, format_result, run
+from .meta import BASELINE, git_commit, metadata, result_path, write_json
+
+__all__ = ["BASELINE", "DESCRIPTIONS", "IMPLEMENTATIONS", "estimate_bytes", "format_profile", "format_result",
+           "gemm_flops", "git_commit", "main", "make_inputs", "metadata", "parse_args", "run", "write_json"]
+
+DEFAULT_MODELS = "llama3-8b,gemma2-2b,qwen2.5-7b,llama3-70b"
+DEFAULT_TOKENS = "2048,8192,16384,32768"
+DTYPES = ("bf16", "fp16", "fp32")
+
+
+def _parse_runs(text, known, tokens):
+    """'model[:N],...' -> [(model, N)]: a model without ':N' at each of ``tokens``; names an
+    unknown model or a bad token count."""
+    runs = []
+    for item in text.split(","):
+        model, _, count = item.strip().partition(":")
+        if model not in known:
+            raise ValueError(f"unknown model {model!r}; known: {', '.join(sorted(known))}")
+        runs.extend((model, n) for n in (_parse_counts(count, item) if count else tokens))
+    return runs
+
+
+def _parse_counts(text, where=None):
+    """'2048,8192' -> [2048, 8192], naming a bad or non-positive count."""
+    counts = []
+    for item in text.split(","):
+        try:
+            count = int(item)
+        except ValueError:
+            raise ValueError(f"bad token count {item!r} in {where or text!r}") from None
+        if count < 1:
+            raise ValueError(f"token count must be >= 1, got {count} in {where or text!r}")
+        counts.append(count)
+    return counts
+
+
+def _parse_impls(text):
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in IMPLEMENTATIONS]
+    if unknown or not names:
+        raise ValueError(f"unknown implementation(s) {unknown or [text]}; known: {', '.join(IMPLEMENTATIONS)}")
+    return tuple(names)
+
+
+def parse_args(argv=None):
+    """The command line, checked; needs neither the library nor torch (--models is checked in main)."""
+    parser = argparse.ArgumentParser(prog="python3 -m lfce.bench", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default=DEFAULT_MODELS,
+                        help=f"model[:N] list from the library's presets (default: {DEFAULT_MODELS}); "
+                             "a model without :N runs at each of --tokens")
+    parser.add_argument("--tokens", default=DEFAULT_TOKENS, help=f"token counts N (default: {DEFAULT_TOKENS})")
+    parser.add_argument("--impls", default=",".join(IMPLEMENTATIONS),
+                        help=f"implementations to time (default: all of {', '.join(IMPLEMENTATIONS)})")
+    parser.add_argument("--dtype", default="bf16", choices=DTYPES)
+    parser.add_argument("--iters", type=int, default=10, help="timed steps (median); default 10")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (>= 1 compiles); default 3")
+    parser.add_argument("--profile-steps", type=int, default=2,
+                        help="steps of the per-kernel profile and the GEMM-only comparison (0: none); default 2")
+    parser.add_argument("--gemm-only", action="store_true",
+                        help="only the profile: each lfce GEMM kernel against cuBLAS, and the kernel breakdown")
+    parser.add_argument("--wheels", metavar="DIR",
+                        help="folder of pure-Python wheels (liger-kernel, cut-cross-entropy) to import unpacked")
+    parser.add_argument("--time-limit", type=float, metavar="S",
+                        help="start nothing new after S seconds (the rest is reported skipped); the JSON is "
+                             "written after each shape")
+    parser.add_argument("--out", default=os.path.join("bench", "results"), help="folder for the JSON and the PNG")
+    parser.add_argument("--plot-from", metavar="JSON", help="only make the PNG from a result JSON (no GPU)")
+    args = parser.parse_args(argv)
+    if args.iters < 1 or args.warmup < 1 or args.profile_steps < 0:
+        parser.error(f"--iters and --warmup must be >= 1 and --profile-steps >= 0, "
+                     f"got {args.iters}, {args.warmup} and {args.profile_steps}")
+    if args.gemm_only and args.profile_steps < 1:
+        parser.error(f"--gemm-only needs --profile-steps >= 1, got {args.profile_steps}")
+    if args.time_limit is not None and args.time_limit <= 0:
+        parser.error(f"--time-limit must be > 0 seconds, got {args.time_limit}")
+    try:
+        args.tokens = _parse_counts(args.tokens)
+        args.impls = () if args.gemm_only else _parse_impls(args.impls)
+    except ValueError as error:
+        parser.error(str(error))
+    return parser, args
+
+
+def _timed_out(entry):
+    rows = list(entry["methods"].values()) + [entry.get("profile", {})]
+    return any(row.get("skipped") == TIME_LIMIT for row in rows)
+
+
+def _plot(result, json_path, out_dir):
+    """Write the PNG beside the JSON; without matplotlib say so and go on (a run's result stands)."""
+    from . import plot
+
+    path = result_path(result, out_dir, ".png")
+    try:
+        plot.plot(result, path)
+    except ImportError as error:
+        print(f"no plot: matplotlib is not importable ({error}); make it elsewhere with "
+              f"python3 -m lfce.bench --plot-from {json_path} --out DIR", file=sys.stderr)
+        return None
+    except ValueError as error:
+        print(f"no plot: {error}", file=sys.stderr)
+        return None
+    print("wrote", path)
+    return path
+
+
+def _plot_from(json_path, out_dir):
+    import json
+
+    try:
+        with open(json_path) as f:
+            result = json.load(f)
+    except (OSError, ValueError) as error:
+        print(f"error: --plot-from {json_path!r}: {error}", file=sys.stderr)
+        return 2
+    os.makedirs(out_dir, exist_ok=True)
+    return 0 if _plot(result, json_path, out_dir) else 1
+
+
+def main(argv=None):
+    parser, args = parse_args(argv)
+    if args.plot_from:
+        return _plot_from(args.plot_from, args.out)
+    from .. import presets
+
+    try:
+        runs = _parse_runs(args.models, presets.table(), args.tokens)
+    except ValueError as error:
+        parser.error(f"--models: {error}")
+    wheels = None
+    if args.wheels:
+        try:
+            wheels = impls.add_wheels(args.wheels)
+        except ValueError as error:
+            parser.error(f"--wheels: {error}")
+    import torch
+
+    if not torch.cuda.is_available():
+        parser.error("needs a CUDA GPU (only --plot-from runs without one)")
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
+    deadline = None if args.time_limit is None else time.monotonic() + args.time_limit
+    argv = sys.argv[1:] if argv is None else argv
+    result = metadata("python3 -m lfce.bench " + " ".join(argv))
+    result.update(wheels=wheels, complete=False, implementations={name: DESCRIPTIONS[name] for name in args.impls},
+                  settings={"dtype": args.dtype, "reduction": "mean", "ignore_index": impls.IGNORE_INDEX,
+                            "ignored_fraction": 1 / impls.IGNORE_EVERY, "warmup": args.warmup,
+                            "iters": args.iters, "profile_steps": args.profile_steps,
+                            "gemm_only": args.gemm_only},
+                  results=[])
+    path = None
+    for index, (model, tokens) in enumerate(runs):
+        hidden, vocab = presets.table()[model]
+        print(f"[bench] shape {index + 1}/{len(runs)}: {model} N={tokens}", file=sys.stderr, flush=True)
+        entry = run(model, hidden, vocab, tokens, dtype, args.impls, args.warmup, args.iters,
+                    profile_steps=args.profile_steps, deadline=deadline, progress=True)
+        result["results"].append(entry)
+        print("\n".join(format_result(entry)), flush=True)
+        path = write_json(result, args.out)
+    result["complete"] = not any(_timed_out(entry) for entry in result["results"])
+    path = write_json(result, args.out)
+    print("wrote", path)
+    if not args.gemm_only:
+        _plot(result, path, args.out)
+    return 0
