@@ -144,8 +144,9 @@ def _forward_impl(hidden: Tensor, weight: Tensor, bias: OptionalTensor, targets:
                   need_hidden: bool, need_weight: bool, need_bias: bool) -> tuple[Tensor, Tensor, Tensor, Tensor,
                                                                                    Tensor, Tensor]:
     hidden, weight, bias, targets = (_aligned(t) for t in (hidden, weight, bias, targets))
-    problem = _problem(hidden, weight, bias, targets, ignore_index, reduction, mode, chunk_size, workspace_budget)
     eager = _eager(mode, reduction)
+    problem = _problem(hidden, weight, bias, targets, ignore_index, reduction, "eager" if eager else "recompute",
+                       chunk_size, workspace_budget)
     wanted = (need_hidden, need_weight, need_bias) if eager else (False, False, False)
     device = hidden.device
     key = _key(problem, device, "forward", wanted)
