@@ -4,8 +4,10 @@
     loss = lfce.linear_cross_entropy(hidden, lm_head.weight, labels)   # [N, H], [V, H], [N]
     loss.backward()
 
-The [tokens, vocab] logits are never materialised. Kernel generation
-(``lfce.generate``) needs neither a GPU nor PyTorch; the loss needs both.
+The [tokens, vocab] logits are never materialised; the loss is fp32. Kernel generation
+(``lfce.generate``) needs neither a GPU nor PyTorch; the loss needs both. Also:
+``lfce.compat.liger`` / ``lfce.compat.cce`` (drop-in entry points of Liger-Kernel and Cut
+Cross-Entropy) and ``lfce.transformers.apply_lfce`` (Hugging Face causal LMs).
 """
 
 from ._lib import CompileError, CudaError

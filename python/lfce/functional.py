@@ -17,32 +17,42 @@ backward time (``ctx.needs_input_grad``), in eager mode at forward time (the inp
 
 Every call only enqueues work on the current CUDA stream: nothing here waits for
 the GPU or reads a device value on the host.
+
+The work is done by the operators ``torch.ops.lfce.forward`` / ``lfce.backward`` (``_ops.py``), so
+``torch.compile(fullgraph=True)`` traces this function without a graph break. The loss is fp32
+whatever the input dtype; the gradients are in the inputs' dtypes. Under
+``torch.autocast("cuda")`` hidden, weight and bias are cast to the autocast dtype first, as
+``F.linear`` would cast them, so fp32 parameters get fp32 gradients.
 """
 
-import ctypes
 import logging
 import operator
 
 import torch
 import torch.nn.functional as F
-from torch.autograd.function import once_differentiable
 
-from . import _check, _lib
+from . import _check, _lib, _ops
 
 __all__ = ["linear_cross_entropy", "validate_options"]
 
 logger = logging.getLogger("lfce")
 
-_DTYPES = {torch.bfloat16: _lib.DTYPE_BF16, torch.float16: _lib.DTYPE_FP16, torch.float32: _lib.DTYPE_FP32}
-_INDEX_DTYPES = {torch.int64: _lib.INDEX_INT64, torch.int32: _lib.INDEX_INT32}
-_ALIGNMENT = 16  # bytes; lfce.h asks for 16-byte aligned operands
+_DTYPES = _ops.DTYPES
+_INDEX_DTYPES = _ops.INDEX_DTYPES
+
+_DEVICE_TYPE = "cuda"  # the device the operators have kernels for (tests with a CPU reference kernel change it)
 
 _logged_once = set()
 
 
+def _compiling():
+    compiler = getattr(torch, "compiler", None)
+    return compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling()
+
+
 def _log_once(level, message, *args):
     key = (level, message)
-    if key not in _logged_once:
+    if not _compiling() and key not in _logged_once:  # a traced function logs in eager runs only
         _logged_once.add(key)
         logger.log(level, message, *args)
 
@@ -101,7 +111,7 @@ def _validate_tensors(hidden, weight, targets, bias):
             raise TypeError(f"{name} must have the dtype of hidden ({hidden.dtype}), got {value.dtype}")
 
     for name, value in named:
-        if value.device.type != "cuda":
+        if value.device.type != _DEVICE_TYPE:
             raise ValueError(f"lfce runs on CUDA tensors only; {name} is on {value.device}")
     for name, value in named[1:]:
         if value.device != hidden.device:
@@ -110,114 +120,23 @@ def _validate_tensors(hidden, weight, targets, bias):
     return N, H, V
 
 
-def _aligned(tensor):
-    """A contiguous, 16-byte aligned version of tensor (itself when it already is)."""
-    if tensor is None:
-        return None
-    tensor = tensor.contiguous()
-    if tensor.data_ptr() % _ALIGNMENT:
-        tensor = tensor.clone()  # a fresh allocation is aligned
-    return tensor
+def _autocast_dtype():
+    """The CUDA autocast dtype when autocast is on, else None."""
+    if hasattr(torch, "get_autocast_dtype"):  # PyTorch 2.4+
+        return torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else None
+    return torch.get_autocast_gpu_dtype() if torch.is_autocast_enabled() else None
 
 
-def _ptr(tensor):
-    return None if tensor is None else tensor.data_ptr()
+def _autocast(tensors):
+    """Cast the floating CUDA tensors to the autocast dtype, as autocast casts F.linear's inputs.
 
-
-def _workspace(nbytes, device):
-    # At least one byte so the pointer is a real allocation even when none is needed.
-    return torch.empty(max(int(nbytes), 1), dtype=torch.uint8, device=device)
-
-
-def _stream(device):
-    return torch.cuda.current_stream(device).cuda_stream or None  # 0 is the legacy default stream
-
-
-def _backward(problem, hidden, weight, bias, targets, lse, valid_count, grad_loss, wanted):
-    """Enqueue lfce_backward for the gradients ``wanted`` (need_hidden, need_weight, need_bias);
-    return (grad_hidden, grad_weight, grad_bias), None for each one not wanted.
-
-    A gradient not wanted is never allocated and its kernel never runs (NULL in the C API).
+    The casts are differentiable: the gradients come back in each tensor's own dtype.
     """
-    need_hidden, need_weight, need_bias = wanted
-    need_bias = need_bias and bias is not None
-    if not (need_hidden or need_weight or need_bias):
-        return None, None, None
-    device = hidden.device
-    grad_hidden = torch.empty_like(hidden) if need_hidden else None
-    grad_weight = torch.empty_like(weight) if need_weight else None
-    grad_bias = torch.empty_like(bias) if need_bias else None
-    workspace = _workspace(_lib.backward_workspace_size(problem), device)
-    args = _lib.BackwardArgs(
-        hidden=_ptr(hidden), weight=_ptr(weight), bias=_ptr(bias), targets=_ptr(targets),
-        lse=_ptr(lse), valid_count=_ptr(valid_count), grad_loss=_ptr(grad_loss),
-        grad_hidden=_ptr(grad_hidden), grad_weight=_ptr(grad_weight), grad_bias=_ptr(grad_bias),
-        workspace=_ptr(workspace), workspace_bytes=workspace.numel(),
-        device=device.index, stream=_stream(device),
-    )
-    _lib.check(_lib.load().lfce_backward(ctypes.byref(problem), ctypes.byref(args)))
-    # The workspace goes back to the caching allocator here; reuse is ordered on this stream.
-    return grad_hidden, grad_weight, grad_bias
-
-
-class _LinearCrossEntropy(torch.autograd.Function):
-    """autograd node over lfce_forward / lfce_backward for 2-D hidden and 1-D targets."""
-
-    @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, problem, grads_wanted):
-        device = hidden.device
-        N = problem.tokens
-        with torch.cuda.device(device):
-            f32 = {"dtype": torch.float32, "device": device}
-            lse = torch.empty(N, **f32)
-            token_loss = torch.empty(N, **f32)
-            loss = torch.empty(1, **f32)
-            valid_count = torch.empty(1, **f32)
-            workspace = _workspace(_lib.forward_workspace_size(problem), device)
-            args = _lib.ForwardArgs(
-                hidden=_ptr(hidden), weight=_ptr(weight), bias=_ptr(bias), targets=_ptr(targets),
-                lse=_ptr(lse), token_loss=_ptr(token_loss), loss=_ptr(loss), valid_count=_ptr(valid_count),
-                workspace=_ptr(workspace), workspace_bytes=workspace.numel(),
-                device=device.index, stream=_stream(device),
-            )
-            _lib.check(_lib.load().lfce_forward(ctypes.byref(problem), ctypes.byref(args)))
-            del workspace
-
-            ctx.problem = problem
-            ctx.eager = problem.mode == _lib.MODE_EAGER
-            if ctx.eager:
-                # grad_loss NULL means an upstream gradient of 1; backward rescales. Only the
-                # gradients of inputs that require one are computed and held (a frozen head: no
-                # [V, H] grad_weight).
-                ctx.save_for_backward(*_backward(problem, hidden, weight, bias, targets, lse,
-                                                 valid_count, grad_loss=None, wanted=grads_wanted))
-            else:
-                ctx.save_for_backward(hidden, weight, bias, targets, lse, valid_count)
-
-        if problem.reduction == _lib.REDUCTION_NONE:
-            return token_loss.to(hidden.dtype)
-        return loss.view(()).to(hidden.dtype)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_output):
-        need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
-        if ctx.eager:
-            saved = ctx.saved_tensors
-            # grad_output is a 0-dim device tensor: scaling by it needs no host sync. An input
-            # that required no gradient at forward time has none saved (and needs none now).
-            grad_hidden, grad_weight, grad_bias = (
-                torch.mul(g, grad_output) if need and g is not None else None
-                for g, need in zip(saved, (need_hidden, need_weight, need_bias)))
-            return grad_hidden, grad_weight, grad_bias, None, None, None
-
-        hidden, weight, bias, targets, lse, valid_count = ctx.saved_tensors
-        with torch.cuda.device(hidden.device):
-            grad_loss = grad_output.to(torch.float32).contiguous().reshape(-1)  # [1] or [N]
-            grad_hidden, grad_weight, grad_bias = _backward(ctx.problem, hidden, weight, bias, targets,
-                                                            lse, valid_count, grad_loss,
-                                                            wanted=(need_hidden, need_weight, need_bias))
-        return grad_hidden, grad_weight, grad_bias, None, None, None
+    dtype = _autocast_dtype()
+    if dtype is None:
+        return tensors
+    return tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.is_cuda and t.is_floating_point()
+                 and t.dtype not in (dtype, torch.float64) else t for t in tensors)
 
 
 def linear_cross_entropy(hidden, weight, targets, bias=None, *, ignore_index=-100, reduction="mean",
@@ -242,14 +161,19 @@ def linear_cross_entropy(hidden, weight, targets, bias=None, *, ignore_index=-10
         workspace_budget: bytes for the backward's logit-gradient chunk; None means 256 MiB.
 
     Returns:
-        The loss in hidden's dtype: 0-dim for mean/sum, shape hidden.shape[:-1] for none.
+        The loss in fp32: 0-dim for mean/sum, shape hidden.shape[:-1] for none. Gradients are
+        in the dtypes of hidden, weight and bias.
+
+    Under ``torch.autocast("cuda", dtype=...)`` hidden, weight and bias are first cast to the
+    autocast dtype (as for F.linear); their gradients come back in their own dtypes.
 
     Raises:
         TypeError / ValueError naming the bad argument; lfce.CompileError if a kernel
         fails to compile; lfce.CudaError if the driver fails.
     """
     validate_options(ignore_index, reduction, mode, chunk_size, workspace_budget)
-    N, H, V = _validate_tensors(hidden, weight, targets, bias)
+    hidden, weight, bias = _autocast((hidden, weight, bias))
+    N, H, _ = _validate_tensors(hidden, weight, targets, bias)
     dtype = _DTYPES[hidden.dtype]
     batch_shape = hidden.shape[:-1]
 
@@ -271,17 +195,11 @@ def linear_cross_entropy(hidden, weight, targets, bias=None, *, ignore_index=-10
         _log_once(logging.INFO, "lfce: mode 'eager' needs a scalar loss; reduction 'none' uses 'recompute'")
         mode = "recompute"
 
-    problem = _lib.make_problem(
-        N, H, V, dtype, target_dtype=_INDEX_DTYPES[targets.dtype], has_bias=bias is not None,
-        reduction=_lib.REDUCTIONS[reduction], mode=_lib.MODES[mode], ignore_index=operator.index(ignore_index),
-        chunk_size=chunk_size, workspace_budget=workspace_budget,
-    )
-    # Inside Function.forward grad mode is off, so which gradients a backward can ask for is
-    # decided here; eager mode computes only those (none when grad mode is off).
-    grads_wanted = tuple(torch.is_grad_enabled() and t is not None and t.requires_grad
-                         for t in (hidden, weight, bias))
-    loss = _LinearCrossEntropy.apply(_aligned(hidden), _aligned(weight), _aligned(bias), _aligned(targets),
-                                     problem, grads_wanted)
+    # Which gradients a backward can ask for is known here (inside the operator grad mode is
+    # off); eager mode computes only those (none when grad mode is off).
+    wanted = tuple(torch.is_grad_enabled() and t is not None and t.requires_grad for t in (hidden, weight, bias))
+    options = [None if v is None else operator.index(v) for v in (ignore_index, chunk_size, workspace_budget)]
+    loss = _ops.forward(hidden, weight, bias, targets, options[0], reduction, mode, *options[1:], *wanted)[0]
     if reduction == "none":
         loss = loss.reshape(batch_shape)
     return loss

@@ -64,7 +64,8 @@ PEAKED_REL_L2 = 4.5e-3
 # A result may be off by 1.5x the error of the exact answer rounded to its dtype when that is
 # above rel_l2 (assert_close).
 ROUNDING_FACTOR = 1.5
-# Loss: computed in fp32 and rounded once to the dtype (its unit roundoff on top).
+# Loss: computed and returned in fp32 from inputs in the dtype (the dtype's unit roundoff on top,
+# which bounded the loss's rounding to the dtype before lfce returned it in fp32).
 LOSS = {
     dtype: Tolerance(rel_l2=base + UNIT_ROUNDOFF[dtype], rtol=2 * UNIT_ROUNDOFF[dtype] + 1e-5, atol=1e-5,
                      row=None, row_floor=0.0)
@@ -214,7 +215,7 @@ def assert_gradients_match(ours, ref, dtype, reduction, record=None):
     """Loss and gradients (loss, grad_hidden, grad_weight, grad_bias or None) against the reference."""
     loss, grad_x, grad_w, grad_b = ours
     ref_loss, ref_x, ref_w, ref_b = ref
-    assert loss.dtype == dtype, f"loss dtype {loss.dtype}, expected {dtype}"
+    assert loss.dtype == torch.float32, f"loss dtype {loss.dtype}, expected torch.float32 (inputs in {dtype})"
     assert_close(f"loss ({reduction})", loss, ref_loss, LOSS[dtype], record)
     assert_close("grad_hidden", grad_x, ref_x, GRAD[dtype], record)
     assert_close("grad_weight", grad_w, ref_w, GRAD[dtype], record)
@@ -280,7 +281,8 @@ def make_inputs(n, h, v, dtype, bias=False, ignore="some", seed=0, ignore_index=
 
 
 def upstream(reduction, shape, dtype, seed=1, device="cuda"):
-    """A random upstream gradient in the loss dtype: 0-dim for mean/sum, else shape."""
+    """A random upstream gradient with values of the dtype: 0-dim for mean/sum, else shape (autograd
+    casts it to the fp32 loss's dtype)."""
     g = torch.Generator(device=device).manual_seed(seed)
     size = () if reduction != "none" else shape
     return (torch.randn(size, device=device, generator=g) + 0.5).to(dtype)

@@ -31,7 +31,8 @@ def lfce_model(x, w, b, y, reduction, grad, dtype, round_logits=False, ignore_in
     hook = rounded_to(dtype)
     out = chunked_reference(x, w, b, y, reduction, grad, ignore_index=ignore_index, tokens_per_chunk=256,
                             logits_hook=hook if round_logits else None, dz_hook=hook)
-    return tuple(None if t is None else t.to(dtype) for t in out)
+    loss, *grads = out
+    return (loss.to(torch.float32),) + tuple(None if t is None else t.to(dtype) for t in grads)  # lfce's loss is fp32
 
 
 def small_problem(reduction="mean", dtype=BF16, bias=True):

@@ -8,7 +8,7 @@ is tests/python/test_gpu_grad_skip.py).
 import pytest
 import torch
 
-from lfce import _lib, functional
+from lfce import _lib, _ops
 
 N, H, V = 4, 16, 10
 
@@ -28,7 +28,7 @@ def fake(monkeypatch):
     library = FakeLibrary()
     monkeypatch.setattr(_lib, "load", lambda: library)
     monkeypatch.setattr(_lib, "backward_workspace_size", lambda problem: 256)
-    monkeypatch.setattr(functional, "_stream", lambda device: None)
+    monkeypatch.setattr(_ops, "_stream", lambda device: None)
     # A CPU device has no index: stand in ordinal 0.
     args = _lib.BackwardArgs
     monkeypatch.setattr(_lib, "BackwardArgs", lambda device, **fields: args(device=device or 0, **fields))
@@ -39,7 +39,7 @@ def run_backward(wanted):
     hidden, weight, bias = torch.randn(N, H), torch.randn(V, H), torch.randn(V)
     targets, lse, count = torch.zeros(N, dtype=torch.int64), torch.zeros(N), torch.ones(1)
     problem = _lib.make_problem(N, H, V, _lib.DTYPE_FP32, has_bias=True)
-    return functional._backward(problem, hidden, weight, bias, targets, lse, count, grad_loss=None, wanted=wanted)
+    return _ops.backward_kernels(problem, hidden, weight, bias, targets, lse, count, None, wanted)
 
 
 @pytest.mark.parametrize("wanted", [(True, False, False), (False, True, False), (False, False, True),

@@ -1,0 +1,292 @@
+"""The fused loss as PyTorch operators: ``torch.ops.lfce.forward`` and ``torch.ops.lfce.backward``.
+
+Both are ``torch.library`` custom ops (PyTorch 2.4 and later), so ``torch.compile`` traces a
+model that calls lfce without a graph break: Dynamo and Inductor see two opaque operators whose
+output shapes and dtypes come from the fake implementations below (symbolic in the token count,
+so a new N needs no recompilation), and the ctypes calls into liblfce.so run only inside the real
+implementations, on CUDA tensors. The autograd formula is registered on ``lfce::forward``.
+
+    lfce::forward(hidden [N, H], weight [V, H], bias [V]?, targets [N], ignore_index, reduction,
+                  mode, chunk_size?, workspace_budget?, need_hidden, need_weight, need_bias)
+        -> (loss, lse [N], valid_count [1], grad_hidden, grad_weight, grad_bias)
+
+    loss is fp32: 0-dim for "mean" / "sum", [N] for "none". In mode "eager" the gradients (for an
+    upstream gradient of 1; with "mean" or "sum" only) are computed here for the inputs whose
+    need_* is set; every gradient
+    not computed is an empty tensor of shape [0] (an operator returns no None).
+
+    lfce::backward(hidden, weight, bias?, targets, lse, valid_count, grad_loss (fp32, [1] or [N]),
+                   ignore_index, reduction, chunk_size?, workspace_budget?, need_hidden,
+                   need_weight, need_bias)
+        -> (grad_hidden, grad_weight, grad_bias), each [0] when not needed
+
+A gradient not needed is never allocated and its kernel never runs (a NULL pointer in the C API).
+
+On an older PyTorch the same implementations run inside a ``torch.autograd.Function``
+(eager execution only).
+
+The first call for a problem loads (or compiles) its kernels, which cannot happen while a CUDA
+graph is being captured: such a call raises a RuntimeError asking for a warm-up call first.
+"""
+
+import ctypes
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from . import _lib
+
+__all__ = ["HAVE_CUSTOM_OPS", "forward"]
+
+HAVE_CUSTOM_OPS = all(hasattr(torch.library, name) for name in ("custom_op", "register_fake", "register_autograd"))
+
+DTYPES = {torch.bfloat16: _lib.DTYPE_BF16, torch.float16: _lib.DTYPE_FP16, torch.float32: _lib.DTYPE_FP32}
+INDEX_DTYPES = {torch.int64: _lib.INDEX_INT64, torch.int32: _lib.INDEX_INT32}
+_ALIGNMENT = 16  # bytes; lfce.h asks for 16-byte aligned operands
+_F32 = torch.float32
+# The operators' schemas are inferred from these annotations (at run time: no string annotations).
+OptionalTensor = Optional[Tensor]
+OptionalInt = Optional[int]
+
+
+# --- the real implementations (ctypes) --------------------------------------------------------
+
+def _aligned(tensor):
+    """A contiguous, 16-byte aligned version of tensor (itself when it already is)."""
+    if tensor is None:
+        return None
+    tensor = tensor.contiguous()
+    if tensor.data_ptr() % _ALIGNMENT:
+        tensor = tensor.clone()  # a fresh allocation is aligned
+    return tensor
+
+
+def _ptr(tensor):
+    return None if tensor is None else tensor.data_ptr()
+
+
+def _workspace(nbytes, device):
+    # At least one byte so the pointer is a real allocation even when none is needed.
+    return torch.empty(max(int(nbytes), 1), dtype=torch.uint8, device=device)
+
+
+def _stream(device):
+    return torch.cuda.current_stream(device).cuda_stream or None  # 0 is the legacy default stream
+
+
+def _eager(mode, reduction):
+    """Whether the forward computes the gradients: mode "eager" needs a scalar loss ("none" recomputes)."""
+    return mode == "eager" and reduction != "none"
+
+
+def _problem(hidden, weight, bias, targets, ignore_index, reduction, mode, chunk_size, workspace_budget):
+    return _lib.make_problem(
+        hidden.shape[0], hidden.shape[1], weight.shape[0], DTYPES[hidden.dtype],
+        target_dtype=INDEX_DTYPES[targets.dtype], has_bias=bias is not None,
+        reduction=_lib.REDUCTIONS[reduction], mode=_lib.MODES[mode], ignore_index=ignore_index,
+        chunk_size=chunk_size, workspace_budget=workspace_budget)
+
+
+# Problems whose kernels this process has loaded, per device and pass: the only ones a CUDA graph
+# capture may run (loading a module is not a stream operation and cannot be captured).
+_loaded = set()
+
+
+def _key(problem, device, *which):
+    return (device.index,) + tuple(getattr(problem, name) for name, _ in _lib.Problem._fields_) + which
+
+
+def _require_loaded(key, problem, what):
+    if key in _loaded or not torch.cuda.is_current_stream_capturing():
+        return
+    dtype = {code: name for name, code in _lib.DTYPES.items()}[problem.dtype]
+    raise RuntimeError(
+        f"lfce: the first {what} for N={problem.tokens}, H={problem.hidden}, V={problem.vocab}, {dtype} "
+        "runs inside CUDA graph capture, where its kernels cannot be loaded or compiled; run the same "
+        "step once outside the capture first (a warm-up call with the same shapes and options)")
+
+
+def backward_kernels(problem, hidden, weight, bias, targets, lse, valid_count, grad_loss, wanted):
+    """Enqueue lfce_backward for the gradients ``wanted`` (need_hidden, need_weight, need_bias);
+    return (grad_hidden, grad_weight, grad_bias), None for each one not wanted.
+
+    A gradient not wanted is never allocated and its kernel never runs (NULL in the C API).
+    """
+    need_hidden, need_weight, need_bias = wanted
+    need_bias = need_bias and bias is not None
+    if not (need_hidden or need_weight or need_bias):
+        return None, None, None
+    device = hidden.device
+    grad_hidden = hidden.new_empty(hidden.shape) if need_hidden else None
+    grad_weight = weight.new_empty(weight.shape) if need_weight else None
+    grad_bias = bias.new_empty(bias.shape) if need_bias else None
+    workspace = _workspace(_lib.backward_workspace_size(problem), device)
+    args = _lib.BackwardArgs(
+        hidden=_ptr(hidden), weight=_ptr(weight), bias=_ptr(bias), targets=_ptr(targets),
+        lse=_ptr(lse), valid_count=_ptr(valid_count), grad_loss=_ptr(grad_loss),
+        grad_hidden=_ptr(grad_hidden), grad_weight=_ptr(grad_weight), grad_bias=_ptr(grad_bias),
+        workspace=_ptr(workspace), workspace_bytes=workspace.numel(),
+        device=device.index, stream=_stream(device),
+    )
+    _lib.check(_lib.load().lfce_backward(ctypes.byref(problem), ctypes.byref(args)))
+    # The workspace goes back to the caching allocator here; reuse is ordered on this stream.
+    return grad_hidden, grad_weight, grad_bias
+
+
+def _or_empty(grads, like):
+    """The operators' form of optional gradients: an empty [0] tensor for None."""
+    return tuple(like.new_empty(0) if g is None else g for g in grads)
+
+
+def _forward_impl(hidden: Tensor, weight: Tensor, bias: OptionalTensor, targets: Tensor, ignore_index: int,
+                  reduction: str, mode: str, chunk_size: OptionalInt, workspace_budget: OptionalInt,
+                  need_hidden: bool, need_weight: bool, need_bias: bool) -> tuple[Tensor, Tensor, Tensor, Tensor,
+                                                                                   Tensor, Tensor]:
+    hidden, weight, bias, targets = (_aligned(t) for t in (hidden, weight, bias, targets))
+    eager = _eager(mode, reduction)
+    problem = _problem(hidden, weight, bias, targets, ignore_index, reduction, "eager" if eager else "recompute",
+                       chunk_size, workspace_budget)
+    wanted = (need_hidden, need_weight, need_bias) if eager else (False, False, False)
+    device = hidden.device
+    key = _key(problem, device, "forward", wanted)
+    _require_loaded(key, problem, "forward")
+    n = problem.tokens
+    with torch.cuda.device(device):
+        lse = hidden.new_empty(n, dtype=_F32)
+        token_loss = hidden.new_empty(n, dtype=_F32)
+        loss = token_loss if reduction == "none" else hidden.new_empty((), dtype=_F32)
+        valid_count = hidden.new_empty(1, dtype=_F32)
+        workspace = _workspace(_lib.forward_workspace_size(problem), device)
+        args = _lib.ForwardArgs(
+            hidden=_ptr(hidden), weight=_ptr(weight), bias=_ptr(bias), targets=_ptr(targets),
+            lse=_ptr(lse), token_loss=_ptr(token_loss), loss=None if reduction == "none" else _ptr(loss),
+            valid_count=_ptr(valid_count),
+            workspace=_ptr(workspace), workspace_bytes=workspace.numel(),
+            device=device.index, stream=_stream(device),
+        )
+        _lib.check(_lib.load().lfce_forward(ctypes.byref(problem), ctypes.byref(args)))
+        del workspace
+        # Eager: grad_loss NULL means an upstream gradient of 1; autograd's backward rescales.
+        grads = backward_kernels(problem, hidden, weight, bias, targets, lse, valid_count, None, wanted)
+    _loaded.add(key)
+    return (loss, lse, valid_count) + _or_empty(grads, hidden)
+
+
+def _backward_impl(hidden: Tensor, weight: Tensor, bias: OptionalTensor, targets: Tensor, lse: Tensor,
+                   valid_count: Tensor, grad_loss: Tensor, ignore_index: int, reduction: str,
+                   chunk_size: OptionalInt, workspace_budget: OptionalInt, need_hidden: bool,
+                   need_weight: bool, need_bias: bool) -> tuple[Tensor, Tensor, Tensor]:
+    hidden, weight, bias, targets, grad_loss = (_aligned(t) for t in (hidden, weight, bias, targets, grad_loss))
+    problem = _problem(hidden, weight, bias, targets, ignore_index, reduction, "recompute", chunk_size,
+                       workspace_budget)
+    wanted = (need_hidden, need_weight, need_bias)
+    key = _key(problem, hidden.device, "backward", wanted)
+    _require_loaded(key, problem, "backward")
+    with torch.cuda.device(hidden.device):
+        grads = backward_kernels(problem, hidden, weight, bias, targets, lse.contiguous(), valid_count.contiguous(),
+                                 grad_loss, wanted)
+    _loaded.add(key)
+    return _or_empty(grads, hidden)
+
+
+# --- fake implementations: the exact shapes and dtypes, nothing run ---------------------------
+
+def _empty_unless(wanted, like):
+    return like.new_empty(like.shape) if wanted else like.new_empty(0)
+
+
+def _forward_fake(hidden, weight, bias, targets, ignore_index, reduction, mode, chunk_size, workspace_budget,
+                  need_hidden, need_weight, need_bias):
+    n = hidden.shape[0]
+    eager = _eager(mode, reduction)
+    loss = hidden.new_empty((n,) if reduction == "none" else (), dtype=_F32)
+    grad_bias = _empty_unless(eager and need_bias, bias) if bias is not None else hidden.new_empty(0)
+    return (loss, hidden.new_empty(n, dtype=_F32), hidden.new_empty(1, dtype=_F32),
+            _empty_unless(eager and need_hidden, hidden), _empty_unless(eager and need_weight, weight), grad_bias)
+
+
+def _backward_fake(hidden, weight, bias, targets, lse, valid_count, grad_loss, ignore_index, reduction, chunk_size,
+                   workspace_budget, need_hidden, need_weight, need_bias):
+    grad_bias = _empty_unless(need_bias, bias) if bias is not None else hidden.new_empty(0)
+    return _empty_unless(need_hidden, hidden), _empty_unless(need_weight, weight), grad_bias
+
+
+# --- autograd ---------------------------------------------------------------------------------
+
+def _setup_context(ctx, inputs, output):
+    hidden, weight, bias, targets, ignore_index, reduction, mode, chunk_size, workspace_budget = inputs[:9]
+    _, lse, valid_count, grad_hidden, grad_weight, grad_bias = output
+    ctx.options = (ignore_index, reduction, chunk_size, workspace_budget)
+    ctx.eager = _eager(mode, reduction)
+    ctx.has_bias = bias is not None
+    if ctx.eager:
+        # Only the gradients of inputs that required one at forward time were computed.
+        ctx.computed = inputs[9:12]
+        ctx.save_for_backward(grad_hidden, grad_weight, grad_bias)
+    else:
+        ctx.save_for_backward(hidden, weight, bias, targets, lse, valid_count)
+
+
+def _backward_rule(ctx, grad_loss, *unused):
+    """Gradients of lfce::forward's 12 inputs from the loss's upstream gradient (fp32)."""
+    need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
+    need_bias = need_bias and ctx.has_bias
+    if ctx.eager:
+        # grad_loss is 0-dim (mean / sum): scaling by it needs no host sync, and keeps each
+        # gradient's dtype (a 0-dim operand does not promote).
+        grads = tuple(torch.mul(g, grad_loss) if need and computed else None
+                      for g, need, computed in zip(ctx.saved_tensors, (need_hidden, need_weight, need_bias),
+                                                   ctx.computed))
+    else:
+        hidden, weight, bias, targets, lse, valid_count = ctx.saved_tensors
+        grad_loss = grad_loss.to(_F32).reshape(-1)  # [1] or [N]
+        if not (need_hidden or need_weight or need_bias):
+            grads = (None, None, None)
+        else:
+            grads = _backward_op(hidden, weight, bias, targets, lse, valid_count, grad_loss, *ctx.options,
+                                 need_hidden, need_weight, need_bias)
+            grads = tuple(g if need else None for g, need in zip(grads, (need_hidden, need_weight, need_bias)))
+    return grads + (None,) * 9
+
+
+# --- registration (once per process) ----------------------------------------------------------
+
+def _registered(name):
+    return hasattr(torch.ops.lfce, name)  # False until this process defines lfce::<name>
+
+
+def _register():
+    """Define lfce::forward and lfce::backward unless this process already has them."""
+    if not _registered("backward"):
+        op = torch.library.custom_op("lfce::backward", mutates_args=(), device_types="cuda")(_backward_impl)
+        op.register_fake(_backward_fake)
+    if not _registered("forward"):
+        op = torch.library.custom_op("lfce::forward", mutates_args=(), device_types="cuda")(_forward_impl)
+        op.register_fake(_forward_fake)
+        op.register_autograd(_backward_rule, setup_context=_setup_context)
+    return torch.ops.lfce.forward.default, torch.ops.lfce.backward.default
+
+
+if HAVE_CUSTOM_OPS:
+    forward, _backward_op = _register()
+else:
+    class _LinearCrossEntropy(torch.autograd.Function):
+        """The same implementations and autograd rule for a PyTorch without torch.library.custom_op."""
+
+        @staticmethod
+        def forward(ctx, *inputs):
+            output = _forward_impl(*inputs)
+            _setup_context(ctx, inputs, output)
+            return output
+
+        @staticmethod
+        @torch.autograd.function.once_differentiable
+        def backward(ctx, *grads):
+            return _backward_rule(ctx, *grads)
+
+    def forward(*inputs):
+        """lfce::forward through torch.autograd.Function."""
+        return _LinearCrossEntropy.apply(*inputs)
+
+    _backward_op = _backward_impl

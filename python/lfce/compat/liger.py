@@ -1,0 +1,99 @@
+"""Liger-Kernel's fused linear cross-entropy entry points, computed by lfce.
+
+``LigerFusedLinearCrossEntropyLoss`` and ``liger_fused_linear_cross_entropy`` take the arguments
+of ``liger_kernel.transformers`` (0.8): names, order and defaults. Note the module's forward takes
+the weight first: ``loss_fn(lm_head.weight, hidden, targets)``.
+
+Supported: ignore_index, reduction ("mean", "sum", "none"), bias; accum_dtype None or
+torch.float32 (lfce always accumulates in fp32); chunk_mem_const is a memory knob of Liger's and
+changes no result (lfce sizes its own chunks: see workspace_budget). Not implemented yet, and a
+NotImplementedError naming the option unless left at its default: ce_weight, lse_square_scale
+(z-loss), label_smoothing, softcap, return_z_loss, use_token_scaling, return_token_accuracy,
+return_predicted_tokens. The loss is fp32.
+"""
+
+import torch
+
+from ..functional import linear_cross_entropy
+from . import unsupported
+
+__all__ = ["LigerFusedLinearCrossEntropyLoss", "liger_fused_linear_cross_entropy"]
+
+_PACKAGE = "Liger-Kernel"
+
+
+def _check_options(ce_weight, lse_square_scale, label_smoothing, softcap, return_z_loss, accum_dtype,
+                   use_token_scaling, return_token_accuracy, return_predicted_tokens):
+    unsupported(_PACKAGE, "ce_weight", ce_weight, None)
+    unsupported(_PACKAGE, "lse_square_scale", lse_square_scale, 0.0)
+    unsupported(_PACKAGE, "label_smoothing", label_smoothing, 0.0)
+    unsupported(_PACKAGE, "softcap", softcap, None)
+    unsupported(_PACKAGE, "return_z_loss", return_z_loss, False)
+    if accum_dtype is not None and accum_dtype != torch.float32:
+        unsupported(_PACKAGE, "accum_dtype", accum_dtype, None)
+    unsupported(_PACKAGE, "use_token_scaling", use_token_scaling, False)
+    unsupported(_PACKAGE, "return_token_accuracy", return_token_accuracy, False)
+    unsupported(_PACKAGE, "return_predicted_tokens", return_predicted_tokens, False)
+
+
+def liger_fused_linear_cross_entropy(
+    input,
+    weight,
+    target,
+    bias=None,
+    ce_weight=None,
+    ignore_index: int = -100,
+    lse_square_scale: float = 0.0,
+    label_smoothing: float = 0.0,
+    reduction: str = "mean",
+    softcap=None,
+    return_z_loss: bool = False,
+    accum_dtype=None,
+    use_token_scaling: bool = False,
+    return_token_accuracy: bool = False,
+    return_predicted_tokens: bool = False,
+    chunk_mem_const: int = 1,
+):
+    """Cross-entropy of ``input @ weight.T + bias`` against ``target`` (Liger-Kernel's functional form)."""
+    _check_options(ce_weight, lse_square_scale, label_smoothing, softcap, return_z_loss, accum_dtype,
+                   use_token_scaling, return_token_accuracy, return_predicted_tokens)
+    return linear_cross_entropy(input, weight, target, bias, ignore_index=ignore_index, reduction=reduction)
+
+
+class LigerFusedLinearCrossEntropyLoss(torch.nn.Module):
+    """Liger-Kernel's module: options at construction, ``forward(lin_weight, _input, target, bias=None)``."""
+
+    def __init__(
+        self,
+        ce_weight=None,
+        ignore_index: int = -100,
+        lse_square_scale: float = 0.0,
+        label_smoothing: float = 0.0,
+        reduction: str = "mean",
+        softcap=None,
+        return_z_loss: bool = False,
+        accum_dtype=None,
+        use_token_scaling: bool = False,
+        return_token_accuracy: bool = False,
+        return_predicted_tokens: bool = False,
+    ):
+        super().__init__()
+        _check_options(ce_weight, lse_square_scale, label_smoothing, softcap, return_z_loss, accum_dtype,
+                       use_token_scaling, return_token_accuracy, return_predicted_tokens)
+        if reduction not in ("mean", "sum", "none"):
+            raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+        self.ce_weight = ce_weight
+        self.ignore_index = ignore_index
+        self.lse_square_scale = lse_square_scale
+        self.label_smoothing = label_smoothing
+        self.reduction = reduction
+        self.softcap = softcap
+        self.return_z_loss = return_z_loss
+        self.accum_dtype = accum_dtype
+        self.use_token_scaling = use_token_scaling
+        self.return_token_accuracy = return_token_accuracy
+        self.return_predicted_tokens = return_predicted_tokens
+
+    def forward(self, lin_weight, _input, target, bias=None):
+        return linear_cross_entropy(_input, lin_weight, target, bias, ignore_index=self.ignore_index,
+                                    reduction=self.reduction)

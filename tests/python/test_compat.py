@@ -1,0 +1,98 @@
+"""The drop-in entry points keep the anchors' signatures, and refuse options lfce lacks (no GPU).
+
+The expected signatures are written here from Liger-Kernel 0.8.5 (liger_kernel.transformers)
+and Cut Cross-Entropy 25.1.1 (cut_cross_entropy): argument names, kinds, order and defaults
+(annotations aside). An option lfce does not implement raises NotImplementedError naming it,
+before any tensor is looked at.
+"""
+
+import inspect
+
+import pytest
+import torch
+
+from lfce.compat import cce, liger
+
+
+def shape(fn):
+    """(name, kind, default) of each parameter: the signature without annotations."""
+    return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()]
+
+
+def liger_functional(input, weight, target, bias=None, ce_weight=None, ignore_index=-100, lse_square_scale=0.0,
+                     label_smoothing=0.0, reduction="mean", softcap=None, return_z_loss=False, accum_dtype=None,
+                     use_token_scaling=False, return_token_accuracy=False, return_predicted_tokens=False,
+                     chunk_mem_const=1):
+    pass
+
+
+def liger_init(self, ce_weight=None, ignore_index=-100, lse_square_scale=0.0, label_smoothing=0.0, reduction="mean",
+               softcap=None, return_z_loss=False, accum_dtype=None, use_token_scaling=False,
+               return_token_accuracy=False, return_predicted_tokens=False):
+    pass
+
+
+def liger_forward(self, lin_weight, _input, target, bias=None):
+    pass
+
+
+def cce_functional(e, c, targets, ignore_index=-100, softcap=None, reduction="mean", shift=False, filter_eps="high",
+                   impl=cce.LinearCrossEntropyImpl.CCE):
+    pass
+
+
+def test_liger_functional_has_liger_kernels_signature():
+    assert shape(liger.liger_fused_linear_cross_entropy) == shape(liger_functional)
+
+
+def test_liger_module_has_liger_kernels_constructor_and_forward():
+    assert shape(liger.LigerFusedLinearCrossEntropyLoss.__init__) == shape(liger_init)
+    assert shape(liger.LigerFusedLinearCrossEntropyLoss.forward) == shape(liger_forward)
+
+
+def test_cce_functional_has_cut_cross_entropys_signature():
+    assert shape(cce.linear_cross_entropy) == shape(cce_functional)
+    assert cce.LinearCrossEntropyImpl.CCE.name == "CCE"
+
+
+def cpu_inputs():
+    return torch.randn(4, 16), torch.randn(10, 16), torch.randint(0, 10, (4,))
+
+
+@pytest.mark.parametrize("option, value", [
+    ("ce_weight", torch.ones(10)), ("lse_square_scale", 1e-4), ("label_smoothing", 0.1), ("softcap", 30.0),
+    ("return_z_loss", True), ("accum_dtype", torch.bfloat16), ("use_token_scaling", True),
+    ("return_token_accuracy", True), ("return_predicted_tokens", True)])
+def test_liger_functional_names_an_option_lfce_lacks(option, value):
+    x, w, y = cpu_inputs()
+    with pytest.raises(NotImplementedError, match=f"Liger-Kernel's option {option}="):
+        liger.liger_fused_linear_cross_entropy(x, w, y, **{option: value})
+
+
+def test_liger_module_names_an_option_lfce_lacks_at_construction():
+    with pytest.raises(NotImplementedError, match="Liger-Kernel's option label_smoothing=0.1"):
+        liger.LigerFusedLinearCrossEntropyLoss(label_smoothing=0.1)
+
+
+def test_liger_accepts_fp32_accumulation_which_lfce_always_uses():
+    liger.LigerFusedLinearCrossEntropyLoss(accum_dtype=torch.float32)
+
+
+def test_cce_names_softcap_which_lfce_lacks():
+    x, w, y = cpu_inputs()
+    with pytest.raises(NotImplementedError, match="Cut Cross-Entropy's option softcap=20.0"):
+        cce.linear_cross_entropy(x, w, y, softcap=20.0)
+
+
+def test_cce_names_a_shift_other_than_one():
+    x, w, y = cpu_inputs()
+    with pytest.raises(NotImplementedError, match="shift=2"):
+        cce.linear_cross_entropy(x, w, y, shift=2)
+
+
+def test_supported_options_reach_lfces_own_checks():
+    x, w, y = cpu_inputs()  # CPU tensors: lfce's device check answers, so every option was accepted
+    with pytest.raises(ValueError, match="CUDA tensors only"):
+        liger.liger_fused_linear_cross_entropy(x, w, y, reduction="sum", accum_dtype=torch.float32, chunk_mem_const=4)
+    with pytest.raises(ValueError, match="CUDA tensors only"):
+        cce.linear_cross_entropy(x, w, y, shift=True, filter_eps=None, impl="torch_compile")

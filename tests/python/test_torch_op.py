@@ -1,0 +1,208 @@
+"""The operators lfce::forward / lfce::backward without a GPU (PyTorch 2.4+; skipped before).
+
+* The fake implementations give the exact shapes and dtypes (FakeTensorMode): fp32 loss,
+  0-dim or [N]; gradients in the inputs' dtypes, [0] where not computed.
+* With a CPU reference kernel registered for the two operators (plain PyTorch, in this file),
+  the whole path runs here: linear_cross_entropy under torch.compile(fullgraph=True) (no graph
+  break), a new N with no recompilation, the autograd rule (recompute and eager, which gradients
+  are asked for), and torch.library.opcheck of schema, fake and autograd registration. The CUDA
+  implementations are tested the same way on the GPU (test_gpu_torch_op.py).
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lfce import _ops, functional
+
+if not _ops.HAVE_CUSTOM_OPS:
+    pytest.skip(f"torch {torch.__version__} has no torch.library.custom_op (PyTorch 2.4+): lfce runs through "
+                "torch.autograd.Function there", allow_module_level=True)
+
+import torch._dynamo.testing
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import lfce
+
+BF16 = torch.bfloat16
+REDUCTIONS = ["mean", "sum", "none"]
+
+
+# --- a CPU reference kernel for the operators --------------------------------------------------
+
+def _logits(hidden, weight, bias):
+    return F.linear(hidden.float(), weight.float(), None if bias is None else bias.float())
+
+
+def _grads(hidden, weight, bias, targets, lse, count, grad_loss, ignore_index, reduction, wanted):
+    logits = _logits(hidden, weight, bias)
+    valid = targets != ignore_index
+    dz = torch.softmax(logits, -1) - F.one_hot(torch.where(valid, targets, 0).long(), weight.shape[0]).float()
+    scale = grad_loss.float().expand(hidden.shape[0]) if grad_loss is not None else torch.ones(hidden.shape[0])
+    if reduction == "mean":
+        scale = scale / count
+    dz = dz * (scale * valid)[:, None]
+    grads = (dz @ weight.float(), dz.t() @ hidden.float(), dz.sum(0))
+    likes = (hidden, weight, bias)
+    return tuple(g.to(like.dtype) if want and like is not None else hidden.new_empty(0)
+                 for g, like, want in zip(grads, likes, wanted))
+
+
+def _forward_cpu(hidden, weight, bias, targets, ignore_index, reduction, mode, chunk_size, workspace_budget,
+                 need_hidden, need_weight, need_bias):
+    logits = _logits(hidden, weight, bias)
+    lse = logits.logsumexp(-1)
+    valid = targets != ignore_index
+    picked = logits.gather(1, torch.where(valid, targets, 0).long()[:, None])[:, 0]
+    token_loss = torch.where(valid, lse - picked, torch.zeros_like(lse))
+    count = valid.sum().float().reshape(1)
+    loss = {"none": token_loss, "sum": token_loss.sum(), "mean": token_loss.sum() / count[0]}[reduction]
+    eager = mode == "eager" and reduction != "none"  # "none" recomputes, as in lfce
+    wanted = (need_hidden, need_weight, need_bias) if eager else (False, False, False)
+    grads = _grads(hidden, weight, bias, targets, lse, count, None, ignore_index, reduction, wanted)
+    return (loss, lse, count) + grads
+
+
+def _backward_cpu(hidden, weight, bias, targets, lse, valid_count, grad_loss, ignore_index, reduction, chunk_size,
+                  workspace_budget, need_hidden, need_weight, need_bias):
+    return _grads(hidden, weight, bias, targets, lse, valid_count, grad_loss, ignore_index, reduction,
+                  (need_hidden, need_weight, need_bias))
+
+
+@pytest.fixture(scope="module")
+def cpu_kernels():
+    """Register the reference kernels for CPU tensors (once: a registration lasts the process)."""
+    if not getattr(cpu_kernels, "done", False):
+        torch.library.register_kernel("lfce::forward", "cpu", _forward_cpu)
+        torch.library.register_kernel("lfce::backward", "cpu", _backward_cpu)
+        cpu_kernels.done = True
+
+
+@pytest.fixture
+def on_cpu(cpu_kernels, monkeypatch):
+    monkeypatch.setattr(functional, "_DEVICE_TYPE", "cpu")
+
+
+def inputs(n, h=16, v=40, dtype=torch.float32, bias=False, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, h, generator=g).to(dtype).requires_grad_()
+    w = (torch.randn(v, h, generator=g) / h ** 0.5).to(dtype).requires_grad_()
+    b = torch.randn(v, generator=g).to(dtype).requires_grad_() if bias else None
+    y = torch.randint(0, v, (n,), generator=g)
+    y[::3] = -100
+    return x, w, b, y
+
+
+def torch_loss(x, w, b, y, reduction):
+    return F.cross_entropy(F.linear(x.float(), w.float(), None if b is None else b.float()), y, reduction=reduction)
+
+
+# --- fake implementations --------------------------------------------------------------------
+
+def fake_call(reduction, mode, wanted, bias, dtype=BF16, n=7, h=64, v=100):
+    with FakeTensorMode():
+        x = torch.empty(n, h, dtype=dtype)
+        w = torch.empty(v, h, dtype=dtype)
+        b = torch.empty(v, dtype=dtype) if bias else None
+        y = torch.empty(n, dtype=torch.int64)
+        out = torch.ops.lfce.forward(x, w, b, y, -100, reduction, mode, None, None, *wanted)
+        back = torch.ops.lfce.backward(x, w, b, y, out[1], out[2], torch.empty(n if reduction == "none" else 1),
+                                       -100, reduction, None, None, *wanted)
+    return [(tuple(t.shape), t.dtype) for t in out], [(tuple(t.shape), t.dtype) for t in back]
+
+
+@pytest.mark.parametrize("dtype", [BF16, torch.float16, torch.float32])
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_fake_forward_gives_an_fp32_loss_of_the_reduction_shape(reduction, dtype):
+    out, _ = fake_call(reduction, "recompute", (True, True, True), bias=True, dtype=dtype)
+    assert out[:3] == [((7,) if reduction == "none" else (), torch.float32), ((7,), torch.float32),
+                       ((1,), torch.float32)]
+
+
+@pytest.mark.parametrize("mode", ["recompute", "eager"])
+def test_fake_forward_gradients_only_in_eager_mode_and_only_those_wanted(mode):
+    out, _ = fake_call("mean", mode, (True, False, True), bias=True)
+    eager = mode == "eager"
+    assert out[3:] == [((7, 64) if eager else (0,), BF16), ((0,), BF16), ((100,) if eager else (0,), BF16)]
+
+
+@pytest.mark.parametrize("wanted", [(True, True, True), (False, True, False), (True, False, False)])
+def test_fake_backward_gives_the_wanted_gradients_in_the_input_dtype(wanted):
+    _, back = fake_call("none", "recompute", wanted, bias=True)
+    shapes = [(7, 64), (100, 64), (100,)]
+    assert back == [(shape if want else (0,), BF16) for shape, want in zip(shapes, wanted)]
+
+
+def test_fake_backward_without_bias_gives_an_empty_grad_bias():
+    _, back = fake_call("sum", "recompute", (True, True, True), bias=False)
+    assert back[2] == ((0,), BF16)
+
+
+# --- the whole path with the CPU reference kernel ----------------------------------------------
+
+def test_operators_are_defined_once_per_process():
+    import importlib
+
+    schema = str(torch.ops.lfce.forward.default._schema)
+    importlib.reload(_ops)  # a second definition would raise
+    assert str(torch.ops.lfce.forward.default._schema) == schema
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("mode", ["recompute", "eager"])
+def test_opcheck_passes_with_the_reference_kernel(on_cpu, mode, reduction):
+    x, w, b, y = inputs(6, bias=True)
+    args = (x, w, b, y, -100, reduction, mode, None, None, True, True, True)
+    torch.library.opcheck(torch.ops.lfce.forward.default, args)
+    fwd = torch.ops.lfce.forward(*(a.detach() if isinstance(a, torch.Tensor) else a for a in args))
+    grad = torch.ones(6 if reduction == "none" else 1)
+    torch.library.opcheck(torch.ops.lfce.backward.default,
+                          (x.detach(), w.detach(), b.detach(), y, fwd[1], fwd[2], grad, -100, reduction, None, None,
+                           True, False, True))
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("mode", ["recompute", "eager"])
+def test_compiled_loss_has_no_graph_break_and_no_recompile_for_a_new_n(on_cpu, mode, reduction):
+    counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+    fn = torch.compile(lambda x, w, b, y: lfce.linear_cross_entropy(x, w, y, b, reduction=reduction, mode=mode),
+                       backend=counter, fullgraph=True, dynamic=True)
+    for n in (10, 13):
+        x, w, b, y = inputs(n, bias=True, seed=n)
+        loss = fn(x, w, b, y)
+        assert loss.dtype == torch.float32
+        loss.sum().backward()
+        xr, wr, br = (t.detach().clone().requires_grad_() for t in (x, w, b))
+        ref = torch_loss(xr, wr, br, y, reduction)
+        ref.sum().backward()
+        torch.testing.assert_close(loss, ref)
+        for name, ours, theirs in (("hidden", x, xr), ("weight", w, wr), ("bias", b, br)):
+            torch.testing.assert_close(ours.grad, theirs.grad, msg=f"grad_{name} (N={n}, {mode}, {reduction})")
+    assert counter.frame_count == 1, f"{counter.frame_count} compilations for two values of N"
+
+
+def test_compiled_loss_with_a_frozen_weight_asks_for_no_grad_weight(on_cpu):
+    asked = []
+
+    def spy(*args):
+        asked.append(args[-3:])
+        return _backward_cpu(*args)
+
+    torch.library.register_kernel("lfce::backward", "cpu", spy)
+    try:
+        x, w, _, y = inputs(8)
+        w.requires_grad_(False)
+        fn = torch.compile(lambda x, w, y: lfce.linear_cross_entropy(x, w, y), backend="aot_eager", fullgraph=True)
+        fn(x, w, y).backward()
+    finally:
+        torch.library.register_kernel("lfce::backward", "cpu", _backward_cpu)
+    assert asked == [(True, False, False)]
+    assert x.grad is not None and w.grad is None
+
+
+def test_fp32_loss_for_bf16_inputs_with_gradients_in_bf16(on_cpu):
+    x, w, b, y = inputs(5, dtype=BF16, bias=True)
+    loss = lfce.linear_cross_entropy(x, w, y, b, reduction="none")
+    assert loss.dtype == torch.float32 and loss.shape == (5,)
+    loss.sum().backward()
+    assert (x.grad.dtype, w.grad.dtype, b.grad.dtype) == (BF16, BF16, BF16)
