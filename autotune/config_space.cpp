@@ -31,6 +31,16 @@ Axes default_axes(DType dtype) {
   return a;
 }
 
+// sm_90a, 16-bit: the TMA + wgmma pipeline's axes (BM = 64 x consumer warpgroups, BK = 64).
+std::vector<TileConfig> wgmma_tiles(bool small) {
+  std::vector<TileConfig> out;
+  for (int consumers : small ? std::vector<int>{2} : std::vector<int>{1, 2})
+    for (int bn : small ? std::vector<int>{128, 256} : std::vector<int>{128, 192, 256})
+      for (int stages : small ? std::vector<int>{3} : std::vector<int>{3, 4, 5})
+        out.push_back(TileConfig{64 * consumers, bn, 64, 1, 1, stages, consumers});
+  return out;
+}
+
 // A few configs per kind that ptxas compiles without spills (config_space_test checks).
 std::vector<TileConfig> small_tiles(DType dtype) {
   if (dtype == DType::FP32)
@@ -112,6 +122,9 @@ Candidate candidate_of(KernelKind kind, const Problem& problem, const Tuning& tu
 }
 
 int estimated_registers(const TileConfig& t, DType dtype) {
+  // wgmma: each consumer thread holds BN/2 accumulators of its warpgroup's 64 x BN; operands
+  // stay in shared memory (descriptors), and setmaxnreg gives the consumers the producer's share.
+  if (t.wgmma()) return t.bn / 2 + kRegisterOverhead;
   const int threads = std::max(t.threads(), 1);
   const int accumulators = t.bm * t.bn / threads;  // fp32, one register each
   int fragments;
@@ -154,6 +167,10 @@ ConfigSpace config_space(KernelKind kind, const Problem& problem, Arch arch, std
             for (int s : a.stages) tiles.push_back(TileConfig{bm, bn, bk, wm, wn, s});
   } else {
     throw SpecError("config space '" + std::string(name) + "' does not exist; expected default or small");
+  }
+  if (arch == Arch::SM90A && problem.dtype != DType::FP32) {
+    const std::vector<TileConfig> hopper = wgmma_tiles(small);
+    tiles.insert(tiles.begin(), hopper.begin(), hopper.end());
   }
   ConfigSpace space;
   const Candidate fallback = default_candidate(kind, problem, arch, limits);

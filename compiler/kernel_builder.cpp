@@ -74,6 +74,14 @@ Value* KernelBuilder::arg(const std::string& name) const {
   throw InternalError("KernelBuilder: no parameter named " + name);
 }
 
+void KernelBuilder::set_min_ctas_per_sm(int ctas) {
+  llvm::LLVMContext& c = module_.getContext();
+  module_.getOrInsertNamedMetadata("nvvm.annotations")
+      ->addOperand(llvm::MDNode::get(
+          c, {llvm::ValueAsMetadata::get(fn_), llvm::MDString::get(c, "minctasm"),
+              llvm::ValueAsMetadata::get(llvm::ConstantInt::get(llvm::Type::getInt32Ty(c), ctas))}));
+}
+
 void KernelBuilder::finish() { ir_.CreateRetVoid(); }
 
 Value* KernelBuilder::cf(float v) { return llvm::ConstantFP::get(f32(), v); }

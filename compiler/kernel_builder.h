@@ -33,6 +33,8 @@ class KernelBuilder {
   llvm::LLVMContext& ctx() { return module_.getContext(); }
   llvm::Value* arg(const std::string& name) const;
   int threads() const { return threads_; }
+  // .minnctapersm: ptxas keeps registers low enough for `ctas` CTAs per SM.
+  void set_min_ctas_per_sm(int ctas);
   void finish();  // terminates the kernel
 
   // Types.

@@ -52,6 +52,9 @@ struct TileConfig {
   int stages = 3;
   int consumers = 0;
   bool wgmma() const { return consumers > 0; }
+  // CTAs the kernel is built to share an SM with (ptxas budgets registers for it): two for
+  // one-consumer wgmma tiles, so that one CTA's epilogue overlaps the other's mainloop.
+  int ctas_per_sm() const { return wgmma() && consumers == 1 ? 2 : 1; }
   int threads() const { return wgmma() ? 128 * (consumers + 1) : warps_m * warps_n * 32; }
   std::string text() const;  // "128x128x64/2x4/s3" or "128x256x64/wg2/s4"
   static TileConfig parse(std::string_view text);  // throws SpecError naming the text

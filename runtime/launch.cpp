@@ -106,7 +106,7 @@ void run_forward(const Problem& problem, const lfce_forward_args& a, const PlanF
 
   const KernelSpec fwd = plan.spec(KernelKind::LseForward);
   const int64_t h = problem.hidden, v = problem.vocab;
-  launch_gemm(kernel_for(a.device, fwd), fwd, {grid_dim(n, fwd.tile.bm, 'x'), static_cast<unsigned>(splits), 1}, stream,
+  launch_gemm(kernel_for(a.device, fwd), fwd, {static_cast<unsigned>(plan.row_groups()), static_cast<unsigned>(splits), 1}, stream,
               {&x, &w, &b, &y, &n, &pmax, &psum, &tlogit}, Operand{x, h, n, h}, Operand{w, h, v, h});
 
   void* combine_args[] = {&pmax, &psum, &tlogit, &y, &n, &ignore, &splits, &lse, &token_loss};

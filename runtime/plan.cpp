@@ -30,7 +30,8 @@ E checked_enum(int32_t value, int32_t count, const char* field, const char* acce
 TileConfig default_tile(KernelKind kind, DType dtype, Arch arch) {
   if (dtype == DType::FP32) return TileConfig{128, 128, 32, 2, 4, 2};
   // sm_90a: TMA + wgmma, two consumer warpgroups of 64 x 256 each, four 48 KiB stages.
-  if (arch == Arch::SM90A && kind_info(kind).gemm) return TileConfig{128, 256, 64, 1, 1, 4, 2};
+  if (arch == Arch::SM90A && kind_info(kind).gemm)
+    return kind == KernelKind::LseForward ? TileConfig{128, 128, 64, 1, 1, 4, 2} : TileConfig{128, 256, 64, 1, 1, 4, 2};
   switch (kind) {
     case KernelKind::LseForward: return TileConfig{64, 256, 64, 1, 4, 2};
     case KernelKind::DlogitsBackward: return TileConfig{256, 128, 64, 4, 2, 2};
@@ -139,14 +140,18 @@ Plan::Plan(const Problem& problem, Arch arch, const Tuning& tuning, const Device
     }
   }
   const TileConfig fwd = tile(KernelKind::LseForward);
+  // At least kMinSplits vocabulary shares, so that when N is large the row groups reading x at
+  // once (ctas / splits of them) stay few enough for their rows of x to live in L2.
+  constexpr int64_t kMinSplits = 8;
   auto splits_for = [&](int64_t ctas, int64_t bm, int64_t bn) {
-    return std::clamp<int64_t>(ceil_div(ctas, ceil_div(p_.tokens, bm)), 1,
+    return std::clamp<int64_t>(std::max(ceil_div(ctas, ceil_div(p_.tokens, bm)), kMinSplits), 1,
                                std::min<int64_t>(ceil_div(p_.vocab, bn), 65535));
   };
-  const int64_t device_ctas = limits_.sm_count > 0 ? limits_.sm_count : kDefaultForwardCtas;
+  const int64_t device_ctas = (limits_.sm_count > 0 ? limits_.sm_count : kDefaultForwardCtas) * fwd.ctas_per_sm();
   const int64_t ctas = std::min(tuning_.forward_ctas > 0 ? tuning_.forward_ctas : device_ctas, kMaxForwardCtas);
   splits_ = splits_for(ctas, fwd.bm, fwd.bn);
-  max_splits_ = splits_for(kMaxForwardCtas, 256, 64);  // bounds every tuning's tiles
+  row_groups_ = std::clamp<int64_t>(ctas / splits_, 1, ceil_div(p_.tokens, fwd.bm));
+  max_splits_ = std::max(splits_for(kMaxForwardCtas, 256, 64), kMinSplits);  // bounds every tuning's tiles
   ld_ = round_up(p_.tokens, 8, "dz token stride");
   // The budget's chunk, with N rounded up to a power of two so that nearby token counts
   // share one chunk width (and so one set of compiled kernels); at most kMaxChunk.

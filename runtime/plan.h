@@ -58,6 +58,8 @@ class Plan {
 
   // Forward: lse_forward splits the vocabulary over `splits` CTAs per row block.
   int64_t splits() const { return splits_; }
+  // ... and over `row_groups` CTAs along the tokens, each taking every row_groups-th row block.
+  int64_t row_groups() const { return row_groups_; }
   // Backward: vocabulary chunk width and the token stride of the dzᵀ workspace.
   int64_t chunk() const { return chunk_; }
   int64_t chunks() const { return ceil_div(p_.vocab, chunk_); }
@@ -76,7 +78,7 @@ class Plan {
   Tuning tuning_;
   DeviceLimits limits_;
   int64_t budget_chunk_ = 1, max_splits_ = 1;
-  int64_t splits_ = 1, chunk_ = 1, ld_ = 8;
+  int64_t splits_ = 1, row_groups_ = 1, chunk_ = 1, ld_ = 8;
 };
 
 }  // namespace lfce::runtime

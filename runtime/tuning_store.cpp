@@ -27,11 +27,6 @@ constexpr std::size_t kMaxFileBytes = 16 << 20;
 
 std::string index_name(IndexType t) { return t == IndexType::I64 ? "i64" : "i32"; }
 
-std::string tile_text(const TileConfig& t) {
-  return std::to_string(t.bm) + "x" + std::to_string(t.bn) + "x" + std::to_string(t.bk) + "/" +
-         std::to_string(t.warps_m) + "x" + std::to_string(t.warps_n) + "/s" + std::to_string(t.stages);
-}
-
 // An older format is expected after an upgrade (the next `lfce tune` replaces it); anything
 // else wrong with a file is worth a warning.
 struct OlderFormat : std::runtime_error {
@@ -77,7 +72,7 @@ DeviceLimits effective_limits(Arch arch, const DeviceLimits& limits) {
 }
 
 std::string Candidate::text() const {
-  std::string out = tile_text(tile);
+  std::string out = tile.text();
   if (kind == KernelKind::LseForward) out += ";ctas=" + std::to_string(forward_ctas);
   if (kind == KernelKind::DlogitsBackward) out += ";chunk=" + std::to_string(chunk);
   return out;
@@ -87,24 +82,27 @@ Candidate Candidate::parse(KernelKind kind, std::string_view text) {
   const std::string s(text);
   Candidate c;
   c.kind = kind;
-  TileConfig& t = c.tile;
-  long long extra = 0;
-  int used = 0;
-  bool ok = false;
-  if (kind == KernelKind::LseForward) {
-    ok = std::sscanf(s.c_str(), "%dx%dx%d/%dx%d/s%d;ctas=%lld%n", &t.bm, &t.bn, &t.bk, &t.warps_m, &t.warps_n,
-                     &t.stages, &extra, &used) == 7;
-    c.forward_ctas = extra;
-  } else if (kind == KernelKind::DlogitsBackward) {
-    ok = std::sscanf(s.c_str(), "%dx%dx%d/%dx%d/s%d;chunk=%lld%n", &t.bm, &t.bn, &t.bk, &t.warps_m, &t.warps_n,
-                     &t.stages, &extra, &used) == 7;
-    c.chunk = extra;
-  } else {
-    ok = std::sscanf(s.c_str(), "%dx%dx%d/%dx%d/s%d%n", &t.bm, &t.bn, &t.bk, &t.warps_m, &t.warps_n, &t.stages,
-                     &used) == 6;
+  // "<tile>" then ";ctas=N" (lse_forward) or ";chunk=N" (dlogits_backward).
+  const size_t semicolon = s.find(';');
+  bool ok = true;
+  try {
+    c.tile = TileConfig::parse(s.substr(0, semicolon));
+  } catch (const SpecError&) {
+    ok = false;
+  }
+  const char* extra_name = kind == KernelKind::LseForward ? "ctas=" : kind == KernelKind::DlogitsBackward ? "chunk=" : nullptr;
+  if (ok && extra_name) {
+    const std::string prefix = std::string(";") + extra_name;
+    long long extra = 0;
+    int used = 0;
+    ok = semicolon != std::string::npos && s.compare(semicolon, prefix.size(), prefix) == 0 &&
+         std::sscanf(s.c_str() + semicolon + prefix.size(), "%lld%n", &extra, &used) == 1;
+    (kind == KernelKind::LseForward ? c.forward_ctas : c.chunk) = extra;
+  } else if (ok) {
+    ok = semicolon == std::string::npos;
   }
   // Round trip: rejects trailing text and non-canonical spellings (" 128", "+128").
-  if (!ok || static_cast<size_t>(used) != s.size() || c.text() != s)
+  if (!ok || c.text() != s)
     throw SpecError("'" + s + "' is not a " + std::string(kind_name(kind)) + " candidate; expected e.g. '" +
                     Candidate{kind, default_tile(kind, DType::BF16),
                               kind == KernelKind::LseForward ? kDefaultForwardCtas : 0,

@@ -38,8 +38,8 @@ KernelShape build_dlogits_backward(llvm::Module& module, const KernelSpec& spec)
   Value* v_begin = kb.arg("v_begin");
   Value* v_len = kb.arg("v_len");
   Value* ld = kb.arg("ld");
-  Value* m0 = ir.CreateMul(ir.CreateZExt(kb.ctaid(0), kb.i64()), kb.c64(t.bm));
-  Value* n0 = ir.CreateMul(ir.CreateZExt(kb.ctaid(1), kb.i64()), kb.c64(t.bn));
+  Value *m0, *n0;
+  std::tie(m0, n0) = gemm.tile_origin();
   Value* tid = kb.tid();
 
   // Per-row constants of this tile: LSE, g and the target, read once.

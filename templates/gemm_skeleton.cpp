@@ -60,6 +60,22 @@ int gemm_smem_bytes(const TileConfig& tile, DType dtype, Layout a, Layout b, int
 
 int GemmSkeleton::extra_offset() const { return gemm_smem_bytes(tile_, dtype_, layouts_[0], layouts_[1]); }
 
+std::pair<Value*, Value*> GemmSkeleton::tile_origin() {
+  auto& ir = kb_.ir();
+  Value* grid_m = kb_.nctaid(0);
+  Value* grid_n = kb_.nctaid(1);
+  Value* pid = ir.CreateAdd(kb_.ctaid(0), ir.CreateMul(kb_.ctaid(1), grid_m));  // launch order
+  Value* per_group = ir.CreateMul(kb_.c32(kGroupRows), grid_n);
+  Value* first_m = ir.CreateMul(ir.CreateUDiv(pid, per_group), kb_.c32(kGroupRows));
+  Value* rows_left = ir.CreateSub(grid_m, first_m);
+  Value* group_rows = ir.CreateSelect(ir.CreateICmpULT(rows_left, kb_.c32(kGroupRows)), rows_left, kb_.c32(kGroupRows));
+  Value* in_group = ir.CreateURem(pid, per_group);
+  Value* m_block = ir.CreateAdd(first_m, ir.CreateURem(in_group, group_rows));
+  Value* n_block = ir.CreateUDiv(in_group, group_rows);
+  return {ir.CreateMul(ir.CreateZExt(m_block, kb_.i64()), kb_.c64(tile_.bm)),
+          ir.CreateMul(ir.CreateZExt(n_block, kb_.i64()), kb_.c64(tile_.bn))};
+}
+
 Value* GemmSkeleton::k_tiles_for(Value* k_extent) {
   auto& ir = kb_.ir();
   Value* tiles = ir.CreateSDiv(ir.CreateAdd(k_extent, kb_.c64(tile_.bk - 1)), kb_.c64(tile_.bk));

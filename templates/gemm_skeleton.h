@@ -18,6 +18,8 @@
 
 #include <functional>
 #include <memory>
+#include <tuple>
+#include <utility>
 
 #include "compiler/kernel_builder.h"
 #include "compiler/kernel_spec.h"
@@ -64,6 +66,11 @@ class GemmSkeleton {
   // Visits every (r, c) of the tile once across the CTA; rows fastest (coalesced along M)
   // or columns fastest (coalesced along N).
   void for_each_element(bool rows_fastest, const std::function<void(llvm::Value*, llvm::Value*)>& body);
+  // The origin (m0, n0), i64, of this CTA's tile on a (ceil(M/BM), ceil(N/BN)) grid, in grouped
+  // order: CTAs launched together cover kGroupRows row blocks by as many column blocks as fit,
+  // rather than whole columns, so the operand tiles they share are read from L2, not DRAM.
+  std::pair<llvm::Value*, llvm::Value*> tile_origin();
+  static constexpr int kGroupRows = 16;
   // ceil(extent / BK) as i32.
   llvm::Value* k_tiles_for(llvm::Value* k_extent_i64);
 

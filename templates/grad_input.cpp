@@ -28,8 +28,8 @@ KernelShape build_grad_input(llvm::Module& module, const KernelSpec& spec) {
   Value* n = kb.arg("n");
   Value* hidden = kb.c64(spec.hidden);
   Value* v_len = kb.arg("v_len");
-  Value* m0 = ir.CreateMul(ir.CreateZExt(kb.ctaid(0), kb.i64()), kb.c64(t.bm));
-  Value* n0 = ir.CreateMul(ir.CreateZExt(kb.ctaid(1), kb.i64()), kb.c64(t.bn));
+  Value *m0, *n0;
+  std::tie(m0, n0) = gemm.tile_origin();
 
   GemmOperand dz{kb.arg("dz"), kb.arg("ld"), Layout::MNMajor, n, v_len};
   Value* w_chunk = kb.gep(kb.arg("w"), elem, ir.CreateMul(kb.arg("v_begin"), hidden));

@@ -24,8 +24,8 @@ KernelShape build_grad_weight(llvm::Module& module, const KernelSpec& spec) {
   Value* hidden = kb.c64(spec.hidden);
   Value* v_len = kb.arg("v_len");
   Value* ld = kb.arg("ld");
-  Value* m0 = ir.CreateMul(ir.CreateZExt(kb.ctaid(0), kb.i64()), kb.c64(t.bm));
-  Value* n0 = ir.CreateMul(ir.CreateZExt(kb.ctaid(1), kb.i64()), kb.c64(t.bn));
+  Value *m0, *n0;
+  std::tie(m0, n0) = gemm.tile_origin();
 
   GemmOperand dz{kb.arg("dz"), ld, Layout::KMajor, v_len, ld};
   GemmOperand x{kb.arg("x"), hidden, Layout::MNMajor, hidden, kb.arg("n")};

@@ -25,6 +25,9 @@ namespace {
 constexpr int kSwizzleRow = 128;   // bytes of one swizzled row
 constexpr int kAtomBytes = 1024;   // 8 rows x 128 bytes: the swizzle pattern's period
 constexpr int kBoxElems = 64;      // 16-bit elements per 128-byte row
+// The producer warpgroup keeps this many registers per thread while it issues loads: enough for
+// the templates' values live across the mainloop (row-block and tile loop state).
+constexpr int kProducerRegisters = 40;
 
 struct Geometry {
   int a_bytes, b_bytes, stage_bytes, ring_bytes, staged_bytes, bars_offset, bytes;
@@ -48,6 +51,7 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
   TmaWgmmaPipeline(KernelBuilder& kb, const TileConfig& t, DType dtype, Layout a, Layout b)
       : kb_(kb), t_(t), bf16_(dtype == DType::BF16), a_(a), b_(b), g_(geometry(t, dtype)) {
     auto& ir = kb_.ir();
+    if (t_.ctas_per_sm() > 1) kb_.set_min_ctas_per_sm(t_.ctas_per_sm());
     counter_ = kb_.local_array(kb_.i32(), 1, "slices_loaded");
     kb_.store(kb_.c32(0), kb_.at(counter_, kb_.i32(), 0));
     kb_.if_then(ir.CreateICmpEQ(kb_.tid(), kb_.c32(0)), [&] {
@@ -71,7 +75,7 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
     Value* warpgroup = ir.CreateLShr(tid, kb_.c32(7));
     // Registers move from the producer, which needs few, to the consumers' accumulators for
     // the mainloop, and back for the epilogue that every thread runs.
-    const int shared = register_share(), producer = 40, consumer = consumer_registers();
+    const int shared = register_share(), producer = kProducerRegisters, consumer = consumer_registers();
     kb_.if_then_else(
         ir.CreateICmpEQ(warpgroup, kb_.c32(0)),
         [&] {
@@ -96,9 +100,9 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
   // Registers per thread when all warpgroups share the register file equally (what ptxas
   // allocates under .maxntid), and the consumers' share once the producer has given up all
   // but 40: both multiples of 8, as setmaxnreg needs.
-  int register_share() const { return std::min(255, 65536 / t_.threads()) / 8 * 8; }
+  int register_share() const { return std::min(255, 65536 / (t_.threads() * t_.ctas_per_sm())) / 8 * 8; }
   int consumer_registers() const {
-    const int pool = register_share() * t_.threads() - 40 * 128;
+    const int pool = register_share() * t_.threads() - kProducerRegisters * 128;
     return std::min(240, pool / (128 * t_.consumers) / 8 * 8);
   }
   Value* slot_of(Value* k) { return kb_.ir().CreateURem(k, kb_.c32(t_.stages)); }

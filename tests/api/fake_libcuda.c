@@ -220,6 +220,16 @@ static CUresult fake_cuEventDestroy(CUevent event) {
   return CUDA_SUCCESS;
 }
 
+static CUresult fake_cuTensorMapEncodeTiled(CUtensorMap* map, CUtensorMapDataType type, cuuint32_t rank, void* address,
+                                            const cuuint64_t* dims, const cuuint64_t* strides, const cuuint32_t* box,
+                                            const cuuint32_t* element_strides, CUtensorMapInterleave interleave,
+                                            CUtensorMapSwizzle swizzle, CUtensorMapL2promotion l2,
+                                            CUtensorMapFloatOOBfill oob_fill) {
+  ENTER("cuTensorMapEncodeTiled");
+  memset(map, 0, sizeof *map);
+  return CUDA_SUCCESS;
+}
+
 struct EntryPoint {
   const char* name;
   void* function;
@@ -237,6 +247,7 @@ static const struct EntryPoint kEntryPoints[] = {
     ENTRY(cuMemAlloc),       ENTRY(cuMemFree),           ENTRY(cuMemcpyHtoD),
     ENTRY(cuMemcpyDtoH),     ENTRY(cuEventCreate),       ENTRY(cuEventRecord),
     ENTRY(cuEventSynchronize), ENTRY(cuEventElapsedTime), ENTRY(cuEventDestroy),
+    ENTRY(cuTensorMapEncodeTiled),
 };
 
 FAKE_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** function, int version, cuuint64_t flags,
