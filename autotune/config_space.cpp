@@ -33,11 +33,12 @@ Axes default_axes(DType dtype) {
 
 // sm_90a, 16-bit: the TMA + wgmma pipeline's axes (BM = 64 x consumer warpgroups, BK = 64).
 std::vector<TileConfig> wgmma_tiles(bool small) {
+  if (small)  // two consumers sharing a CTA, and one consumer with two CTAs per SM
+    return {{128, 128, 64, 1, 1, 3, 2}, {64, 128, 64, 1, 1, 4, 1}};
   std::vector<TileConfig> out;
-  for (int consumers : small ? std::vector<int>{2} : std::vector<int>{1, 2})
-    for (int bn : small ? std::vector<int>{128, 256} : std::vector<int>{128, 192, 256})
-      for (int stages : small ? std::vector<int>{3} : std::vector<int>{3, 4, 5})
-        out.push_back(TileConfig{64 * consumers, bn, 64, 1, 1, stages, consumers});
+  for (int consumers : {1, 2})
+    for (int bn : {128, 192, 256})
+      for (int stages : {2, 3, 4, 5}) out.push_back(TileConfig{64 * consumers, bn, 64, 1, 1, stages, consumers});
   return out;
 }
 
@@ -45,7 +46,7 @@ std::vector<TileConfig> wgmma_tiles(bool small) {
 std::vector<TileConfig> small_tiles(DType dtype) {
   if (dtype == DType::FP32)
     return {{128, 128, 32, 2, 4, 2}, {64, 64, 32, 2, 2, 2}, {64, 128, 32, 2, 4, 2}};
-  return {{128, 128, 64, 2, 4, 3}, {64, 128, 64, 2, 2, 3}, {128, 64, 64, 2, 2, 4}};
+  return {{128, 128, 64, 2, 4, 3}, {64, 128, 64, 2, 2, 3}, {64, 64, 64, 2, 2, 3}};
 }
 
 int64_t budget_chunk(const Problem& problem) {

@@ -284,6 +284,17 @@ void KernelBuilder::tma_load_2d(Value* dst, Value* map, Value* c0, Value* c1, Va
       "r,l,r,r,r,~{memory}", {smem_addr(dst), map, c0, c1, smem_addr(bar)});
 }
 
+Value* KernelBuilder::opaque(Value* smem_ptr) {
+  Value* moved = ptx(i32(), "mov.b32 $0, $1;", "=r,r", {ir_.CreatePtrToInt(smem_ptr, i32())});
+  return ir_.CreateIntToPtr(moved, smem_ptr->getType());
+}
+
+Value* KernelBuilder::opaque_i32(Value* value) { return ptx(i32(), "mov.b32 $0, $1;", "=r,r", {value}); }
+
+void KernelBuilder::warp_sync() {
+  call(llvm::Intrinsic::nvvm_bar_warp_sync, {c32(-1)})->addFnAttr(llvm::Attribute::Convergent);
+}
+
 void KernelBuilder::set_max_registers(bool increase, int registers) {
   call(increase ? llvm::Intrinsic::nvvm_setmaxnreg_inc_sync_aligned_u32
                 : llvm::Intrinsic::nvvm_setmaxnreg_dec_sync_aligned_u32,

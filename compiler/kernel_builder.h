@@ -103,6 +103,15 @@ class KernelBuilder {
   // 2-D TMA tile load of box (c0 inner, c1 outer) into shared byte offset `dst`, completing
   // its bytes on mbarrier `bar`. Coordinates are i32 elements; out-of-bounds reads zero-fill.
   void tma_load_2d(llvm::Value* dst, llvm::Value* map, llvm::Value* c0, llvm::Value* c1, llvm::Value* bar);
+  // The same shared-memory pointer, through an inline-PTX move with side effects: address
+  // arithmetic on it stays where it is written (not hoisted out of loops into registers).
+  llvm::Value* opaque(llvm::Value* smem_ptr);
+  // The same i32, opaque to LLVM's loop analyses: values derived from it are not turned into
+  // induction variables that stay live (in registers) across a whole loop body.
+  llvm::Value* opaque_i32(llvm::Value* value);
+  // bar.warp.sync: the warp's lanes reconverge (before .sync.aligned instructions that follow
+  // a branch taken by some lanes only).
+  void warp_sync();
   // setmaxnreg: every warp of the warpgroup moves to `registers` per thread (a multiple of 8
   // in 24..256); inc waits until the registers other warpgroups released are free.
   void set_max_registers(bool increase, int registers);

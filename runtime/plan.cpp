@@ -33,7 +33,7 @@ TileConfig default_tile(KernelKind kind, DType dtype, Arch arch) {
   if (arch == Arch::SM90A && kind_info(kind).gemm)
     return kind == KernelKind::LseForward ? TileConfig{128, 128, 64, 1, 1, 4, 2} : TileConfig{128, 256, 64, 1, 1, 4, 2};
   switch (kind) {
-    case KernelKind::LseForward: return TileConfig{64, 256, 64, 1, 4, 2};
+    case KernelKind::LseForward: return TileConfig{128, 128, 64, 2, 4, 3};
     case KernelKind::DlogitsBackward: return TileConfig{256, 128, 64, 4, 2, 2};
     case KernelKind::GradWeight: return TileConfig{128, 256, 64, 2, 4, 2};
     case KernelKind::GradInput: return TileConfig{256, 128, 64, 4, 2, 2};

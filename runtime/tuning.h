@@ -26,7 +26,9 @@ struct Tuning {
 
 // What each GEMM kernel runs with when nothing is tuned. The 16-bit mma.sync tiles are the
 // winners of a default-space sweep for llama3-8b (N = 8192) on an H200 (2026-11-30): 1.20x
-// over 128x128x64 for all. On sm_90a the 16-bit GEMMs default to the TMA + wgmma pipeline.
+// over 128x128x64 for all, except lse_forward, whose winner (64x256, 1x4 warps) spills since the
+// kernel loops over row blocks: 128x128x64, 2x4 warps. On sm_90a the 16-bit GEMMs default to the
+// TMA + wgmma pipeline.
 TileConfig default_tile(KernelKind kind, DType dtype, Arch arch);
 // The mma.sync (sm_80) defaults.
 TileConfig default_tile(KernelKind kind, DType dtype);

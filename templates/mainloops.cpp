@@ -85,12 +85,15 @@ class MmaSyncMainloop final : public Mainloop {
     // Accumulator q of tile (i, j): row lane/4 (+8 for q >= 2), column 2·(lane%4) (+1 for odd q).
     Value* row0 = ir.CreateAdd(warp_m0_, ir.CreateLShr(lane_, kb_.c32(2)));
     Value* col0 = ir.CreateAdd(warp_n0_, ir.CreateMul(ir.CreateAnd(lane_, kb_.c32(3)), kb_.c32(2)));
+    // One opaque base and constant offsets (the staged tile is row-major, BN + 1 floats per row):
+    // separately computed addresses would be hoisted out of a template's tile loop and held in
+    // registers through the mainloop.
+    Value* base = kb_.opaque(staged(row0, col0));
     for (int i = 0; i < mi_; ++i)
       for (int j = 0; j < ni_; ++j)
         for (int q = 0; q < 4; ++q) {
-          Value* r = ir.CreateAdd(row0, kb_.c32(i * 16 + (q / 2) * 8));
-          Value* c = ir.CreateAdd(col0, kb_.c32(j * 8 + q % 2));
-          kb_.store(kb_.load(kb_.f32(), slot(i, j, q)), staged(r, c));
+          const int offset = ((i * 16 + (q / 2) * 8) * (t_.bn + 1) + j * 8 + q % 2) * 4;
+          kb_.store(kb_.load(kb_.f32(), slot(i, j, q)), ir.CreateConstGEP1_32(ir.getInt8Ty(), base, offset));
         }
   }
 

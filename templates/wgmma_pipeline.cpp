@@ -27,7 +27,7 @@ constexpr int kAtomBytes = 1024;   // 8 rows x 128 bytes: the swizzle pattern's 
 constexpr int kBoxElems = 64;      // 16-bit elements per 128-byte row
 // The producer warpgroup keeps this many registers per thread while it issues loads: enough for
 // the templates' values live across the mainloop (row-block and tile loop state).
-constexpr int kProducerRegisters = 40;
+constexpr int kProducerRegisters = 32;
 
 struct Geometry {
   int a_bytes, b_bytes, stage_bytes, ring_bytes, staged_bytes, bars_offset, bytes;
@@ -81,6 +81,8 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
         [&] {
           kb_.set_max_registers(false, producer);
           kb_.if_then(ir.CreateICmpEQ(tid, kb_.c32(0)), [&] { produce(m0, n0, k_tiles, first); });
+          // Lane 0 of warp 0 rejoins its warp before the .aligned setmaxnreg and bar.sync.
+          kb_.warp_sync();
           kb_.set_max_registers(true, shared);
         },
         [&] {
@@ -128,15 +130,21 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
     auto& ir = kb_.ir();
     Value* map_a = kb_.tensor_map("tma_a");
     Value* map_b = kb_.tensor_map("tma_b");
+    Value* state = kb_.local_array(kb_.i32(), 2, "producer_cursor");
+    Cursor start = cursor_at(first);
+    kb_.store(start.slot, kb_.at(state, kb_.i32(), 0));
+    kb_.store(start.phase, kb_.at(state, kb_.i32(), 1));
     kb_.for_range(kb_.c32(0), k_tiles, kb_.c32(1), [&](Value* kt) {
-      Value* k = ir.CreateAdd(first, kt);
-      Value* slot = slot_of(k);
-      // A fresh barrier counts as having completed the phase before its first: parity ^ 1
+      Cursor c{kb_.load(kb_.i32(), kb_.at(state, kb_.i32(), 0)), kb_.load(kb_.i32(), kb_.at(state, kb_.i32(), 1))};
+      // A fresh barrier counts as having completed the phase before its first: phase ^ 1
       // passes at once for each slot's first use.
-      kb_.mbarrier_wait(empty(slot), ir.CreateXor(parity_of(k), kb_.c32(1)));
-      kb_.mbarrier_arrive_expect_tx(full(slot), g_.stage_bytes);  // out-of-bounds zeros count too
-      load(map_a, a_, t_.bm, a_base(slot), m0, kt, full(slot));
-      load(map_b, b_, t_.bn, b_base(slot), n0, kt, full(slot));
+      kb_.mbarrier_wait(empty(c.slot), ir.CreateXor(c.phase, kb_.c32(1)));
+      kb_.mbarrier_arrive_expect_tx(full(c.slot), g_.stage_bytes);  // out-of-bounds zeros count too
+      load(map_a, a_, t_.bm, a_base(c.slot), m0, kt, full(c.slot));
+      load(map_b, b_, t_.bn, b_base(c.slot), n0, kt, full(c.slot));
+      Cursor next = advance(c);
+      kb_.store(next.slot, kb_.at(state, kb_.i32(), 0));
+      kb_.store(next.phase, kb_.at(state, kb_.i32(), 1));
     });
   }
 
@@ -149,17 +157,32 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
     return ir.CreateOr(d, kb_.c64(static_cast<int64_t>(fixed)));
   }
 
-  // The descriptor of k16 step `ks` of an operand tile at `base`; `row0` is the first of the
-  // 64 M rows (0 for B, which spans the whole BN).
-  Value* operand_descriptor(Layout layout, Value* base, int row0, int ks) {
+  // The descriptor of an operand tile at `base` (its first k16 step), and the amount k16 step
+  // `ks` adds to it: the start address field counts 16-byte units, and every address of the
+  // ring stays below 2^18, so adding to the low field never carries into the next.
+  Value* operand_descriptor(Layout layout, Value* base) {
+    if (layout == Layout::KMajor) return descriptor(base, 16, kAtomBytes);  // rows of 128 bytes
+    // MN-major: box j holds rows [64j, 64j + 64). Leading byte offset: from one 64-element
+    // column of M/N to the next (the next box); stride: the next 8 k.
+    return descriptor(base, t_.bk * kSwizzleRow, kAtomBytes);
+  }
+  int64_t k_step(Layout layout, int ks) const {
+    // K-major: k16 = 32 bytes along the 128-byte row; MN-major: two 8-row atoms.
+    return (layout == Layout::KMajor ? ks * 32 : ks * 2 * kAtomBytes) >> 4;
+  }
+
+  // (slot, phase) of the next slice: slot = k % stages and phase = (k / stages) & 1, advanced
+  // by one per slice instead of divided out each time.
+  struct Cursor {
+    Value* slot;
+    Value* phase;
+  };
+  Cursor cursor_at(Value* k) { return {slot_of(k), parity_of(k)}; }
+  Cursor advance(const Cursor& c) {
     auto& ir = kb_.ir();
-    if (layout == Layout::KMajor)  // rows of 128 bytes; k16 = 32 bytes along the row
-      return descriptor(ir.CreateAdd(base, kb_.c32(row0 * kSwizzleRow + ks * 32)), 16, kAtomBytes);
-    // MN-major: box j holds rows [64j, 64j + 64); k16 = two 8-row atoms. Leading byte offset:
-    // from one 64-element column of M/N to the next (the next box); stride: the next 8 k.
-    const int box_bytes = t_.bk * kSwizzleRow;
-    return descriptor(ir.CreateAdd(base, kb_.c32((row0 / kBoxElems) * box_bytes + ks * 2 * kAtomBytes)), box_bytes,
-                      kAtomBytes);
+    Value* next = ir.CreateAdd(c.slot, kb_.c32(1));
+    Value* wrap = ir.CreateICmpEQ(next, kb_.c32(t_.stages));
+    return {ir.CreateSelect(wrap, kb_.c32(0), next), ir.CreateSelect(wrap, ir.CreateXor(c.phase, kb_.c32(1)), c.phase)};
   }
 
   void consume(Value* consumer, Value* k_tiles, Value* first,
@@ -181,29 +204,41 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
     // Consumer c's A rows start at 64c: in bytes, 64c rows (K-major) or box c (MN-major).
     Value* a_row_bytes =
         ir.CreateMul(consumer, kb_.c32(a_ == Layout::KMajor ? 64 * kSwizzleRow : t_.bk * kSwizzleRow));
+    // Slot and phase of the current slice, and the slot of the previous one (released once its
+    // wgmma group has finished).
+    Value* state = kb_.local_array(kb_.i32(), 3, "consumer_cursor");
+    Cursor start = cursor_at(first);
+    kb_.store(start.slot, kb_.at(state, kb_.i32(), 0));
+    kb_.store(start.phase, kb_.at(state, kb_.i32(), 1));
+    kb_.store(start.slot, kb_.at(state, kb_.i32(), 2));
     kb_.wgmma_fence();
     kb_.for_range(kb_.c32(0), k_tiles, kb_.c32(1), [&](Value* kt) {
-      Value* k = ir.CreateAdd(first, kt);
-      Value* slot = slot_of(k);
-      kb_.mbarrier_wait(full(slot), parity_of(k));
+      Cursor c{kb_.load(kb_.i32(), kb_.at(state, kb_.i32(), 0)), kb_.load(kb_.i32(), kb_.at(state, kb_.i32(), 1))};
+      Value* previous = kb_.load(kb_.i32(), kb_.at(state, kb_.i32(), 2));
+      kb_.mbarrier_wait(full(c.slot), c.phase);
       restore();
       kb_.wgmma_fence();
-      Value* a = ir.CreateAdd(a_base(slot), a_row_bytes);
-      Value* b = b_base(slot);
+      Value* desc_a = operand_descriptor(a_, ir.CreateAdd(a_base(c.slot), a_row_bytes));
+      Value* desc_b = operand_descriptor(b_, b_base(c.slot));
       for (int ks = 0; ks < t_.bk / 16; ++ks)
-        acc = kb_.wgmma_m64k16(bf16_, t_.bn, operand_descriptor(a_, a, 0, ks), operand_descriptor(b_, b, 0, ks), acc,
-                               a_ == Layout::MNMajor, b_ == Layout::MNMajor);
+        acc = kb_.wgmma_m64k16(bf16_, t_.bn, ir.CreateAdd(desc_a, kb_.c64(k_step(a_, ks))),
+                               ir.CreateAdd(desc_b, kb_.c64(k_step(b_, ks))), acc, a_ == Layout::MNMajor,
+                               b_ == Layout::MNMajor);
       kb_.wgmma_commit();
       acc = kb_.wgmma_wait(1, acc);  // slice kt - 1's wgmma group has finished reading its slot
       save();
-      kb_.if_then(ir.CreateAnd(lane0, ir.CreateICmpSGT(kt, kb_.c32(0))),
-                  [&] { kb_.mbarrier_arrive(empty(slot_of(ir.CreateSub(k, kb_.c32(1))))); });
+      kb_.if_then(ir.CreateAnd(lane0, ir.CreateICmpSGT(kt, kb_.c32(0))), [&] { kb_.mbarrier_arrive(empty(previous)); });
+      kb_.warp_sync();  // converged for the next wgmma.fence
+      Cursor next = advance(c);
+      kb_.store(next.slot, kb_.at(state, kb_.i32(), 0));
+      kb_.store(next.phase, kb_.at(state, kb_.i32(), 1));
+      kb_.store(c.slot, kb_.at(state, kb_.i32(), 2));
     });
     restore();
     acc = kb_.wgmma_wait(0, acc);
-    kb_.if_then(ir.CreateAnd(lane0, ir.CreateICmpSGT(k_tiles, kb_.c32(0))), [&] {
-      kb_.mbarrier_arrive(empty(slot_of(ir.CreateAdd(first, ir.CreateSub(k_tiles, kb_.c32(1))))));
-    });
+    Value* last = kb_.load(kb_.i32(), kb_.at(state, kb_.i32(), 2));
+    kb_.if_then(ir.CreateAnd(lane0, ir.CreateICmpSGT(k_tiles, kb_.c32(0))), [&] { kb_.mbarrier_arrive(empty(last)); });
+    kb_.warp_sync();
     // Every consumer has finished reading the ring before any writes the overlapping staged tile.
     kb_.named_barrier(1, 128 * t_.consumers);
     // Accumulator i: n8 block i/4; row lane/4 (+8 for i%4 >= 2), column 2·(lane%4) (+1 for odd i),
@@ -215,7 +250,9 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
     // One base address and constant offsets (the staged tile is row-major, BN + 1 floats per
     // row): 128 separately computed addresses would be hoisted out of a template's tile loop
     // and held in registers through the mainloop.
-    Value* base = staged(row0, col0);
+    // The base goes through an opaque move so that LICM cannot hoist the 128 constant-offset
+    // addresses out of a template's tile loop either.
+    Value* base = kb_.opaque(staged(row0, col0));
     for (int i = 0; i < count; ++i) {
       const int offset = (((i % 4) / 2) * 8 * (t_.bn + 1) + (i / 4) * 8 + i % 2) * 4;
       kb_.store(acc[i], ir.CreateConstGEP1_32(ir.getInt8Ty(), base, offset));

@@ -40,6 +40,40 @@ TEST(KernelSpec, TextRoundTrips) {
             "bias=1;arch=sm_80;tile=64x128x64/2x2/s4");
 }
 
+TEST(KernelSpec, WgmmaTileTextRoundTrips) {
+  KernelSpec s = sample();
+  s.arch = Arch::SM90A;
+  s.dtype = DType::BF16;
+  s.tile = TileConfig{128, 256, 64, 1, 1, 4, 2};
+  EXPECT_EQ(s.tile.text(), "128x256x64/wg2/s4");
+  EXPECT_EQ(s.tile.threads(), 384);
+  EXPECT_EQ(KernelSpec::parse(s.text()), s);
+  EXPECT_NO_THROW(s.validate());
+  EXPECT_EQ(TileConfig::parse("64x128x64/wg1/s4").ctas_per_sm(), 2);
+  for (const char* bad : {"128x256x64/wg/s4", "128x256x64/wgx/s4", "128x256x64/wg0/s4", "128x256x64/wg2/s4x"})
+    EXPECT_NE(spec_error([&] { TileConfig::parse(bad); }).find(bad), std::string::npos) << bad;
+}
+
+TEST(KernelSpec, ValidateNamesWhatAWgmmaTileNeeds) {
+  KernelSpec s = sample();
+  s.arch = Arch::SM90A;
+  s.dtype = DType::BF16;
+  auto error_of = [&](TileConfig tile, Arch arch = Arch::SM90A, DType dtype = DType::BF16) {
+    KernelSpec t = s;
+    t.tile = tile;
+    t.arch = arch;
+    t.dtype = dtype;
+    return spec_error([&] { t.validate(); });
+  };
+  EXPECT_NE(error_of({128, 256, 64, 1, 1, 4, 2}, Arch::SM80).find("needs arch sm_90a"), std::string::npos);
+  EXPECT_NE(error_of({128, 256, 64, 1, 1, 4, 2}, Arch::SM90A, DType::FP32).find("not fp32"), std::string::npos);
+  EXPECT_NE(error_of({128, 256, 128, 1, 1, 4, 2}).find("BK = 64"), std::string::npos);
+  EXPECT_NE(error_of({256, 256, 64, 1, 1, 4, 2}).find("BM = 64 x consumers = 128, got 256"), std::string::npos);
+  EXPECT_NE(error_of({128, 320, 64, 1, 1, 4, 2}).find("up to 256, got 320"), std::string::npos);
+  EXPECT_NE(error_of({128, 256, 64, 1, 1, 1, 2}).find("at least 2 stages"), std::string::npos);
+  EXPECT_NE(error_of({128, 256, 64, 1, 1, 4, 3}).find("consumers = 3 is outside 0..2"), std::string::npos);
+}
+
 TEST(KernelSpec, EveryFieldChangesTheKey) {
   KernelSpec base = sample();
   std::vector<KernelSpec> variants(12, base);

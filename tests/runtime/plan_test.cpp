@@ -69,10 +69,19 @@ TEST(Plan, SingleChunkNeedsNoGradInputAccumulator) {
 
 TEST(Plan, ForwardSplitsFillTheGpuWhenTokensAreFew) {
   Plan small(problem(llama3(128)), Arch::SM90A);
-  const int64_t row_blocks = (128 + small.spec(KernelKind::LseForward).tile.bm - 1) / small.spec(KernelKind::LseForward).tile.bm;
-  EXPECT_EQ(small.splits() * row_blocks, kDefaultForwardCtas);
+  const TileConfig tile = small.spec(KernelKind::LseForward).tile;
+  const int64_t row_blocks = (128 + tile.bm - 1) / tile.bm;
+  EXPECT_EQ(small.splits() * row_blocks, kDefaultForwardCtas * tile.ctas_per_sm());
+  EXPECT_EQ(small.row_groups(), row_blocks);
+}
+
+TEST(Plan, ForwardReadsFewRowBlocksOfXAtOnceWhenTokensAreMany) {
+  // N = 65536: 512 row blocks of 128. Eight vocabulary shares over 16 row groups (128 CTAs on
+  // 132 SMs): each CTA takes 32 row blocks in turn, and only 16 of them are read at once.
   Plan large(problem(llama3(1 << 16)), Arch::SM90A);
-  EXPECT_EQ(large.splits(), 1);
+  ASSERT_EQ(large.spec(KernelKind::LseForward).tile.bm, 128);
+  EXPECT_EQ(large.splits(), 8);
+  EXPECT_EQ(large.row_groups(), 16);
 }
 
 TEST(Plan, SpecsCarryTheProblem) {
