@@ -144,6 +144,19 @@ std::optional<std::string> rejection(const Candidate& c, const Problem& problem,
                                      const runtime::DeviceLimits& limits) {
   if (auto reason = runtime::unrunnable(c, problem, arch, limits)) return reason;
   const ArchInfo& info = arch_info(arch);
+  // A one-consumer wgmma tile is built for two CTAs per SM (ptxas budgets half the registers):
+  // two must fit in the SM's shared memory (the opt-in per-block limit + 1 KiB the driver reserves
+  // per CTA), or the second never runs beside the first.
+  const int64_t smem = [&] {
+    KernelSpec s = runtime::problem_spec(c.kind, problem, arch);
+    s.tile = c.tile;
+    return static_cast<int64_t>(kernel_smem_bytes(s));
+  }();
+  const int64_t per_sm = runtime::effective_limits(arch, limits).smem_per_block + 1024;
+  if (c.tile.ctas_per_sm() > 1 && c.tile.ctas_per_sm() * (smem + 1024) > per_sm)
+    return "a " + c.tile.text() + " tile runs " + std::to_string(c.tile.ctas_per_sm()) + " CTAs per SM, needing " +
+           std::to_string(c.tile.ctas_per_sm() * (smem + 1024)) + " bytes of shared memory, over the SM's " +
+           std::to_string(per_sm);
   const int regs = estimated_registers(c.tile, problem.dtype);
   if (regs > info.regs_per_thread_max)
     return "registers per thread ~" + std::to_string(regs) + " (estimated) > limit " +
@@ -157,8 +170,14 @@ ConfigSpace config_space(KernelKind kind, const Problem& problem, Arch arch, std
     throw SpecError(std::string(kind_name(kind)) + " is not a GEMM kernel: it has no config space");
   std::vector<TileConfig> tiles;
   const bool small = name == "small";
+  const bool hopper = arch == Arch::SM90A && problem.dtype != DType::FP32;
+  if (name == "wgmma" && !hopper)
+    throw SpecError("config space 'wgmma' needs arch sm_90a and a 16-bit dtype, got " + std::string(arch_name(arch)) +
+                    " " + std::string(dtype_name(problem.dtype)));
   if (small) {
     tiles = small_tiles(problem.dtype);
+  } else if (name == "wgmma") {
+    // the TMA + wgmma tiles alone (below)
   } else if (name == "default") {
     const Axes a = default_axes(problem.dtype);
     for (int bm : a.bm)
@@ -167,9 +186,9 @@ ConfigSpace config_space(KernelKind kind, const Problem& problem, Arch arch, std
           for (auto [wm, wn] : a.warps)
             for (int s : a.stages) tiles.push_back(TileConfig{bm, bn, bk, wm, wn, s});
   } else {
-    throw SpecError("config space '" + std::string(name) + "' does not exist; expected default or small");
+    throw SpecError("config space '" + std::string(name) + "' does not exist; expected default, small or wgmma");
   }
-  if (arch == Arch::SM90A && problem.dtype != DType::FP32) {
+  if (hopper) {
     const std::vector<TileConfig> hopper = wgmma_tiles(small);
     tiles.insert(tiles.begin(), hopper.begin(), hopper.end());
   }

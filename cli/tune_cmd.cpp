@@ -63,7 +63,7 @@ void add_tune_command(CLI::App& app) {
   vocab->needs(hidden);
   hidden->needs(vocab);
   cmd->add_option("--device", opts->device, "CUDA device ordinal")->check(at_least(0))->capture_default_str();
-  cmd->add_option("--space", opts->space, "config space")->check(CLI::IsMember({"default", "small"}))
+  cmd->add_option("--space", opts->space, "config space")->check(CLI::IsMember({"default", "small", "wgmma"}))
       ->capture_default_str();
   cmd->add_option("--budget-minutes", opts->budget_minutes, "stop after this long (0: no limit); resumable")
       ->check(finite_at_least(0));

@@ -214,7 +214,7 @@ typedef void (*lfce_tune_progress)(int64_t done, int64_t total, double eta_secon
 
 typedef struct lfce_tune_options {
   int32_t device;
-  const char* space;         /* "default" or "small"; NULL = "default" */
+  const char* space;         /* "default", "small" or "wgmma" (sm_90a, 16-bit: the TMA + wgmma tiles alone); NULL = "default" */
   double budget_minutes;     /* stop cleanly after this long, keeping what was measured; 0 = no limit */
   int32_t verify;            /* 1: check every config's outputs against an fp64 host reference (first 300 tokens) */
   int32_t repetitions;       /* timed runs per config (median); 0 = 10 */

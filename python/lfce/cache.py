@@ -114,7 +114,7 @@ def tune(model=None, *, vocab=None, hidden=None, tokens=8192, dtype="bf16", has_
     speedup, measured, reused, failed, rejected, path.
     """
     vocab, hidden = _shape(model, vocab, hidden)
-    _check.choice("space", space, ("default", "small"))
+    _check.choice("space", space, ("default", "small", "wgmma"))
     problem = problem_for(vocab, hidden, dtype=dtype, has_bias=has_bias, mode=mode, reduction=reduction,
                           tokens=tokens)
     if progress is not None and not callable(progress):

@@ -14,6 +14,7 @@
 
 #include "compiler/errors.h"
 #include "templates/templates.h"
+#include "tests/spec_error.h"
 
 namespace lfce::autotune {
 namespace {
@@ -129,6 +130,18 @@ TEST(ConfigSpace, ForwardSweepsTheCtaTargetPerSmOfTheDevice) {
   std::set<int64_t> ctas;
   for (const Candidate& c : space.kept) ctas.insert(c.forward_ctas);
   EXPECT_EQ(ctas, (std::set<int64_t>{108, 216, 432}));
+}
+
+TEST(ConfigSpace, WgmmaSpaceHoldsTheHopperTilesAndPrunesOneConsumerTilesThatCannotPair) {
+  const ConfigSpace space = config_space(KernelKind::GradWeight, llama3_8b(), Arch::SM90A, "wgmma");
+  ASSERT_GT(space.kept.size(), 4u);
+  for (const Candidate& c : space.kept) EXPECT_TRUE(c.tile.wgmma()) << c.text();
+  bool paired_rejection = false;
+  for (const auto& [c, reason] : space.rejected)
+    if (c.tile.consumers == 1 && reason.find("2 CTAs per SM") != std::string::npos) paired_rejection = true;
+  EXPECT_TRUE(paired_rejection) << "64x256x64/wg1/s4 (161 KB) cannot run two CTAs per SM";
+  EXPECT_NE(testing_errors::spec_error([] { config_space(KernelKind::GradWeight, llama3_8b(), Arch::SM80, "wgmma"); }).find("'wgmma' needs arch sm_90a"),
+            std::string::npos);
 }
 
 TEST(ConfigSpace, ChunksStayWithinTheBudgetInMultiplesOf128) {
