@@ -31,7 +31,11 @@ TileConfig default_tile(KernelKind kind, DType dtype, Arch arch) {
   if (dtype == DType::FP32) return TileConfig{128, 128, 32, 2, 4, 2};
   // sm_90a: TMA + wgmma, two consumer warpgroups of 64 x 256 each, four 48 KiB stages.
   if (arch == Arch::SM90A && kind_info(kind).gemm)
-    return kind == KernelKind::LseForward ? TileConfig{128, 128, 64, 1, 1, 4, 2} : TileConfig{128, 256, 64, 1, 1, 4, 2};
+    switch (kind) {
+      case KernelKind::LseForward: return TileConfig{128, 128, 64, 1, 1, 4, 2};
+      case KernelKind::DlogitsBackward: return TileConfig{128, 256, 64, 1, 1, 4, 2};
+      default: return TileConfig{128, 256, 64, 1, 1, 3, 2};
+    }
   switch (kind) {
     case KernelKind::LseForward: return TileConfig{128, 128, 64, 2, 4, 3};
     case KernelKind::DlogitsBackward: return TileConfig{256, 128, 64, 4, 2, 2};

@@ -28,7 +28,10 @@ struct Tuning {
 // winners of a default-space sweep for llama3-8b (N = 8192) on an H200 (2026-11-30): 1.20x
 // over 128x128x64 for all, except lse_forward, whose winner (64x256, 1x4 warps) spills since the
 // kernel loops over row blocks: 128x128x64, 2x4 warps. On sm_90a the 16-bit GEMMs default to the
-// TMA + wgmma pipeline.
+// TMA + wgmma pipeline with two consumer warpgroups (BM = 128): BN = 256 (dlogits 4 stages, the
+// gradient GEMMs 3: the winners of `lfce tune --space wgmma` for llama3-8b, N = 8192, on an H200,
+// 2026-11-30), lse_forward BN = 128 (its BN = 256 winner, 12% faster there, spills for some V
+// and H; a tuning picks it where it does not).
 TileConfig default_tile(KernelKind kind, DType dtype, Arch arch);
 // The mma.sync (sm_80) defaults.
 TileConfig default_tile(KernelKind kind, DType dtype);
