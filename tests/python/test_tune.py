@@ -14,9 +14,17 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def lfce_cli():
-    """The `lfce` executable next to the library in use."""
-    library = os.environ.get("LFCE_LIBRARY", os.path.join(REPO, "build", "liblfce.so"))
-    path = os.path.join(os.path.dirname(library), "lfce")
+    """The `lfce` executable that goes with the library in use: next to $LFCE_LIBRARY, else the one
+    an installed package ships (lfce/bin/lfce), else the build tree's."""
+    library = os.environ.get("LFCE_LIBRARY")
+    if library:
+        path = os.path.join(os.path.dirname(library), "lfce")
+    else:
+        from lfce import _cli
+
+        path = _cli.executable()
+        if not os.path.isfile(path):
+            path = os.path.join(REPO, "build", "lfce")
     assert os.path.isfile(path), f"lfce executable not found at {path} (build it, or set LFCE_LIBRARY)"
     return path
 
