@@ -258,6 +258,10 @@ void KernelBuilder::mbarrier_init_fence() {
   ptx(ir_.getVoidTy(), "fence.mbarrier_init.release.cluster;\n\tfence.proxy.async.shared::cta;", "~{memory}", {});
 }
 
+void KernelBuilder::fence_proxy_async() {
+  ptx(ir_.getVoidTy(), "fence.proxy.async.shared::cta;", "~{memory}", {});
+}
+
 void KernelBuilder::mbarrier_arrive(Value* bar) {
   ptx(ir_.getVoidTy(), "{\n\t.reg .b64 state;\n\tmbarrier.arrive.release.cta.shared::cta.b64 state, [$0];\n\t}",
       "r,~{memory}", {smem_addr(bar)});

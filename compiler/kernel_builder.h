@@ -97,6 +97,9 @@ class KernelBuilder {
   // mbarriers at shared byte offsets (i32, 8-byte aligned).
   void mbarrier_init(llvm::Value* bar, int arrivals);
   void mbarrier_init_fence();  // makes initialised mbarriers visible to TMA and other threads
+  // fence.proxy.async.shared::cta: this thread's earlier generic-proxy shared-memory accesses are
+  // ordered before later async-proxy (TMA) ones, e.g. before TMA overwrites what was read.
+  void fence_proxy_async();
   void mbarrier_arrive(llvm::Value* bar);
   void mbarrier_arrive_expect_tx(llvm::Value* bar, int bytes);
   void mbarrier_wait(llvm::Value* bar, llvm::Value* parity);  // spins until phase `parity` completed

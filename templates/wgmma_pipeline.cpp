@@ -69,7 +69,10 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
     auto& ir = kb_.ir();
     Value* counter_ptr = kb_.at(counter_, kb_.i32(), 0);
     Value* first = kb_.load(kb_.i32(), counter_ptr);
-    // The previous tile's epilogue may still read the staged tile, which overlaps the ring.
+    // The previous tile's epilogue may still read the staged tile, which overlaps the ring: every
+    // thread's generic reads and writes of it are ordered before the barrier, and the fence orders
+    // them before the TMA (async proxy) writes that refill the ring after it.
+    kb_.fence_proxy_async();
     kb_.barrier();
     Value* tid = kb_.tid();
     Value* warpgroup = ir.CreateLShr(tid, kb_.c32(7));
