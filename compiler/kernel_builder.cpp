@@ -185,6 +185,12 @@ Value* KernelBuilder::exp(Value* x) {
   return call(llvm::Intrinsic::nvvm_ex2_approx_ftz_f, {scaled});
 }
 
+Value* KernelBuilder::div_full(Value* a, Value* b) {
+  auto* type = llvm::FunctionType::get(f32(), {f32(), f32()}, false);
+  return ir_.CreateCall(llvm::InlineAsm::get(type, "div.full.f32 $0, $1, $2;", "=f,f,f", /*hasSideEffects=*/false),
+                        {a, b});
+}
+
 Value* KernelBuilder::log(Value* x) {
   return ir_.CreateFMul(call(llvm::Intrinsic::nvvm_lg2_approx_f, {x}), cf(0.6931471805599453f));
 }

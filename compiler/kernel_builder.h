@@ -77,6 +77,8 @@ class KernelBuilder {
   // Math.
   llvm::Value* exp(llvm::Value* x);  // e^x through ex2.approx
   llvm::Value* log(llvm::Value* x);  // ln x through lg2.approx
+  // a / b with div.full.f32 (2 ulp, no subroutine call in SASS, unlike the IEEE division).
+  llvm::Value* div_full(llvm::Value* a, llvm::Value* b);
   llvm::Value* fmax(llvm::Value* a, llvm::Value* b);
   llvm::Value* shfl_xor(llvm::Value* value, int lane_mask);  // f32 butterfly across a warp
   llvm::Value* warp_max(llvm::Value* x);

@@ -170,10 +170,17 @@ void run_backward(const Problem& problem, const lfce_backward_args& a, const Pla
     int64_t v_len = std::min(plan.chunk(), problem.vocab - v_begin);
     int32_t first = c == 0, last = c == chunks - 1;
 
+    // wgmma tiles: persistent CTAs, as many as fill the device, loop over the chunk's tiles.
+    Dim3 dlogits_grid{grid_dim(n, dlogits.tile.bm, 'x'), grid_dim(v_len, dlogits.tile.bn, 'y'), 1};
+    if (dlogits.tile.wgmma()) {
+      const int64_t tiles = int64_t{dlogits_grid.x} * dlogits_grid.y;  // the kernel counts them in 32 bits
+      if (tiles > INT32_MAX)
+        throw SpecError("problem too large: " + std::to_string(tiles) + " dlogits tiles in one chunk, over 2^31 - 1");
+      dlogits_grid = {static_cast<unsigned>(std::min(tiles, plan.device_ctas(dlogits.tile))), 1, 1};
+    }
     // The chunk's rows of W, as the templates address them.
     const void* w_chunk = static_cast<const char*>(w) + v_begin * h * dtype_bytes(problem.dtype);
-    launch_gemm(dlogits_kernel, dlogits, {grid_dim(n, dlogits.tile.bm, 'x'), grid_dim(v_len, dlogits.tile.bn, 'y'), 1},
-                stream, {&x, &w, &b, &y, &lse, &grad_loss, &count, &n, &ignore, &v_begin, &v_len, &ld, &dz},
+    launch_gemm(dlogits_kernel, dlogits, dlogits_grid, stream, {&x, &w, &b, &y, &lse, &grad_loss, &count, &n, &ignore, &v_begin, &v_len, &ld, &dz},
                 Operand{x, h, n, h}, Operand{w_chunk, h, v_len, h});
 
     if (gw_kernel)  // A = dzᵀ [v_len, ld] K-major; B = x [N, H] MN-major

@@ -29,7 +29,11 @@ E checked_enum(int32_t value, int32_t count, const char* field, const char* acce
 
 TileConfig default_tile(KernelKind kind, DType dtype, Arch arch) {
   if (dtype == DType::FP32) return TileConfig{128, 128, 32, 2, 4, 2};
-  // sm_90a: TMA + wgmma, two consumer warpgroups of 64 x 256 each, four 48 KiB stages.
+  // sm_90a: TMA + wgmma, two consumer warpgroups: lse_forward 64 x 128 each in four 32 KiB
+  // stages, dlogits_backward 64 x 256 each in four 48 KiB stages (H200, bench/results of
+  // 2026-11-30: 0.92 and 0.81 of cuBLAS; the other shape of each 0.87 and 0.78), the gradient
+  // GEMMs 64 x 256 each in three 48 KiB stages (Plan::tile narrows them when that fills the
+  // GPU's SMs more evenly).
   if (arch == Arch::SM90A && kind_info(kind).gemm)
     switch (kind) {
       case KernelKind::LseForward: return TileConfig{128, 128, 64, 1, 1, 4, 2};
@@ -151,8 +155,7 @@ Plan::Plan(const Problem& problem, Arch arch, const Tuning& tuning, const Device
     return std::clamp<int64_t>(std::max(ceil_div(ctas, ceil_div(p_.tokens, bm)), kMinSplits), 1,
                                std::min<int64_t>(ceil_div(p_.vocab, bn), 65535));
   };
-  const int64_t device_ctas = (limits_.sm_count > 0 ? limits_.sm_count : kDefaultForwardCtas) * fwd.ctas_per_sm();
-  const int64_t ctas = std::min(tuning_.forward_ctas > 0 ? tuning_.forward_ctas : device_ctas, kMaxForwardCtas);
+  const int64_t ctas = std::min(tuning_.forward_ctas > 0 ? tuning_.forward_ctas : device_ctas(fwd), kMaxForwardCtas);
   splits_ = splits_for(ctas, fwd.bm, fwd.bn);
   row_groups_ = std::clamp<int64_t>(ctas / splits_, 1, ceil_div(p_.tokens, fwd.bm));
   max_splits_ = std::max(splits_for(kMaxForwardCtas, 256, 64), kMinSplits);  // bounds every tuning's tiles
@@ -179,7 +182,24 @@ Plan::Plan(const Problem& problem, Arch arch, const Tuning& tuning, const Device
 // so its compile, cache entry and tuning.
 TileConfig Plan::tile(KernelKind kind) const {
   auto it = tuning_.tiles.find(kind);
-  return it != tuning_.tiles.end() ? it->second : default_tile(kind, p_.dtype, arch_, limits_.smem_per_block);
+  if (it != tuning_.tiles.end()) return it->second;
+  TileConfig t = default_tile(kind, p_.dtype, arch_, limits_.smem_per_block);
+  if (t.wgmma() && t.bn == 256 && (kind == KernelKind::GradInput || kind == KernelKind::GradWeight)) {
+    // (Called once the chunk is known: the constructor asks only for lse_forward's tile.)
+    // The output is [N or chunk, H]: when H / 256 column blocks leave the last wave of CTAs
+    // mostly empty (gemma2-2b: H = 2304 gives 4.4 waves of 128 x 256 tiles on 132 SMs, 87% busy),
+    // 128 x 128 tiles in four stages fill it better; they run about 5% slower per FLOP.
+    const int64_t rows = kind == KernelKind::GradInput ? p_.tokens : std::min(p_.vocab, chunk_);
+    auto busy = [&](int64_t bn) {
+      const int64_t tiles = ceil_div(rows, t.bm) * ceil_div(p_.hidden, bn), ctas = device_ctas(t);
+      return static_cast<double>(tiles) / static_cast<double>(ceil_div(tiles, ctas) * ctas);
+    };
+    KernelSpec narrow = problem_spec(kind, p_, arch_);
+    narrow.tile = TileConfig{128, 128, 64, 1, 1, 4, 2};
+    const int64_t limit = limits_.smem_per_block > 0 ? limits_.smem_per_block : arch_info(arch_).smem_per_block_optin;
+    if (busy(128) * 0.95 > busy(256) && kernel_smem_bytes(narrow) <= limit) t = narrow.tile;
+  }
+  return t;
 }
 
 KernelSpec problem_spec(KernelKind kind, const Problem& p, Arch arch) {
@@ -194,6 +214,10 @@ KernelSpec problem_spec(KernelKind kind, const Problem& p, Arch arch) {
   s.bias = p.bias;
   s.arch = arch;
   return s;
+}
+
+int64_t Plan::device_ctas(const TileConfig& tile) const {
+  return (limits_.sm_count > 0 ? limits_.sm_count : kDefaultForwardCtas) * tile.ctas_per_sm();
 }
 
 KernelSpec Plan::spec(KernelKind kind) const {

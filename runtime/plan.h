@@ -60,6 +60,8 @@ class Plan {
   int64_t splits() const { return splits_; }
   // ... and over `row_groups` CTAs along the tokens, each taking every row_groups-th row block.
   int64_t row_groups() const { return row_groups_; }
+  // CTAs that fill the device with `tile`'s kernel, for kernels whose CTAs loop over tiles.
+  int64_t device_ctas(const TileConfig& tile) const;
   // Backward: vocabulary chunk width and the token stride of the dzᵀ workspace.
   int64_t chunk() const { return chunk_; }
   int64_t chunks() const { return ceil_div(p_.vocab, chunk_); }

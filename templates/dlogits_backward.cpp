@@ -38,13 +38,11 @@ KernelShape build_dlogits_backward(llvm::Module& module, const KernelSpec& spec)
   Value* v_begin = kb.arg("v_begin");
   Value* v_len = kb.arg("v_len");
   Value* ld = kb.arg("ld");
-  Value *m0, *n0;
-  std::tie(m0, n0) = gemm.tile_origin();
-  Value* tid = kb.tid();
-
-  // Per-row constants of this tile: LSE, g and the target, read once.
-  kb.if_then(ir.CreateICmpULT(tid, kb.c32(t.bm)), [&] {
-    Value* m = ir.CreateAdd(m0, ir.CreateZExt(tid, kb.i64()));
+  // Row m's constants: g, LSE and the target (row 0's LSE and target for rows past N, whose g is 0).
+  struct RowConstants {
+    Value *g, *lse, *target;
+  };
+  auto row_constants = [&](Value* m) {
     Value* in_rows = ir.CreateICmpSLT(m, n);
     Value* safe_m = ir.CreateSelect(in_rows, m, kb.c64(0));
     Value* target = load_target(kb, spec, kb.arg("targets"), safe_m);
@@ -54,34 +52,88 @@ KernelShape build_dlogits_backward(llvm::Module& module, const KernelSpec& spec)
       Value* index = spec.reduction == Reduction::None ? safe_m : kb.c64(0);
       upstream = kb.load(kb.f32(), kb.gep(kb.arg("grad_loss"), kb.f32(), index));
     }
-    if (spec.reduction == Reduction::Mean)
-      upstream = ir.CreateFDiv(upstream, kb.load(kb.f32(), kb.arg("valid_count")));
+    upstream = per_valid_token(kb, spec, upstream, kb.arg("valid_count"));
     upstream = ir.CreateFMul(upstream, dz_scale(kb, spec, kb.arg("grad_loss"), kb.arg("valid_count")));
-    kb.store(ir.CreateSelect(counted, upstream, kb.cf(0.f)), row_slot(g_off, tid, 4));
-    kb.store(kb.load(kb.f32(), kb.gep(kb.arg("lse"), kb.f32(), safe_m)), row_slot(lse_off, tid, 4));
-    kb.store(target, row_slot(tgt_off, tid, 8));
+    return RowConstants{ir.CreateSelect(counted, upstream, kb.cf(0.f)),
+                        kb.load(kb.f32(), kb.gep(kb.arg("lse"), kb.f32(), safe_m)), target};
+  };
+  // dz of logit z (bias included) at vocabulary index vocab_index of a row.
+  auto dz_of = [&](Value* z, const RowConstants& row, Value* vocab_index) {
+    Value* p = kb.exp(ir.CreateFSub(z, row.lse));
+    Value* hit = ir.CreateICmpEQ(row.target, vocab_index);
+    Value* dz = ir.CreateFMul(row.g, ir.CreateFSub(p, ir.CreateSelect(hit, kb.cf(1.f), kb.cf(0.f))));
+    // g = 0 (ignored or padding rows) gives an exact 0 even where z or LSE is not finite.
+    return kb.from_f32(ir.CreateSelect(ir.CreateFCmpOEQ(row.g, kb.cf(0.f)), kb.cf(0.f), dz), elem);
+  };
+  Value* k_tiles = gemm.k_tiles_for(hidden);
+
+  if (gemm.specialised()) {
+    // sm_90a: persistent CTAs take the tiles tile = ctaid.x, + nctaid.x, ... in grouped order,
+    // warp-specialised, and write dz straight from the accumulators (no staged tile, so the
+    // producer loads the next tile while the consumers finish this one).
+    Value* grid_m = ir.CreateTrunc(ir.CreateUDiv(ir.CreateAdd(n, kb.c64(t.bm - 1)), kb.c64(t.bm)), kb.i32());
+    Value* grid_n = ir.CreateTrunc(ir.CreateUDiv(ir.CreateAdd(v_len, kb.c64(t.bn - 1)), kb.c64(t.bn)), kb.i32());
+    Value* tiles = ir.CreateMul(grid_m, grid_n);
+    gemm.run_specialised([&](bool, const TileVisit& visit) {
+      kb.for_range(kb.ctaid(0), tiles, kb.nctaid(0), [&](Value* pid) {
+        Value *m0, *n0;
+        std::tie(m0, n0) = gemm.tile_origin(pid, grid_m, grid_n);
+        visit(m0, n0, k_tiles, [&](const Fragment& f) {
+          Value* m[2];
+          Value* in_rows[2];
+          RowConstants row[2];
+          for (int h = 0; h < 2; ++h) {
+            m[h] = ir.CreateAdd(m0, ir.CreateZExt(f.pos.row[h], kb.i64()));
+            in_rows[h] = ir.CreateICmpSLT(m[h], ld);
+            row[h] = row_constants(m[h]);
+          }
+          // Column by column (q = 2j + e of this thread), both rows: few values live at once.
+          for (int q = 0; q < 2 * f.blocks(); ++q) {
+            Value* v = ir.CreateAdd(n0, ir.CreateZExt(ir.CreateAdd(f.pos.col0, kb.c32(8 * (q / 2) + q % 2)), kb.i64()));
+            Value* in_cols = ir.CreateICmpSLT(v, v_len);
+            Value* vocab_index = ir.CreateAdd(v_begin, v);
+            Value* bias = load_bias(kb, spec, kb.arg("bias"), ir.CreateSelect(in_cols, vocab_index, v_begin));
+            Value* column = kb.gep(kb.arg("dz"), elem, ir.CreateMul(v, ld));
+            for (int h = 0; h < 2; ++h) {
+              Value* dz = dz_of(ir.CreateFAdd(f.at(q / 2, h, q % 2), bias), row[h], vocab_index);
+              kb.if_then(ir.CreateAnd(in_rows[h], in_cols), [&] { kb.store(dz, kb.gep(column, elem, m[h])); });
+            }
+          }
+        });
+      });
+    });
+    kb.finish();
+    return {"dlogits_backward", t.threads(), gemm.smem_bytes(16 * t.bm)};
+  }
+
+  Value *m0, *n0;
+  std::tie(m0, n0) = gemm.tile_origin();
+  Value* tid = kb.tid();
+
+  // Per-row constants of this tile, read once.
+  kb.if_then(ir.CreateICmpULT(tid, kb.c32(t.bm)), [&] {
+    RowConstants row = row_constants(ir.CreateAdd(m0, ir.CreateZExt(tid, kb.i64())));
+    kb.store(row.g, row_slot(g_off, tid, 4));
+    kb.store(row.lse, row_slot(lse_off, tid, 4));
+    kb.store(row.target, row_slot(tgt_off, tid, 8));
   });
 
   GemmOperand x{kb.arg("x"), hidden, Layout::KMajor, n, hidden};
   Value* w_chunk = kb.gep(kb.arg("w"), elem, ir.CreateMul(v_begin, hidden));
   GemmOperand w{w_chunk, hidden, Layout::KMajor, v_len, hidden};
-  gemm.compute_tile(x, w, m0, n0, gemm.k_tiles_for(hidden));
+  gemm.compute_tile(x, w, m0, n0, k_tiles);
 
   // Rows fastest: consecutive threads write consecutive tokens of one dzᵀ row.
   gemm.for_each_element(/*rows_fastest=*/true, [&](Value* r, Value* c) {
     Value* m = ir.CreateAdd(m0, ir.CreateZExt(r, kb.i64()));
     Value* v = ir.CreateAdd(n0, ir.CreateZExt(c, kb.i64()));
     kb.if_then(ir.CreateAnd(ir.CreateICmpSLT(m, ld), ir.CreateICmpSLT(v, v_len)), [&] {
-      Value* g = kb.load(kb.f32(), row_slot(g_off, r, 4));
+      RowConstants row{kb.load(kb.f32(), row_slot(g_off, r, 4)), kb.load(kb.f32(), row_slot(lse_off, r, 4)),
+                       kb.load(kb.i64(), row_slot(tgt_off, r, 8))};
       Value* vocab_index = ir.CreateAdd(v_begin, v);
       Value* z = ir.CreateFAdd(kb.load(kb.f32(), gemm.staged(r, c)), load_bias(kb, spec, kb.arg("bias"), vocab_index));
-      Value* p = kb.exp(ir.CreateFSub(z, kb.load(kb.f32(), row_slot(lse_off, r, 4))));
-      Value* hit = ir.CreateICmpEQ(kb.load(kb.i64(), row_slot(tgt_off, r, 8)), vocab_index);
-      Value* dz = ir.CreateFMul(g, ir.CreateFSub(p, ir.CreateSelect(hit, kb.cf(1.f), kb.cf(0.f))));
-      // g = 0 (ignored or padding rows) gives an exact 0 even where z or LSE is not finite.
-      dz = ir.CreateSelect(ir.CreateFCmpOEQ(g, kb.cf(0.f)), kb.cf(0.f), dz);
       Value* index = ir.CreateAdd(ir.CreateMul(v, ld), m);
-      kb.store(kb.from_f32(dz, elem), kb.gep(kb.arg("dz"), elem, index));
+      kb.store(dz_of(z, row, vocab_index), kb.gep(kb.arg("dz"), elem, index));
     });
   });
   kb.finish();

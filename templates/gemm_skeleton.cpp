@@ -62,9 +62,12 @@ int GemmSkeleton::extra_offset() const { return gemm_smem_bytes(tile_, dtype_, l
 
 std::pair<Value*, Value*> GemmSkeleton::tile_origin() {
   auto& ir = kb_.ir();
-  Value* grid_m = kb_.nctaid(0);
-  Value* grid_n = kb_.nctaid(1);
-  Value* pid = ir.CreateAdd(kb_.ctaid(0), ir.CreateMul(kb_.ctaid(1), grid_m));  // launch order
+  Value* pid = ir.CreateAdd(kb_.ctaid(0), ir.CreateMul(kb_.ctaid(1), kb_.nctaid(0)));  // launch order
+  return tile_origin(pid, kb_.nctaid(0), kb_.nctaid(1));
+}
+
+std::pair<Value*, Value*> GemmSkeleton::tile_origin(Value* pid, Value* grid_m, Value* grid_n) {
+  auto& ir = kb_.ir();
   Value* per_group = ir.CreateMul(kb_.c32(kGroupRows), grid_n);
   Value* first_m = ir.CreateMul(ir.CreateUDiv(pid, per_group), kb_.c32(kGroupRows));
   Value* rows_left = ir.CreateSub(grid_m, first_m);
@@ -160,6 +163,10 @@ void GemmSkeleton::compute_tile(const GemmOperand& a, const GemmOperand& b, Valu
   mainloop_->store([&](Value* r, Value* c) { return staged(r, c); });
   kb_.barrier();
 }
+
+void GemmSkeleton::run_specialised(const TileSchedule& schedule) { pipeline_->run(schedule); }
+
+FragmentPosition GemmSkeleton::fragment_position() { return pipeline_->fragment_position(); }
 
 Value* GemmSkeleton::staged(Value* r, Value* c) {
   auto& ir = kb_.ir();

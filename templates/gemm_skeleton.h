@@ -37,6 +37,26 @@ struct GemmOperand {
 class Mainloop;
 class WgmmaPipeline;
 
+// One consumer thread's share of a wgmma accumulator tile (the m64nNk16 fragment layout): tile
+// rows row[0] and row[1] = row[0] + 8 and, in each n8 block j, columns col0 + 8j and
+// col0 + 8j + 1; the four lanes of a quad (lane / 4 equal) hold the same two rows.
+struct FragmentPosition {
+  llvm::Value* row[2];  // i32, within the tile
+  llvm::Value* col0;    // i32: 2 · (lane % 4)
+  llvm::Value* quad_lane;  // i32: lane % 4
+};
+struct Fragment {
+  FragmentPosition pos;
+  std::vector<llvm::Value*> acc;  // acc[4j + 2h + e]: row[h], column col0 + 8j + e
+  int blocks() const { return static_cast<int>(acc.size() / 4); }
+  llvm::Value* at(int j, int h, int e) const { return acc[4 * j + 2 * h + e]; }
+};
+using FragmentEpilogue = std::function<void(const Fragment&)>;
+// Visits one tile: (m0, n0) i64, k_tiles i32; the epilogue runs on its accumulators.
+using TileVisit = std::function<void(llvm::Value* m0, llvm::Value* n0, llvm::Value* k_tiles, const FragmentEpilogue&)>;
+// Enumerates a CTA's tiles by calling visit on each, in the same order for both roles.
+using TileSchedule = std::function<void(bool consumer, const TileVisit& visit)>;
+
 // The template's parameters followed by those the skeleton's mainloop needs (for wgmma tiles:
 // tma_a and tma_b, the tensor maps of operands A and B, in that order).
 std::vector<Param> gemm_params(const TileConfig& tile, std::vector<Param> params);
@@ -61,6 +81,15 @@ class GemmSkeleton {
   // Every thread of the CTA must call it. Ends with a barrier: staged() is readable.
   void compute_tile(const GemmOperand& a, const GemmOperand& b, llvm::Value* m0, llvm::Value* n0,
                     llvm::Value* k_tiles);
+  // The warp-specialised, register-epilogue form (wgmma tiles only): the schedule runs twice,
+  // in the producer thread (each visit issues that tile's loads; the ring runs ahead across
+  // tiles) and in every consumer thread (each visit runs the mainloop, then the epilogue on the
+  // accumulators in registers). Nothing is staged and no CTA-wide barrier is taken, so the
+  // schedule must not take one either; consumer-only state lives in the consumer's branch.
+  void run_specialised(const TileSchedule& schedule);
+  // The calling consumer thread's fragment rows and columns (wgmma tiles only).
+  FragmentPosition fragment_position();
+  bool specialised() const { return pipeline_ != nullptr; }
   // Address of staged element (r, c), both i32.
   llvm::Value* staged(llvm::Value* r, llvm::Value* c);
   // Visits every (r, c) of the tile once across the CTA; rows fastest (coalesced along M)
@@ -70,6 +99,8 @@ class GemmSkeleton {
   // order: CTAs launched together cover kGroupRows row blocks by as many column blocks as fit,
   // rather than whole columns, so the operand tiles they share are read from L2, not DRAM.
   std::pair<llvm::Value*, llvm::Value*> tile_origin();
+  // The same for tile `pid` (i32) of a (grid_m, grid_n) grid, for kernels that loop over tiles.
+  std::pair<llvm::Value*, llvm::Value*> tile_origin(llvm::Value* pid, llvm::Value* grid_m, llvm::Value* grid_n);
   static constexpr int kGroupRows = 16;
   // ceil(extent / BK) as i32.
   llvm::Value* k_tiles_for(llvm::Value* k_extent_i64);
@@ -135,6 +166,9 @@ class WgmmaPipeline {
   // Every thread of the CTA calls it; ends with a CTA barrier (the staged tile is readable).
   virtual void compute_tile(llvm::Value* m0, llvm::Value* n0, llvm::Value* k_tiles,
                             const std::function<llvm::Value*(llvm::Value*, llvm::Value*)>& staged) = 0;
+  // GemmSkeleton::run_specialised / fragment_position.
+  virtual void run(const TileSchedule& schedule) = 0;
+  virtual FragmentPosition fragment_position() = 0;
 };
 // Emits the mbarrier initialisation at the current insertion point (the kernel's start).
 std::unique_ptr<WgmmaPipeline> make_wgmma_pipeline(KernelBuilder& kb, const TileConfig& tile, DType dtype, Layout a,

@@ -28,8 +28,8 @@ KernelShape build_grad_bias(llvm::Module& module, const KernelSpec& spec) {
       Value* dz = kb.to_f32(kb.load(elem, kb.gep(kb.arg("dz"), elem, ir.CreateAdd(row, m))));
       kb.store(ir.CreateFAdd(kb.load(kb.f32(), slot), dz), slot);
     });
-    // dz was stored times dz_scale (fp16): divide it out in fp32, exactly (a power of two).
-    Value* unscale = ir.CreateFDiv(kb.cf(1.f), dz_scale(kb, spec, kb.arg("grad_loss"), kb.arg("valid_count")));
+    // dz was stored times dz_scale (fp16): multiply by its reciprocal in fp32, exactly (a power of two).
+    Value* unscale = dz_unscale(kb, spec, kb.arg("grad_loss"), kb.arg("valid_count"));
     Value* sum = ir.CreateFMul(kb.warp_sum(kb.load(kb.f32(), slot)), unscale);
     kb.if_then(ir.CreateICmpEQ(lane, kb.c32(0)), [&] {
       kb.store(kb.from_f32(sum, elem), kb.gep(kb.arg("grad_bias"), elem, ir.CreateAdd(kb.arg("v_begin"), v)));

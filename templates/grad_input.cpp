@@ -38,8 +38,8 @@ KernelShape build_grad_input(llvm::Module& module, const KernelSpec& spec) {
 
   Value* first = ir.CreateICmpNE(kb.arg("first"), kb.c32(0));
   Value* last = ir.CreateICmpNE(kb.arg("last"), kb.c32(0));
-  // dz was stored times dz_scale (fp16): divide it out in fp32, exactly (a power of two).
-  Value* unscale = ir.CreateFDiv(kb.cf(1.f), dz_scale(kb, spec, kb.arg("grad_loss"), kb.arg("valid_count")));
+  // dz was stored times dz_scale (fp16): multiply by its reciprocal in fp32, exactly (a power of two).
+  Value* unscale = dz_unscale(kb, spec, kb.arg("grad_loss"), kb.arg("valid_count"));
   gemm.for_each_element(/*rows_fastest=*/false, [&](Value* r, Value* c) {
     Value* m = ir.CreateAdd(m0, ir.CreateZExt(r, kb.i64()));
     Value* h = ir.CreateAdd(n0, ir.CreateZExt(c, kb.i64()));

@@ -31,8 +31,8 @@ KernelShape build_grad_weight(llvm::Module& module, const KernelSpec& spec) {
   GemmOperand x{kb.arg("x"), hidden, Layout::MNMajor, hidden, kb.arg("n")};
   gemm.compute_tile(dz, x, m0, n0, gemm.k_tiles_for(ld));
 
-  // dz was stored times dz_scale (fp16): divide it out in fp32, exactly (a power of two).
-  Value* unscale = ir.CreateFDiv(kb.cf(1.f), dz_scale(kb, spec, kb.arg("grad_loss"), kb.arg("valid_count")));
+  // dz was stored times dz_scale (fp16): multiply by its reciprocal in fp32, exactly (a power of two).
+  Value* unscale = dz_unscale(kb, spec, kb.arg("grad_loss"), kb.arg("valid_count"));
   gemm.for_each_element(/*rows_fastest=*/false, [&](Value* r, Value* c) {
     Value* v = ir.CreateAdd(m0, ir.CreateZExt(r, kb.i64()));
     Value* h = ir.CreateAdd(n0, ir.CreateZExt(c, kb.i64()));

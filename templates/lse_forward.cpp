@@ -15,6 +15,127 @@ namespace lfce {
 
 using llvm::Value;
 
+namespace {
+
+// Online-softmax merge of (m_b, s_b) into (m_a, s_a): the larger max and the sum rescaled to it.
+// A max of -inf (no valid column seen yet) scales by 0 instead of exp(-inf + inf).
+std::pair<Value*, Value*> merge(KernelBuilder& kb, Value* m_a, Value* s_a, Value* m_b, Value* s_b) {
+  auto& ir = kb.ir();
+  Value* m = kb.fmax(m_a, m_b);
+  Value* safe = ir.CreateSelect(ir.CreateFCmpOEQ(m, neg_inf(kb)), kb.cf(0.f), m);
+  Value* s = ir.CreateFAdd(ir.CreateFMul(s_a, kb.exp(ir.CreateFSub(m_a, safe))),
+                           ir.CreateFMul(s_b, kb.exp(ir.CreateFSub(m_b, safe))));
+  return {m, s};
+}
+
+// sm_90a: warp-specialised, the epilogue in registers. Each consumer thread keeps the running
+// (max, Σ exp) of its two fragment rows over its own columns of every tile of the row block;
+// the four lanes of a quad, which hold the same rows, merge theirs when the row block ends.
+// The thread holding the target's column writes the target logit.
+void lse_forward_specialised(KernelBuilder& kb, const KernelSpec& spec, GemmSkeleton& gemm, Value* row_blocks,
+                             Value* tile_begin, Value* tile_end, Value* k_tiles,
+                             const std::function<Value*(Value*)>& partial_index) {
+  const TileConfig& t = spec.tile;
+  auto& ir = kb.ir();
+  Value* n = kb.arg("n");
+  Value* vocab = kb.c64(spec.vocab);
+  Value* stats = kb.local_array(kb.f32(), 4, "row_stats");     // max, sum of fragment row h at 2h, 2h + 1
+  Value* targets = kb.local_array(kb.i64(), 2, "row_targets");
+  gemm.run_specialised([&](bool consumer, const TileVisit& visit) {
+    FragmentPosition pos{};
+    if (consumer) pos = gemm.fragment_position();
+    auto row_of = [&](Value* m0, int h) { return ir.CreateAdd(m0, ir.CreateZExt(pos.row[h], kb.i64())); };
+    kb.for_range(kb.ctaid(0), row_blocks, kb.nctaid(0), [&](Value* block) {
+      Value* m0 = ir.CreateMul(ir.CreateZExt(block, kb.i64()), kb.c64(t.bm));
+      if (consumer) {
+        for (int h = 0; h < 2; ++h) {
+          Value* m = row_of(m0, h);
+          Value* in_rows = ir.CreateICmpSLT(m, n);
+          Value* target = load_target(kb, spec, kb.arg("targets"), ir.CreateSelect(in_rows, m, kb.c64(0)));
+          kb.store(ir.CreateSelect(in_rows, target, kb.c64(-1)), kb.at(targets, kb.i64(), h));
+          kb.store(neg_inf(kb), kb.at(stats, kb.f32(), 2 * h));
+          kb.store(kb.cf(0.f), kb.at(stats, kb.f32(), 2 * h + 1));
+        }
+      }
+      kb.for_range(tile_begin, tile_end, kb.c32(1), [&](Value* tile) {
+        Value* n0 = ir.CreateMul(ir.CreateZExt(tile, kb.i64()), kb.c64(t.bn));
+        visit(m0, n0, k_tiles, [&](const Fragment& f) {
+          const int cols = 2 * f.blocks();
+          // Column q = 2j + e of this thread: vocabulary index, validity and bias.
+          std::vector<Value*> valid(cols), bias(cols);
+          for (int q = 0; q < cols; ++q) {
+            Value* c = ir.CreateAdd(f.pos.col0, kb.c32(8 * (q / 2) + q % 2));
+            Value* v = ir.CreateAdd(n0, ir.CreateZExt(c, kb.i64()));
+            valid[q] = ir.CreateICmpSLT(v, vocab);
+            bias[q] = load_bias(kb, spec, kb.arg("bias"), ir.CreateSelect(valid[q], v, kb.c64(0)));
+          }
+          for (int h = 0; h < 2; ++h) {
+            std::vector<Value*> z(cols);
+            for (int q = 0; q < cols; ++q)
+              z[q] = ir.CreateSelect(valid[q], ir.CreateFAdd(f.at(q / 2, h, q % 2), bias[q]), neg_inf(kb));
+            // Pairwise trees: independent operations, not one dependent chain.
+            std::vector<Value*> level = z;
+            while (level.size() > 1) {
+              std::vector<Value*> next;
+              for (size_t i = 0; i + 1 < level.size(); i += 2) next.push_back(kb.fmax(level[i], level[i + 1]));
+              if (level.size() % 2) next.push_back(level.back());
+              level = next;
+            }
+            Value* old_max = kb.load(kb.f32(), kb.at(stats, kb.f32(), 2 * h));
+            Value* old_sum = kb.load(kb.f32(), kb.at(stats, kb.f32(), 2 * h + 1));
+            Value* new_max = kb.fmax(old_max, level[0]);
+            Value* safe = ir.CreateSelect(ir.CreateFCmpOEQ(new_max, neg_inf(kb)), kb.cf(0.f), new_max);
+            level.clear();
+            for (int q = 0; q < cols; ++q) level.push_back(kb.exp(ir.CreateFSub(z[q], safe)));
+            while (level.size() > 1) {
+              std::vector<Value*> next;
+              for (size_t i = 0; i + 1 < level.size(); i += 2) next.push_back(ir.CreateFAdd(level[i], level[i + 1]));
+              if (level.size() % 2) next.push_back(level.back());
+              level = next;
+            }
+            Value* sum = ir.CreateFAdd(ir.CreateFMul(old_sum, kb.exp(ir.CreateFSub(old_max, safe))), level[0]);
+            kb.store(new_max, kb.at(stats, kb.f32(), 2 * h));
+            kb.store(sum, kb.at(stats, kb.f32(), 2 * h + 1));
+
+            // The target's column c = target - n0 is this thread's when (c % 8) / 2 = lane % 4.
+            Value* target = kb.load(kb.i64(), kb.at(targets, kb.i64(), h));
+            Value* c = ir.CreateSub(target, n0);
+            Value* hit = ir.CreateAnd(ir.CreateAnd(ir.CreateICmpSGE(c, kb.c64(0)), ir.CreateICmpSLT(c, kb.c64(t.bn))),
+                                      ir.CreateICmpSLT(target, vocab));
+            Value* col = ir.CreateTrunc(ir.CreateAnd(c, kb.c64(0xFFFF)), kb.i32());
+            hit = ir.CreateAnd(hit, ir.CreateICmpEQ(ir.CreateLShr(ir.CreateAnd(col, kb.c32(7)), kb.c32(1)), f.pos.quad_lane));
+            kb.if_then(hit, [&] {
+              Value* block = ir.CreateLShr(col, kb.c32(3));
+              Value* odd = ir.CreateICmpNE(ir.CreateAnd(col, kb.c32(1)), kb.c32(0));
+              Value* logit = kb.cf(0.f);
+              for (int j = 0; j < f.blocks(); ++j)
+                logit = ir.CreateSelect(ir.CreateICmpEQ(block, kb.c32(j)),
+                                        ir.CreateSelect(odd, f.at(j, h, 1), f.at(j, h, 0)), logit);
+              logit = ir.CreateFAdd(logit, load_bias(kb, spec, kb.arg("bias"), target));
+              kb.store(logit, kb.gep(kb.arg("target_logit"), kb.f32(), row_of(m0, h)));
+            });
+          }
+        });
+      });
+      if (consumer) {
+        for (int h = 0; h < 2; ++h) {
+          Value* m = kb.load(kb.f32(), kb.at(stats, kb.f32(), 2 * h));
+          Value* s = kb.load(kb.f32(), kb.at(stats, kb.f32(), 2 * h + 1));
+          for (int mask = 1; mask <= 2; mask *= 2)
+            std::tie(m, s) = merge(kb, m, s, kb.shfl_xor(m, mask), kb.shfl_xor(s, mask));
+          Value* row = row_of(m0, h);
+          kb.if_then(ir.CreateAnd(ir.CreateICmpEQ(pos.quad_lane, kb.c32(0)), ir.CreateICmpSLT(row, n)), [&] {
+            kb.store(m, kb.gep(kb.arg("partial_max"), kb.f32(), partial_index(row)));
+            kb.store(s, kb.gep(kb.arg("partial_sum"), kb.f32(), partial_index(row)));
+          });
+        }
+      }
+    });
+  });
+}
+
+}  // namespace
+
 KernelShape build_lse_forward(llvm::Module& module, const KernelSpec& spec) {
   const TileConfig& t = spec.tile;
   KernelBuilder kb(module, "lse_forward",
@@ -35,6 +156,26 @@ KernelShape build_lse_forward(llvm::Module& module, const KernelSpec& spec) {
   Value* vocab = kb.c64(spec.vocab);
   Value* hidden = kb.c64(spec.hidden);
   Value* row_blocks = ir.CreateTrunc(ir.CreateUDiv(ir.CreateAdd(n, kb.c64(t.bm - 1)), kb.c64(t.bm)), kb.i32());
+  const int n_tiles = static_cast<int>((spec.vocab + t.bn - 1) / t.bn);
+  // CTA (g, s)'s share of the vocabulary tiles, [share_end(s), share_end(s + 1)). In 64 bits:
+  // split · n_tiles can pass 2^31 for the largest vocabularies.
+  auto share_end = [&](Value* s) {
+    Value* end = ir.CreateUDiv(ir.CreateMul(ir.CreateZExt(s, kb.i64()), kb.c64(n_tiles)),
+                               ir.CreateZExt(kb.nctaid(1), kb.i64()));
+    return ir.CreateTrunc(end, kb.i32());
+  };
+  Value* split = kb.ctaid(1);
+  Value* tile_begin = share_end(split);
+  Value* tile_end = share_end(ir.CreateAdd(split, kb.c32(1)));
+  Value* k_tiles = gemm.k_tiles_for(hidden);
+  auto partial_index = [&](Value* m) { return ir.CreateAdd(ir.CreateMul(ir.CreateZExt(split, kb.i64()), n), m); };
+  if (gemm.specialised()) {
+    lse_forward_specialised(kb, spec, gemm, row_blocks, tile_begin, tile_end, k_tiles, partial_index);
+    kb.finish();
+    // The row-statistics slots stay reserved (kKernelKinds counts them for both paths).
+    return {"lse_forward", t.threads(), gemm.smem_bytes(16 * t.bm)};
+  }
+
   kb.for_range(kb.ctaid(0), row_blocks, kb.nctaid(0), [&](Value* block) {
     Value* m0 = ir.CreateMul(ir.CreateZExt(block, kb.i64()), kb.c64(t.bm));
     kb.barrier();  // the previous row block's statistics have been written out
@@ -52,20 +193,8 @@ KernelShape build_lse_forward(llvm::Module& module, const KernelSpec& spec) {
           [&] { kb.store(target, row_slot(tgt_off, tid, 8)); });
     });
 
-    const int n_tiles = static_cast<int>((spec.vocab + t.bn - 1) / t.bn);
-    Value* split = kb.ctaid(1);
-    Value* splits = kb.nctaid(1);
-    // In 64 bits: split · n_tiles can pass 2^31 for the largest vocabularies.
-    auto share_end = [&](Value* s) {
-      Value* end = ir.CreateUDiv(ir.CreateMul(ir.CreateZExt(s, kb.i64()), kb.c64(n_tiles)), ir.CreateZExt(splits, kb.i64()));
-      return ir.CreateTrunc(end, kb.i32());
-    };
-    Value* tile_begin = share_end(split);
-    Value* tile_end = share_end(ir.CreateAdd(split, kb.c32(1)));
-
     GemmOperand x{kb.arg("x"), hidden, Layout::KMajor, n, hidden};
     GemmOperand w{kb.arg("w"), hidden, Layout::KMajor, vocab, hidden};
-    Value* k_tiles = gemm.k_tiles_for(hidden);
     Value* lane = ir.CreateAnd(tid, kb.c32(31));
     Value* warp = ir.CreateLShr(tid, kb.c32(5));
     const int warps = t.threads() / 32;
@@ -116,7 +245,7 @@ KernelShape build_lse_forward(llvm::Module& module, const KernelSpec& spec) {
     kb.barrier();  // row statistics were last written by each row's warp
     kb.if_then(ir.CreateICmpSLT(tid, rows), [&] {
       Value* m = ir.CreateAdd(m0, ir.CreateZExt(tid, kb.i64()));
-      Value* index = ir.CreateAdd(ir.CreateMul(ir.CreateZExt(split, kb.i64()), n), m);
+      Value* index = partial_index(m);
       kb.store(kb.load(kb.f32(), row_slot(max_off, tid, 4)), kb.gep(kb.arg("partial_max"), kb.f32(), index));
       kb.store(kb.load(kb.f32(), row_slot(sum_off, tid, 4)), kb.gep(kb.arg("partial_sum"), kb.f32(), index));
     });

@@ -1,6 +1,8 @@
 // Small pieces several templates share: element types and per-row target loads.
 #pragma once
 
+#include <utility>
+
 #include "compiler/kernel_builder.h"
 #include "compiler/kernel_spec.h"
 
@@ -39,21 +41,50 @@ inline llvm::Value* load_bias(KernelBuilder& kb, const KernelSpec& spec, llvm::V
 // it from the same two device values, so no host synchronisation is needed. bf16 has fp32's
 // exponent range and fp32 is never rounded: both use 1. Reduction "none" has a per-token g
 // whose largest value is unknown here: 1 as well.
-inline llvm::Value* dz_scale(KernelBuilder& kb, const KernelSpec& spec, llvm::Value* grad_loss,
-                             llvm::Value* valid_count) {
-  if (spec.dtype != DType::FP16 || spec.reduction == Reduction::None) return kb.cf(1.f);
+// g divided by the valid count for mean reduction, with div.full.f32 (2 ulp): the IEEE division
+// is a subroutine call in SASS, and a call anywhere in a kernel makes the driver's JIT
+// serialise its wgmma instructions (H200, driver 580). Every kernel computes it the same way.
+inline llvm::Value* per_valid_token(KernelBuilder& kb, const KernelSpec& spec, llvm::Value* g,
+                                    llvm::Value* valid_count) {
+  if (spec.reduction != Reduction::Mean) return g;
+  return kb.div_full(g, kb.load(kb.f32(), valid_count));
+}
+
+// dz_scale and its reciprocal (both exact powers of two, from the same bits), or 1 and 1.
+inline std::pair<llvm::Value*, llvm::Value*> dz_scale_pair(KernelBuilder& kb, const KernelSpec& spec,
+                                                           llvm::Value* grad_loss, llvm::Value* valid_count) {
+  if (spec.dtype != DType::FP16 || spec.reduction == Reduction::None) return {kb.cf(1.f), kb.cf(1.f)};
   auto& ir = kb.ir();
   llvm::Value* g = spec.mode == Mode::Recompute ? kb.load(kb.f32(), grad_loss) : kb.cf(1.f);
-  if (spec.reduction == Reduction::Mean) g = ir.CreateFDiv(g, kb.load(kb.f32(), valid_count));
-  // 2^floor(log2 |g|) from the exponent bits; scale = 2^14 / that, exact. A zero, subnormal,
-  // infinite or NaN g (no valid token, a zero upstream gradient) keeps scale 1.
+  g = per_valid_token(kb, spec, g, valid_count);
+  // 2^floor(log2 |g|) from the exponent bits; scale = 2^14 / that = 2^14 · 2^-e, exact (a
+  // product of powers of two, built from exponent bits: no division). A zero, subnormal,
+  // infinite or NaN g (no valid token, a zero upstream gradient), or one whose scale or
+  // unscale would leave fp32's normal range, keeps scale 1.
   llvm::Value* exponent_bits = ir.CreateAnd(ir.CreateBitCast(g, kb.i32()), kb.c32(0x7f800000));
+  llvm::Value* biased = ir.CreateLShr(exponent_bits, kb.c32(23));  // e + 127
+  // 2^(14 - e): biased exponent 127 + 14 - e = 268 - biased; 2^(e - 14): biased - 14.
+  llvm::Value* scale_biased = ir.CreateSub(kb.c32(268), biased);
+  llvm::Value* unscale_biased = ir.CreateSub(biased, kb.c32(14));
+  auto in_range = [&](llvm::Value* b) {
+    return ir.CreateAnd(ir.CreateICmpSGE(b, kb.c32(1)), ir.CreateICmpSLE(b, kb.c32(254)));
+  };
   llvm::Value* normal = ir.CreateAnd(ir.CreateICmpNE(exponent_bits, kb.c32(0)),
                                      ir.CreateICmpNE(exponent_bits, kb.c32(0x7f800000)));
-  llvm::Value* scale = ir.CreateFDiv(kb.cf(16384.f), ir.CreateBitCast(exponent_bits, kb.f32()));
-  llvm::Value* finite = ir.CreateFCmpONE(scale, llvm::ConstantFP::getInfinity(kb.f32()));
-  llvm::Value* usable = ir.CreateAnd(normal, ir.CreateAnd(finite, ir.CreateFCmpOGT(scale, kb.cf(0.f))));
-  return ir.CreateSelect(usable, scale, kb.cf(1.f));
+  llvm::Value* usable = ir.CreateAnd(normal, ir.CreateAnd(in_range(scale_biased), in_range(unscale_biased)));
+  auto power = [&](llvm::Value* b) { return ir.CreateBitCast(ir.CreateShl(b, kb.c32(23)), kb.f32()); };
+  return {ir.CreateSelect(usable, power(scale_biased), kb.cf(1.f)),
+          ir.CreateSelect(usable, power(unscale_biased), kb.cf(1.f))};
+}
+
+inline llvm::Value* dz_scale(KernelBuilder& kb, const KernelSpec& spec, llvm::Value* grad_loss,
+                             llvm::Value* valid_count) {
+  return dz_scale_pair(kb, spec, grad_loss, valid_count).first;
+}
+// What the consumers of dz multiply by to divide dz_scale out, exactly.
+inline llvm::Value* dz_unscale(KernelBuilder& kb, const KernelSpec& spec, llvm::Value* grad_loss,
+                               llvm::Value* valid_count) {
+  return dz_scale_pair(kb, spec, grad_loss, valid_count).second;
 }
 
 inline llvm::Value* neg_inf(KernelBuilder& kb) {

@@ -14,6 +14,13 @@
 // keeps one wgmma group in flight, and releases the previous slot (one arrival per warp).
 // Phases: the k-th slice the CTA ever loads (a counter kept across tiles) uses slot k % stages
 // and completes phase (k / stages) of its full barrier.
+//
+// Two forms. compute_tile(): every thread calls it per tile; the consumers write their
+// accumulators to the staged tile, which overlaps the ring, so a CTA barrier separates tiles
+// (grad_weight, grad_input). run(): warp-specialised for the whole kernel; the producer thread
+// walks the template's tile schedule issuing loads, running ahead into the next tile while the
+// consumers run the template's epilogue on their accumulators in registers (lse_forward,
+// dlogits_backward): no staged tile, no CTA barrier, setmaxnreg once.
 #include "templates/gemm_skeleton.h"
 
 namespace lfce {
@@ -83,21 +90,81 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
         ir.CreateICmpEQ(warpgroup, kb_.c32(0)),
         [&] {
           kb_.set_max_registers(false, producer);
-          kb_.if_then(ir.CreateICmpEQ(tid, kb_.c32(0)), [&] { produce(m0, n0, k_tiles, first); });
+          kb_.if_then(ir.CreateICmpEQ(tid, kb_.c32(0)), [&] {
+            Value* cursor = cursor_state("producer_cursor", first);
+            produce(cursor, m0, n0, k_tiles);
+          });
           // Lane 0 of warp 0 rejoins its warp before the .aligned setmaxnreg and bar.sync.
           kb_.warp_sync();
           kb_.set_max_registers(true, shared);
         },
         [&] {
           kb_.set_max_registers(true, consumer);
-          consume(ir.CreateSub(warpgroup, kb_.c32(1)), k_tiles, first, staged);
+          Value* consumer_index = ir.CreateSub(warpgroup, kb_.c32(1));
+          Value* cursor = cursor_state("consumer_cursor", first);
+          stage(mainloop(consumer_index, cursor, k_tiles), staged);
           kb_.set_max_registers(false, shared);
         });
     kb_.store(ir.CreateAdd(first, k_tiles), counter_ptr);
     kb_.barrier();  // the staged tile is complete
   }
 
+  void run(const TileSchedule& schedule) override {
+    auto& ir = kb_.ir();
+    Value* tid = kb_.tid();
+    Value* warpgroup = ir.CreateLShr(tid, kb_.c32(7));
+    kb_.if_then_else(
+        ir.CreateICmpEQ(warpgroup, kb_.c32(0)),
+        [&] {
+          // The producer keeps few registers for the whole kernel; its other threads are done.
+          kb_.set_max_registers(false, kProducerRegisters);
+          kb_.if_then(ir.CreateICmpEQ(tid, kb_.c32(0)), [&] {
+            Value* cursor = cursor_state("producer_cursor", kb_.c32(0));
+            schedule(false, [&](Value* m0, Value* n0, Value* k_tiles, const FragmentEpilogue&) {
+              produce(cursor, m0, n0, k_tiles);
+            });
+          });
+          kb_.warp_sync();
+        },
+        [&] {
+          kb_.set_max_registers(true, consumer_registers());
+          Value* consumer_index = ir.CreateSub(warpgroup, kb_.c32(1));
+          Value* cursor = cursor_state("consumer_cursor", kb_.c32(0));
+          schedule(true, [&](Value*, Value*, Value* k_tiles, const FragmentEpilogue& epilogue) {
+            kb_.warp_sync();  // the previous epilogue may have branched per lane
+            std::vector<Value*> acc = mainloop(consumer_index, cursor, k_tiles);
+            // The position is recomputed from an opaque thread index after the mainloop, so that
+            // what the epilogue derives from it (a column index per accumulator) is not hoisted
+            // out of the tile loop and held in registers through the mainloop.
+            epilogue(Fragment{position_of(kb_.opaque_i32(kb_.tid())), acc});
+          });
+        });
+  }
+
+  FragmentPosition fragment_position() override { return position_of(kb_.tid()); }
+
  private:
+  FragmentPosition position_of(Value* tid) {
+    auto& ir = kb_.ir();
+    Value* lane = ir.CreateAnd(tid, kb_.c32(31));
+    Value* consumer = ir.CreateSub(ir.CreateLShr(tid, kb_.c32(7)), kb_.c32(1));
+    Value* warp_in_group = ir.CreateAnd(ir.CreateLShr(tid, kb_.c32(5)), kb_.c32(3));
+    Value* row0 = ir.CreateAdd(ir.CreateMul(consumer, kb_.c32(64)),
+                               ir.CreateAdd(ir.CreateMul(warp_in_group, kb_.c32(16)), ir.CreateLShr(lane, kb_.c32(2))));
+    Value* quad_lane = ir.CreateAnd(lane, kb_.c32(3));
+    return {{row0, ir.CreateAdd(row0, kb_.c32(8))}, ir.CreateMul(quad_lane, kb_.c32(2)), quad_lane};
+  }
+
+  // A per-thread (slot, phase, previous slot) cursor, starting at slice `first`.
+  Value* cursor_state(const char* name, Value* first) {
+    Value* state = kb_.local_array(kb_.i32(), 3, name);
+    Cursor start = cursor_at(first);
+    kb_.store(start.slot, kb_.at(state, kb_.i32(), 0));
+    kb_.store(start.phase, kb_.at(state, kb_.i32(), 1));
+    kb_.store(start.slot, kb_.at(state, kb_.i32(), 2));
+    return state;
+  }
+
   Value* full(Value* slot) { return kb_.ir().CreateAdd(kb_.c32(g_.bars_offset), kb_.ir().CreateMul(slot, kb_.c32(8))); }
   Value* empty(Value* slot) {
     return kb_.ir().CreateAdd(kb_.c32(g_.bars_offset + 8 * t_.stages), kb_.ir().CreateMul(slot, kb_.c32(8)));
@@ -129,14 +196,11 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
                       ir.CreateAdd(mn, kb_.c32(j * kBoxElems)), k, bar);
   }
 
-  void produce(Value* m0, Value* n0, Value* k_tiles, Value* first) {
+  // Issues the loads of one tile's k_tiles slices, from the slice `state` points at on.
+  void produce(Value* state, Value* m0, Value* n0, Value* k_tiles) {
     auto& ir = kb_.ir();
     Value* map_a = kb_.tensor_map("tma_a");
     Value* map_b = kb_.tensor_map("tma_b");
-    Value* state = kb_.local_array(kb_.i32(), 2, "producer_cursor");
-    Cursor start = cursor_at(first);
-    kb_.store(start.slot, kb_.at(state, kb_.i32(), 0));
-    kb_.store(start.phase, kb_.at(state, kb_.i32(), 1));
     kb_.for_range(kb_.c32(0), k_tiles, kb_.c32(1), [&](Value* kt) {
       Cursor c{kb_.load(kb_.i32(), kb_.at(state, kb_.i32(), 0)), kb_.load(kb_.i32(), kb_.at(state, kb_.i32(), 1))};
       // A fresh barrier counts as having completed the phase before its first: phase ^ 1
@@ -188,8 +252,9 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
     return {ir.CreateSelect(wrap, kb_.c32(0), next), ir.CreateSelect(wrap, ir.CreateXor(c.phase, kb_.c32(1)), c.phase)};
   }
 
-  void consume(Value* consumer, Value* k_tiles, Value* first,
-               const std::function<Value*(Value*, Value*)>& staged) {
+  // One tile's mainloop in a consumer warpgroup, from the slice `state` points at on: returns
+  // the finished accumulators, every slot of the tile released.
+  std::vector<Value*> mainloop(Value* consumer, Value* state, Value* k_tiles) {
     auto& ir = kb_.ir();
     const int count = t_.bn / 2;
     Value* acc_array = kb_.local_array(kb_.f32(), count, "acc");
@@ -207,13 +272,8 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
     // Consumer c's A rows start at 64c: in bytes, 64c rows (K-major) or box c (MN-major).
     Value* a_row_bytes =
         ir.CreateMul(consumer, kb_.c32(a_ == Layout::KMajor ? 64 * kSwizzleRow : t_.bk * kSwizzleRow));
-    // Slot and phase of the current slice, and the slot of the previous one (released once its
-    // wgmma group has finished).
-    Value* state = kb_.local_array(kb_.i32(), 3, "consumer_cursor");
-    Cursor start = cursor_at(first);
-    kb_.store(start.slot, kb_.at(state, kb_.i32(), 0));
-    kb_.store(start.phase, kb_.at(state, kb_.i32(), 1));
-    kb_.store(start.slot, kb_.at(state, kb_.i32(), 2));
+    // state: slot and phase of the current slice, and the slot of the previous one (released
+    // once its wgmma group has finished).
     kb_.wgmma_fence();
     kb_.for_range(kb_.c32(0), k_tiles, kb_.c32(1), [&](Value* kt) {
       Cursor c{kb_.load(kb_.i32(), kb_.at(state, kb_.i32(), 0)), kb_.load(kb_.i32(), kb_.at(state, kb_.i32(), 1))};
@@ -242,20 +302,22 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
     Value* last = kb_.load(kb_.i32(), kb_.at(state, kb_.i32(), 2));
     kb_.if_then(ir.CreateAnd(lane0, ir.CreateICmpSGT(k_tiles, kb_.c32(0))), [&] { kb_.mbarrier_arrive(empty(last)); });
     kb_.warp_sync();
+    return acc;
+  }
+
+  // Writes a consumer's accumulators to the staged tile.
+  void stage(const std::vector<Value*>& acc, const std::function<Value*(Value*, Value*)>& staged) {
+    auto& ir = kb_.ir();
+    const int count = t_.bn / 2;
     // Every consumer has finished reading the ring before any writes the overlapping staged tile.
     kb_.named_barrier(1, 128 * t_.consumers);
-    // Accumulator i: n8 block i/4; row lane/4 (+8 for i%4 >= 2), column 2·(lane%4) (+1 for odd i),
-    // within the warp's 16 rows of the consumer's 64.
-    Value* warp_in_group = ir.CreateAnd(ir.CreateLShr(tid, kb_.c32(5)), kb_.c32(3));
-    Value* row0 = ir.CreateAdd(ir.CreateMul(consumer, kb_.c32(64)),
-                               ir.CreateAdd(ir.CreateMul(warp_in_group, kb_.c32(16)), ir.CreateLShr(lane, kb_.c32(2))));
-    Value* col0 = ir.CreateMul(ir.CreateAnd(lane, kb_.c32(3)), kb_.c32(2));
     // One base address and constant offsets (the staged tile is row-major, BN + 1 floats per
-    // row): 128 separately computed addresses would be hoisted out of a template's tile loop
-    // and held in registers through the mainloop.
-    // The base goes through an opaque move so that LICM cannot hoist the 128 constant-offset
-    // addresses out of a template's tile loop either.
-    Value* base = kb_.opaque(staged(row0, col0));
+    // row; accumulator i is at fragment row (i % 4) / 2, n8 block i / 4, column i % 2): 128
+    // separately computed addresses would be hoisted out of a template's tile loop and held in
+    // registers through the mainloop. The base goes through an opaque move so that LICM cannot
+    // hoist the 128 constant-offset addresses out of a template's tile loop either.
+    FragmentPosition pos = fragment_position();
+    Value* base = kb_.opaque(staged(pos.row[0], pos.col0));
     for (int i = 0; i < count; ++i) {
       const int offset = (((i % 4) / 2) * 8 * (t_.bn + 1) + (i / 4) * 8 + i % 2) * 4;
       kb_.store(acc[i], ir.CreateConstGEP1_32(ir.getInt8Ty(), base, offset));
