@@ -9,6 +9,7 @@ the last rows).
 """
 
 import itertools
+from dataclasses import replace
 
 import torch
 from checks import GRAD, LOSS, Tolerance, assert_close, make_inputs, reference, upstream
@@ -30,6 +31,11 @@ SAME_AS_ONE_GPU = {
     torch.bfloat16: Tolerance(rel_l2=5e-3, rtol=2.0 ** -6, atol=2.0 ** -6, row=None, row_floor=0.0),
 }
 SAME_LOSS = Tolerance(rel_l2=1e-5, rtol=1e-5, atol=1e-5, row=None, row_floor=0.0)
+# grad_hidden against the fp64 reference: on top of one GPU's roundings (dz, then the result, to
+# the dtype), each rank's partial is rounded to the dtype before the sum, so an element can be
+# off by up to two more half-steps: twice the elementwise bound of checks.GRAD.
+GRAD_HIDDEN = {dtype: replace(tol, rtol=2 * tol.rtol, atol=2 * tol.atol) if dtype != torch.float32 else tol
+               for dtype, tol in GRAD.items()}
 
 
 def case_ids():
@@ -115,7 +121,7 @@ def check_case(case, rank, world_size, n, h, v, device, record=None, one_gpu=Non
     names = (f"loss ({reduction})", "grad_hidden", "grad_weight", "grad_bias")
     try:
         assert ours[0].dtype == torch.float32, f"loss dtype {ours[0].dtype}"
-        for name, actual, expected, tol in zip(names, ours, ref, (LOSS[dtype], GRAD[dtype], GRAD[dtype], GRAD[dtype])):
+        for name, actual, expected, tol in zip(names, ours, ref, (LOSS[dtype], GRAD_HIDDEN[dtype], GRAD[dtype], GRAD[dtype])):
             if expected is not None:
                 assert_close(name, actual, expected, tol, record)
         if single is not None:
