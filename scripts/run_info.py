@@ -13,10 +13,10 @@ import torch
 
 def smi(field):
     try:
-        return subprocess.run(["nvidia-smi", "--query-gpu=" + field, "--format=csv,noheader"],
+        return subprocess.run(["nvidia-smi", "--query-gpu=" + field, "--format=csv,noheader"], check=False,
                               capture_output=True, text=True, timeout=30).stdout.strip().splitlines()[0]
-    except Exception as e:  # recorded, not fatal: the tests say what is wrong with the GPU
-        return "unavailable (%s)" % e
+    except (OSError, subprocess.SubprocessError, IndexError) as e:  # recorded, not fatal
+        return f"unavailable ({e})"
 
 
 info = {
