@@ -252,3 +252,12 @@ def test_shards_that_overlap_are_an_error_on_every_rank(gloo_results):
     for rank, results in enumerate(gloo_results):
         assert "rank 1's shard starts at vocab_start=20 but the shards before it end at 18" in \
             results["misuse-vocab_start"], f"rank {rank}: {results['misuse-vocab_start']}"
+
+
+def test_parallel_bench_names_a_bad_layout(capsys):
+    from lfce.bench import parallel
+
+    assert parallel.parse_args([]).layouts == ["tensor", "sequence"]
+    with pytest.raises(SystemExit):
+        parallel.parse_args(["--layouts", "pipeline"])
+    assert "got ['recompute', 'eager'], ['pipeline']" in capsys.readouterr().err
