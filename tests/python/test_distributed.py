@@ -197,8 +197,9 @@ def _worker(rank, port, out_dir):
         for case, name in zip(distributed_cases.cases(), distributed_cases.case_ids()):
             loss, failure = distributed_cases.check_case(case, rank, WORLD_SIZE, N, H, V, "cpu")
             if case[2] != "none":  # the loss is the same bits on every rank
+                loss = loss.reshape(1)
                 losses = [torch.empty_like(loss) for _ in range(WORLD_SIZE)]
-                dist.all_gather(losses, loss.contiguous())
+                dist.all_gather(losses, loss)
                 if not all(torch.equal(other, losses[0]) for other in losses):
                     failure = f"the ranks' losses differ: {losses}"
             results[name] = failure

@@ -38,6 +38,7 @@ def group():
         dist.init_process_group("nccl", timeout=datetime.timedelta(minutes=5))
     yield dist.group.WORLD
     dist.barrier()
+    dist.destroy_process_group()
 
 
 def one_gpu(x, w, b, y, reduction, grad, mode, ignore_index, **options):
@@ -51,8 +52,9 @@ def one_gpu(x, w, b, y, reduction, grad, mode, ignore_index, **options):
 
 def same_on_every_rank(loss):
     """None, or a message naming the ranks' losses when they differ in any bit."""
+    loss = loss.reshape(-1).contiguous()  # a 0-dim loss as [1]
     losses = [torch.empty_like(loss) for _ in range(dist.get_world_size())]
-    dist.all_gather(losses, loss.contiguous())
+    dist.all_gather(losses, loss)
     if all(torch.equal(other, losses[0]) for other in losses):
         return None
     return "the ranks' losses differ: " + ", ".join(repr(t.tolist()) for t in losses)
