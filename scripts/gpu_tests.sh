@@ -22,28 +22,7 @@ commit=${LFCE_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
 if [ -z "${LFCE_COMMIT:-}" ] && [ "$commit" != unknown ] && [ -n "$(git status --porcelain 2>/dev/null)" ]; then
   commit="$commit-dirty"
 fi
-LFCE_COMMIT="$commit" "$PYTHON" - "$out/run.json" <<'EOF'
-import datetime, json, os, subprocess, sys
-import torch
-def smi(field):
-    try:
-        return subprocess.run(["nvidia-smi", "--query-gpu=" + field, "--format=csv,noheader"],
-                              capture_output=True, text=True, timeout=30).stdout.strip().splitlines()[0]
-    except Exception as e:  # recorded, not fatal: the tests say what is wrong with the GPU
-        return "unavailable (%s)" % e
-info = {
-    "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-    "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else smi("name"),
-    "driver": smi("driver_version"),
-    "torch": torch.__version__,
-    "cuda": torch.version.cuda,
-    "commit": os.environ["LFCE_COMMIT"],
-}
-with open(sys.argv[1], "w") as f:
-    json.dump(info, f, indent=2)
-    f.write("\n")
-print(json.dumps(info))
-EOF
+LFCE_COMMIT="$commit" "$PYTHON" scripts/run_info.py "$out/run.json"
 
 "$PYTHON" -m pytest tests/python -m gpu -rs -o junit_family=xunit1 --junitxml="$out/junit.xml" "$@"
 status=$?

@@ -6,6 +6,10 @@ Markers:
   without one, but FAILS when the machine should have one (/dev/nvidia0 exists or
   LFCE_REQUIRE_GPU=1) and torch cannot use it: a GPU test is never silently
   skipped on a GPU machine.
+* ``multigpu``: needs two CUDA GPUs and a torchrun world of two processes or more
+  (scripts/multigpu_tests.sh launches them). Skipped with reason "needs 2 CUDA GPUs" on a
+  machine with fewer; FAILS when the machine has two (/dev/nvidia1 exists, torch sees two, or
+  LFCE_REQUIRE_MULTIGPU=1) but the test runs outside torchrun or cannot see them.
 * ``lib``: needs liblfce.so. Never skipped: if the library is missing the test
   errors with the paths tried and how to build it.
 
@@ -34,14 +38,33 @@ from lfce import _lib
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU (fails instead of skipping on a GPU machine)")
     config.addinivalue_line("markers", "lib: needs liblfce.so (errors, never skips, when it is missing)")
+    config.addinivalue_line("markers", "multigpu: needs 2 CUDA GPUs under torchrun (fails instead of skipping on a "
+                                       "2-GPU machine)")
 
 
 def _gpu_expected():
     return os.path.exists("/dev/nvidia0") or os.environ.get("LFCE_REQUIRE_GPU") == "1"
 
 
+def _multigpu_setup():
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if gpus >= 2 and world >= 2:
+        return
+    expected = os.path.exists("/dev/nvidia1") or gpus >= 2 or os.environ.get("LFCE_REQUIRE_MULTIGPU") == "1"
+    if not expected:
+        pytest.skip(f"needs 2 CUDA GPUs (found {gpus})")
+    if world < 2:
+        pytest.fail("multi-GPU tests run under torchrun, one process a GPU: bash scripts/multigpu_tests.sh <results "
+                    f"dir> (this process is not in a torchrun world: WORLD_SIZE={world})", pytrace=False)
+    pytest.fail(f"this machine should have 2 GPUs but torch sees {gpus} (torch {torch.__version__}, CUDA build "
+                f"{torch.version.cuda})", pytrace=False)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
+    if item.get_closest_marker("multigpu") is not None:
+        _multigpu_setup()
     if item.get_closest_marker("gpu") is None or torch.cuda.is_available():
         return
     if _gpu_expected():
@@ -59,7 +82,7 @@ def lib():
 
 @pytest.fixture(autouse=True)
 def _load_library_for_marked_tests(request):
-    if request.node.get_closest_marker("lib") is not None or request.node.get_closest_marker("gpu") is not None:
+    if any(request.node.get_closest_marker(name) is not None for name in ("lib", "gpu", "multigpu")):
         request.getfixturevalue("lib")
 
 

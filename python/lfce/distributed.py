@@ -1,0 +1,402 @@
+"""Vocabulary-parallel lfce over ``torch.distributed``: the LM head's weight sharded by vocabulary rows.
+
+    import lfce.distributed as lfce_dist
+    start, size = lfce_dist.vocab_shard(V, rank, world_size)      # this rank's rows of W
+    loss = lfce_dist.linear_cross_entropy(hidden, weight[start:start + size], labels)
+
+Each rank of the process group holds rows [v0, v0 + V_r) of the weight (and the bias); the shards
+tile [0, V) in any order (uneven sizes allowed; by default their order is the group's rank order).
+Targets are global vocabulary ids. Two layouts of the input:
+
+* tensor parallel (default): every rank holds the same hidden [N, H] and targets [N]; the loss
+  (identical on every rank) covers the N tokens; grad_hidden is all-reduced.
+* sequence parallel (``sequence_parallel=True``, as Megatron's): rank r holds its own N_r tokens
+  (the same N_r on every rank), hidden [N_r, H] and targets [N_r]; hidden and targets are
+  all-gathered inside the op (again in the backward: the gathered [N, H] is never held), mean and
+  sum cover all P·N_r tokens, "none" gives this rank's N_r losses, grad_hidden is reduce-scattered.
+
+The algorithm, on each rank, on the unmodified single-GPU kernels (docs/parallel.md):
+
+1. forward kernels on the shard with local targets (t - v0 where the target is in the shard,
+   NOT_IN_SHARD elsewhere, which matches no column): the shard's log-sum-exp [N] and, for its own
+   targets, the target logit (lse - token loss);
+2. one all-gather of those two [N] fp32 vectors; every rank takes the logsumexp over the P shard
+   LSEs (in rank order: bit-identical on all ranks) and the target logit from its owner;
+   loss_i = LSE_i - z_{i,y_i} (0 where ignored, NaN for a target outside [0, V));
+3. backward kernels on the shard with the global LSE and the global valid count (so "mean" divides
+   by the count over all tokens): the shard's grad_weight / grad_bias, final as they are, and a
+   partial grad_hidden, summed over the ranks (all-reduce, or reduce-scatter in sequence parallel).
+
+Held between forward and backward in recompute mode: the global LSE (4·N bytes) and the count,
+besides the inputs. Eager mode runs step 3 inside the forward (upstream gradient 1) and holds the
+gradients, as on one GPU. The op is a ``torch.autograd.Function`` (a graph break under torch.compile).
+
+The first call with given shapes and options all-gathers every rank's shard size, token count and
+options once and checks them (ValueError naming the rank and the value, raised on every rank); the
+result is cached per group and per local shapes and options, so later calls issue no host sync. As
+for any collective, every rank of the group must make the same calls in the same order.
+"""
+
+import logging
+import operator
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from . import _check, _lib, _ops, functional
+
+__all__ = ["VocabParallelLinearCrossEntropyLoss", "linear_cross_entropy", "vocab_shard"]
+
+# The shard problem's own target codes: never a column of the shard, never equal to each other.
+LOCAL_IGNORE = -1   # the user's ignore_index (which may itself be a class id of some shard)
+NOT_IN_SHARD = -2   # a target of another rank's shard, or outside [0, V): its loss comes from elsewhere
+
+# Every rank's local view, all-gathered once per (group, this tuple) and checked for consistency.
+_FIELDS = ("vocab_shard", "vocab_start", "tokens", "hidden", "dtype", "target_dtype", "has_bias", "ignore_index",
+           "reduction", "mode", "sequence_parallel", "need_hidden", "need_weight", "need_bias")
+_SAME_ON_EVERY_RANK = _FIELDS[2:]
+_NAMES = {"dtype": {code: str(dtype) for dtype, code in _ops.DTYPES.items()},
+          "target_dtype": {code: str(dtype) for dtype, code in _ops.INDEX_DTYPES.items()},
+          "reduction": {code: name for name, code in _lib.REDUCTIONS.items()},
+          "mode": {code: name for name, code in _lib.MODES.items()}}
+_CACHE_LIMIT = 256
+_layouts = {}
+
+
+def vocab_shard(vocab, rank, world_size):
+    """(start, size) of ``rank``'s rows of a [vocab, H] weight: a contiguous equal split with the
+    remainder on the last ranks (151937 over 2: (0, 75968) and (75968, 75969))."""
+    vocab = _check.positive("vocab", vocab)
+    world_size = _check.positive("world_size", world_size)
+    rank = _check.integer("rank", rank, minimum=0, maximum=world_size - 1)
+    base, extra = divmod(vocab, world_size)
+    first_long = world_size - extra  # ranks from here on get base + 1 rows
+    start = rank * base + max(0, rank - first_long)
+    return start, base + (rank >= first_long)
+
+
+# --- layout: who holds which rows and tokens ------------------------------------------------------
+
+class Layout:
+    """This rank's place in the group: vocabulary rows [v0, v0 + shard) of [0, vocab), and in sequence
+    parallel its tokens [token_start, token_start + local_tokens) of the gathered batch."""
+
+    def __init__(self, group, rank, world_size, nccl, v0, shard, vocab, local_tokens, sequence_parallel):
+        self.group, self.rank, self.world_size, self.nccl = group, rank, world_size, nccl
+        self.v0, self.shard, self.vocab = v0, shard, vocab
+        self.local_tokens, self.sequence_parallel = local_tokens, sequence_parallel
+        self.tokens = local_tokens * (world_size if sequence_parallel else 1)
+        self.token_start = rank * local_tokens if sequence_parallel else 0
+
+    def __repr__(self):
+        return (f"Layout(rank={self.rank}/{self.world_size}, rows=[{self.v0}, {self.v0 + self.shard}) of "
+                f"{self.vocab}, tokens={self.tokens}, sequence_parallel={self.sequence_parallel})")
+
+
+def _describe(field, value):
+    return _NAMES.get(field, {}).get(value, value)
+
+
+def check_layout(rows, rank):
+    """(v0, vocab) of ``rank`` from every rank's row of _FIELDS (a list of dicts, in group rank order).
+
+    Raises ValueError naming the field, the ranks and their values where the ranks disagree, or the
+    rank whose shard leaves a gap or overlaps another. Every rank sees the same rows, so every rank
+    raises the same error.
+    """
+    for field in _SAME_ON_EVERY_RANK:
+        values = [row[field] for row in rows]
+        if len(set(values)) > 1:
+            detail = ", ".join(f"rank {r}: {_describe(field, v)}" for r, v in enumerate(values))
+            what = {"tokens": "the token count (hidden.shape[:-1] elements; sequence parallel needs the same "
+                              "count on every rank, tensor parallel the same batch)",
+                    "need_hidden": "whether hidden requires a gradient", "need_weight":
+                    "whether the weight shard requires a gradient", "need_bias": "whether the bias requires a gradient",
+                    "has_bias": "whether a bias shard is given"}.get(field, field)
+            raise ValueError(f"lfce.distributed: {what} differs across the ranks of the group ({detail}); "
+                             "every rank must pass the same")
+    starts = [row["vocab_start"] for row in rows]
+    sizes = [row["vocab_shard"] for row in rows]
+    given = [s >= 0 for s in starts]
+    if any(given) and not all(given):
+        detail = ", ".join(f"rank {r}: {s if s >= 0 else None}" for r, s in enumerate(starts))
+        raise ValueError(f"lfce.distributed: vocab_start is given on some ranks and None on others ({detail}); "
+                         "give it on every rank or on none")
+    if not all(given):  # the group's rank order
+        starts = [sum(sizes[:r]) for r in range(len(sizes))]
+    end = 0
+    for r in sorted(range(len(rows)), key=lambda r: starts[r]):
+        if starts[r] != end:
+            problem = "a gap before it" if starts[r] > end else "an overlap with the shard before it"
+            raise ValueError(f"lfce.distributed: rank {r}'s shard starts at vocab_start={starts[r]} but the shards "
+                             f"before it end at {end} ({problem}); the shards (sizes "
+                             f"{', '.join(f'rank {q}: {s}' for q, s in enumerate(sizes))}) must tile [0, V)")
+        end += sizes[r]
+    return starts[rank], end
+
+
+def _resolve_group(group):
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError("lfce.distributed needs an initialized default process group "
+                           "(torch.distributed.init_process_group, e.g. under torchrun)")
+    if group is None:
+        group = dist.group.WORLD
+    if not isinstance(group, dist.ProcessGroup):
+        # new_group() gives the ranks outside the group a placeholder that is not a ProcessGroup
+        raise TypeError(f"group must be None or a torch.distributed.ProcessGroup this process (global rank "
+                        f"{dist.get_rank()}) is a member of, got {type(group).__name__} {group!r}")
+    return group
+
+
+def _layout(group, row, device):
+    key = (id(group),) + tuple(row[field] for field in _FIELDS)
+    cached = _layouts.get(key)
+    if cached is not None and cached.group is group:
+        return cached
+    rank, world_size = dist.get_rank(group), dist.get_world_size(group)
+    nccl = "nccl" in str(dist.get_backend(group))
+    local = torch.tensor([row[field] for field in _FIELDS], dtype=torch.int64,
+                         device=device if nccl else "cpu")
+    gathered = _all_gather(local, group, nccl).reshape(world_size, len(_FIELDS)).tolist()  # the one host sync
+    rows = [dict(zip(_FIELDS, values)) for values in gathered]
+    v0, vocab = check_layout(rows, rank)
+    layout = Layout(group, rank, world_size, nccl, v0, row["vocab_shard"], vocab, row["tokens"],
+                    bool(row["sequence_parallel"]))
+    if len(_layouts) >= _CACHE_LIMIT:  # every rank makes the same calls, so every rank clears at once
+        _layouts.clear()
+    _layouts[key] = layout
+    return layout
+
+
+# --- collectives ----------------------------------------------------------------------------------
+
+def _all_gather(tensor, group, nccl):
+    """[P * tensor.shape[0], ...]: the ranks' tensors concatenated in group rank order."""
+    world_size = dist.get_world_size(group)
+    if world_size == 1:
+        return tensor
+    tensor = tensor.contiguous()
+    if nccl:
+        out = tensor.new_empty((world_size * tensor.shape[0],) + tuple(tensor.shape[1:]))
+        dist.all_gather_into_tensor(out, tensor, group=group)
+        return out
+    # gloo (CPU tests): no all_gather_into_tensor, and no bf16: 16-bit floats travel as their bytes.
+    bits = tensor.view(torch.uint8) if tensor.dtype in (torch.bfloat16, torch.float16) else tensor
+    parts = [torch.empty_like(bits) for _ in range(world_size)]
+    dist.all_gather(parts, bits, group=group)
+    return torch.cat(parts).view(tensor.dtype)
+
+
+def _sum_hidden_grad(grad, layout):
+    """The ranks' partial grad_hidden [N, H] summed: all of it (tensor parallel) or this rank's tokens."""
+    if layout.world_size == 1:
+        return grad
+    if layout.nccl:
+        if not layout.sequence_parallel:
+            dist.all_reduce(grad, group=layout.group)
+            return grad
+        out = grad.new_empty((layout.local_tokens,) + tuple(grad.shape[1:]))
+        dist.reduce_scatter_tensor(out, grad, group=layout.group)
+        return out
+    # gloo (CPU tests): no reduce_scatter and no 16-bit sums; fp32, then rounded once, as NCCL
+    # rounds the sum of two 16-bit partials.
+    total = grad.float()
+    dist.all_reduce(total, group=layout.group)
+    if layout.sequence_parallel:
+        total = total.narrow(0, layout.token_start, layout.local_tokens)
+    return total.to(grad.dtype)
+
+
+def _gather_tokens(tensor, layout):
+    return _all_gather(tensor, layout.group, layout.nccl) if layout.sequence_parallel else tensor
+
+
+# --- the math around the kernels (pure PyTorch) ----------------------------------------------------
+
+def local_targets(targets, v0, shard, ignore_index):
+    """The shard problem's targets: t - v0 for t in [v0, v0 + shard), LOCAL_IGNORE for ignore_index,
+    NOT_IN_SHARD for every other value (another shard's class, or a bad target); same dtype."""
+    in_shard = (targets >= v0) & (targets < v0 + shard) & (targets != ignore_index)
+    codes = torch.where(targets == ignore_index, torch.full_like(targets, LOCAL_IGNORE),
+                        torch.full_like(targets, NOT_IN_SHARD))
+    return torch.where(in_shard, targets - v0, codes)
+
+
+def combine(shard_lse, target_logit, group=None, nccl=False):
+    """(global LSE [N], target logit [N]) from each rank's shard LSE and its target logits (0 where the
+    target is not in its shard): one all-gather of [2, N] fp32, then a logsumexp over the P shards
+    and a sum in rank order, so every rank gets the same bits."""
+    parts = torch.stack((shard_lse, target_logit))
+    if group is not None:
+        parts = _all_gather(parts, group, nccl)
+    parts = parts.reshape(-1, 2, shard_lse.shape[0])
+    return torch.logsumexp(parts[:, 0], dim=0), parts[:, 1].sum(dim=0)
+
+
+def token_losses(lse, target_logit, targets, vocab, ignore_index):
+    """(loss_i = LSE_i - z_{i,y_i}: 0 where ignored, NaN for a target outside [0, vocab), count [1])."""
+    valid = targets != ignore_index
+    bad = valid & ((targets < 0) | (targets >= vocab))
+    loss = torch.where(valid, lse - target_logit, torch.zeros_like(lse))
+    loss = torch.where(bad, torch.full_like(lse, float("nan")), loss)
+    return loss, valid.sum(dtype=torch.float32).reshape(1)
+
+
+# --- the kernels on this rank's shard (replaced by a CPU model in the CPU tests) -------------------
+
+def local_forward(hidden, weight, bias, targets, chunk_size, workspace_budget):
+    """(shard LSE [N], token loss [N]) from lfce's forward kernels on the shard; the token loss is
+    LSE - z_target where the target is in the shard, 0 for LOCAL_IGNORE, NaN for NOT_IN_SHARD."""
+    loss, lse = _ops._forward_impl(hidden, weight, bias, targets, LOCAL_IGNORE, "none", "recompute", chunk_size,
+                                   workspace_budget, False, False, False)[:2]
+    return lse, loss
+
+
+def local_backward(hidden, weight, bias, targets, lse, valid_count, grad_loss, reduction, chunk_size,
+                   workspace_budget, wanted):
+    """The shard's (grad_hidden partial, grad_weight, grad_bias), None where not wanted, from lfce's
+    backward kernels with the global LSE and count."""
+    grads = _ops._backward_impl(hidden, weight, bias, targets, lse, valid_count, grad_loss, LOCAL_IGNORE, reduction,
+                                chunk_size, workspace_budget, *wanted)
+    return tuple(g if want else None for g, want in zip(grads, wanted))
+
+
+# --- autograd -------------------------------------------------------------------------------------
+
+def _shard_gradients(layout, options, wanted, hidden, weight, bias, targets, lse, count, grad_loss):
+    """Run the shard's backward on the gathered tokens; grad_hidden summed over the ranks."""
+    ignore_index, reduction, chunk_size, workspace_budget = options
+    local = local_targets(targets, layout.v0, layout.shard, ignore_index)
+    grads = local_backward(hidden, weight, bias, local, lse, count, grad_loss, reduction, chunk_size,
+                           workspace_budget, wanted)
+    if grads[0] is not None:
+        grads = (_sum_hidden_grad(grads[0], layout),) + tuple(grads[1:])
+    return grads
+
+
+class _VocabParallelLinearCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, layout, options, eager, wanted):
+        ignore_index, reduction, chunk_size, workspace_budget = options
+        all_hidden, all_targets = _gather_tokens(hidden, layout), _gather_tokens(targets, layout)
+        local = local_targets(all_targets, layout.v0, layout.shard, ignore_index)
+        shard_lse, shard_loss = local_forward(all_hidden, weight, bias, local, chunk_size, workspace_budget)
+        own = torch.where(local >= 0, shard_lse - shard_loss, torch.zeros_like(shard_lse))
+        del local, shard_loss
+        lse, target_logit = combine(shard_lse, own, layout.group, layout.nccl)
+        token_loss, count = token_losses(lse, target_logit, all_targets, layout.vocab, ignore_index)
+        if reduction == "none":
+            loss = token_loss.narrow(0, layout.token_start, layout.local_tokens).clone() if layout.sequence_parallel \
+                else token_loss
+        else:
+            loss = token_loss.sum() if reduction == "sum" else token_loss.sum() / count[0]
+        ctx.layout, ctx.options, ctx.eager = layout, options, eager
+        if eager:  # the gradients for an upstream gradient of 1, held until the backward scales them
+            ones = torch.ones(1, dtype=torch.float32, device=hidden.device)
+            grads = _shard_gradients(layout, options, wanted, all_hidden, weight, bias, all_targets, lse, count, ones)
+            ctx.save_for_backward(*grads)
+        else:
+            ctx.save_for_backward(hidden, weight, bias, targets, lse, count)
+        return loss
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_loss):
+        wanted = ctx.needs_input_grad[:3]
+        if ctx.eager:
+            grads = tuple(None if g is None else torch.mul(g, grad_loss) for g in ctx.saved_tensors)
+        else:
+            hidden, weight, bias, targets, lse, count = ctx.saved_tensors
+            layout = ctx.layout
+            grad_loss = grad_loss.to(torch.float32).reshape(-1)  # [1], or this rank's [N_r] for "none"
+            if ctx.options[1] == "none":
+                grad_loss = _gather_tokens(grad_loss, layout)
+            grads = _shard_gradients(layout, ctx.options, wanted, _gather_tokens(hidden, layout), weight, bias,
+                                     _gather_tokens(targets, layout), lse, count, grad_loss)
+        return tuple(g if need else None for g, need in zip(grads, wanted)) + (None,) * 5
+
+
+# --- the public entry points ------------------------------------------------------------------------
+
+def linear_cross_entropy(hidden, weight, targets, bias=None, *, group=None, vocab_start=None,
+                         sequence_parallel=False, ignore_index=-100, reduction="mean", mode="recompute",
+                         chunk_size=None, workspace_budget=None):
+    """Cross-entropy of ``hidden @ W.T + b`` against ``targets`` with W, b sharded by vocabulary rows.
+
+    Args:
+        hidden: [..., H] CUDA tensor: the full batch (tensor parallel) or this rank's tokens
+            (``sequence_parallel``; the same count on every rank).
+        weight: this rank's shard [V_r, H] of W (V_r >= 1; sizes may differ between ranks).
+        targets: hidden.shape[:-1], int64 or int32: global class ids in [0, V), or ignore_index.
+        bias: this rank's shard [V_r] of b, or None (on every rank).
+        group: the process group the vocabulary is sharded over (None: the default group).
+        vocab_start: where this rank's rows start in [0, V); None on every rank: the shards follow
+            one another in group rank order. Given on every rank, the shards may be in any order
+            but must tile [0, V).
+        sequence_parallel: the input layout (see the module docstring).
+        ignore_index, reduction, mode, chunk_size, workspace_budget: as lfce.linear_cross_entropy;
+            mean and sum cover every token of the batch, on every rank.
+
+    Returns:
+        The fp32 loss, equal on every rank for mean / sum; for "none" the losses of this rank's
+        tokens (all of them in tensor parallel), shaped like ``targets``. The gradients of hidden
+        (summed over the ranks), of the weight shard and of the bias shard, in their dtypes.
+
+    Raises:
+        TypeError / ValueError naming the bad argument (an argument that differs between ranks:
+        on every rank, naming the ranks and their values); RuntimeError without a process group.
+    """
+    functional.validate_options(ignore_index, reduction, mode, chunk_size, workspace_budget)
+    _check.flag("sequence_parallel", sequence_parallel)
+    _check.integer("vocab_start", vocab_start, minimum=0, allow_none=True)
+    hidden, weight, bias = functional._autocast((hidden, weight, bias))
+    n, h, shard = functional._validate_tensors(hidden, weight, targets, bias)
+    group = _resolve_group(group)
+    batch_shape = targets.shape
+    hidden, targets = hidden.reshape(n, h), targets.reshape(n)
+    multiple = _lib.HIDDEN_MULTIPLE[_ops.DTYPES[hidden.dtype]]
+    if h % multiple:  # as lfce.linear_cross_entropy: zeros (F.pad is differentiable)
+        padded = -(-h // multiple) * multiple
+        functional._log_once(logging.WARNING, "lfce: hidden size %d is not a multiple of %d for %s; padding hidden "
+                             "and weight with zeros to %d", h, multiple, hidden.dtype, padded)
+        hidden, weight, h = F.pad(hidden, (0, padded - h)), F.pad(weight, (0, padded - h)), padded
+    eager = mode == "eager" and reduction != "none"
+    wanted = tuple(torch.is_grad_enabled() and t is not None and t.requires_grad for t in (hidden, weight, bias))
+    row = {"vocab_shard": shard, "vocab_start": -1 if vocab_start is None else operator.index(vocab_start),
+           "tokens": n, "hidden": h, "dtype": _ops.DTYPES[hidden.dtype],
+           "target_dtype": _ops.INDEX_DTYPES[targets.dtype], "has_bias": int(bias is not None),
+           "ignore_index": operator.index(ignore_index), "reduction": _lib.REDUCTIONS[reduction],
+           "mode": _lib.MODES["eager" if eager else "recompute"], "sequence_parallel": int(sequence_parallel),
+           "need_hidden": int(wanted[0]), "need_weight": int(wanted[1]), "need_bias": int(wanted[2])}
+    layout = _layout(group, row, hidden.device)
+    options = (operator.index(ignore_index), reduction,
+               *(None if v is None else operator.index(v) for v in (chunk_size, workspace_budget)))
+    loss = _VocabParallelLinearCrossEntropy.apply(hidden, weight, bias, targets, layout, options, eager, wanted)
+    return loss.reshape(batch_shape) if reduction == "none" else loss
+
+
+class VocabParallelLinearCrossEntropyLoss(torch.nn.Module):
+    """Module form of :func:`lfce.distributed.linear_cross_entropy`: the options fixed at construction::
+
+        loss_fn = VocabParallelLinearCrossEntropyLoss(group=tp_group, sequence_parallel=True)
+        loss = loss_fn(hidden_shard, lm_head.weight, labels_shard)   # lm_head holds this rank's rows
+    """
+
+    def __init__(self, *, group=None, vocab_start=None, sequence_parallel=False, ignore_index=-100,
+                 reduction="mean", mode="recompute", chunk_size=None, workspace_budget=None):
+        super().__init__()
+        functional.validate_options(ignore_index, reduction, mode, chunk_size, workspace_budget)
+        _check.flag("sequence_parallel", sequence_parallel)
+        _check.integer("vocab_start", vocab_start, minimum=0, allow_none=True)
+        self.options = {"group": group, "vocab_start": vocab_start, "sequence_parallel": sequence_parallel,
+                        "ignore_index": ignore_index, "reduction": reduction, "mode": mode,
+                        "chunk_size": chunk_size, "workspace_budget": workspace_budget}
+
+    def forward(self, hidden, weight, targets, bias=None):
+        """The loss of this rank's weight (and bias) shard; see linear_cross_entropy."""
+        return linear_cross_entropy(hidden, weight, targets, bias, **self.options)
+
+    def extra_repr(self):
+        return ", ".join(f"{k}={v!r}" for k, v in self.options.items() if k != "group" and v is not None)
+
