@@ -34,6 +34,7 @@ KernelShape build_lse_forward(llvm::Module& module, const KernelSpec& spec) {
   Value* n = kb.arg("n");
   Value* vocab = kb.c64(spec.vocab);
   Value* hidden = kb.c64(spec.hidden);
+  const int row_align = hidden_row_align(spec.hidden, spec.dtype);  // rows of H elements
   Value* row_blocks = ir.CreateTrunc(ir.CreateUDiv(ir.CreateAdd(n, kb.c64(t.bm - 1)), kb.c64(t.bm)), kb.i32());
   kb.for_range(kb.ctaid(0), row_blocks, kb.nctaid(0), [&](Value* block) {
     Value* m0 = ir.CreateMul(ir.CreateZExt(block, kb.i64()), kb.c64(t.bm));
@@ -63,8 +64,8 @@ KernelShape build_lse_forward(llvm::Module& module, const KernelSpec& spec) {
     Value* tile_begin = share_end(split);
     Value* tile_end = share_end(ir.CreateAdd(split, kb.c32(1)));
 
-    GemmOperand x{kb.arg("x"), hidden, Layout::KMajor, n, hidden};
-    GemmOperand w{kb.arg("w"), hidden, Layout::KMajor, vocab, hidden};
+    GemmOperand x{kb.arg("x"), hidden, Layout::KMajor, n, hidden, row_align};
+    GemmOperand w{kb.arg("w"), hidden, Layout::KMajor, vocab, hidden, row_align};
     Value* k_tiles = gemm.k_tiles_for(hidden);
     Value* lane = ir.CreateAnd(tid, kb.c32(31));
     Value* warp = ir.CreateLShr(tid, kb.c32(5));

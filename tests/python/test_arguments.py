@@ -163,9 +163,15 @@ def test_library_names_zero_vocab():
 
 
 @pytest.mark.lib
-def test_library_names_hidden_not_a_multiple_of_8_for_bf16():
-    with raises(ValueError, "multiple of 8"):
-        check_problem(problem(hidden=12))
+def test_library_accepts_hidden_not_a_multiple_of_8_for_bf16():
+    for hidden in (12, 7, 4093):
+        check_problem(problem(hidden=hidden))
+
+
+@pytest.mark.lib
+def test_library_names_hidden_above_the_limit():
+    with raises(ValueError, "hidden = 2000000"):
+        check_problem(problem(hidden=2000000))
 
 
 @pytest.mark.lib
