@@ -32,11 +32,11 @@ struct GemmOperand {
   llvm::Value* ld;         // i64: elements between consecutive rows of the stored matrix
   Layout layout;
   llvm::Value* mn_extent;  // i64: rows (M for A, N for B) that exist
-  llvm::Value* k_extent;   // i64: K that exists
+  llvm::Value* k_extent;   // i64: K that exists; contiguous extents are multiples of 16 bytes
   // Bytes every row (and the base) is aligned to, known when the kernel is generated: 16, or
   // for rows of H elements that are not a multiple of 16 bytes, hidden_row_align(H) (8, 4 or
-  // the element size). The contiguous extent is a multiple of it. Narrower rows are copied in
-  // pieces of this width (cp.async of 8 or 4 bytes, else element loads), and cannot use TMA.
+  // the element size; H is then the contiguous extent, a whole number of such pieces). Such
+  // rows are copied in pieces of this width (cp.async of 8 or 4 bytes, else element loads).
   int row_align = 16;
 };
 
