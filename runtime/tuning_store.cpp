@@ -142,6 +142,9 @@ std::optional<std::string> unrunnable(const Candidate& c, const Problem& problem
   } catch (const SpecError& e) {
     return std::string("invalid plan: ") + e.what();
   }
+  // The candidate's own tile: a Plan replaces a wgmma tile that rows of H cannot take (TMA
+  // needs 16-byte row strides) by the default, which validate() would then pass.
+  spec.tile = c.tile;
   const int64_t smem_max = effective_limits(arch, limits).smem_per_block;
   const int smem = kernel_smem_bytes(spec);
   if (smem > smem_max)

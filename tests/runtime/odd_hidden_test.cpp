@@ -10,6 +10,7 @@
 
 #include "compiler/kernel_kind.h"
 #include "runtime/plan.h"
+#include "runtime/tuning_store.h"
 #include "templates/templates.h"
 #include "tests/ptxas.h"
 
@@ -111,6 +112,16 @@ TEST(AlignedHidden, KeepsUnrolled16ByteCopies) {
       EXPECT_TRUE(hopper.spec(info.kind).tile.wgmma()) << kind_name(info.kind);
     }
   }
+}
+
+// A tuned wgmma winner (from a file, or a sweep's candidate) for such H is unrunnable, naming
+// H: the tuner does not measure it as the default it would fall back to, nor is it used.
+TEST(OddHidden, WgmmaCandidateIsUnrunnableNamingHidden) {
+  const Candidate wgmma{KernelKind::GradWeight, TileConfig{128, 256, 64, 1, 1, 3, 2}, 0, 0};
+  EXPECT_EQ(unrunnable(wgmma, problem_with(DType::BF16, 4096), Arch::SM90A), std::nullopt);
+  const auto reason = unrunnable(wgmma, problem_with(DType::BF16, 4093), Arch::SM90A);
+  ASSERT_TRUE(reason.has_value());
+  EXPECT_NE(reason->find("hidden = 4093"), std::string::npos) << *reason;
 }
 
 }  // namespace
