@@ -1,6 +1,7 @@
 #include "templates/gemm_skeleton.h"
 
 #include <algorithm>
+#include <vector>
 
 namespace lfce {
 
@@ -93,7 +94,7 @@ void GemmSkeleton::load_stage(const GemmOperand& op, int which, Value* slot_base
   llvm::Type* elem = ir.getInt8Ty();
   Value* k0 = ir.CreateMul(ir.CreateSExt(kt, kb_.i64()), kb_.c64(tile_.bk));
   Value* tid = kb_.tid();
-  auto copy = [&](Value* id) {
+  auto copy = [&](Value* id) -> std::function<void()> {
     Value* row = ir.CreateUDiv(id, kb_.c32(chunks_per_row));
     Value* col = ir.CreateMul(ir.CreateURem(id, kb_.c32(chunks_per_row)), kb_.c32(vec));  // elements
     // Stored-matrix coordinates: rows run along the slow global dimension.
@@ -107,10 +108,8 @@ void GemmSkeleton::load_stage(const GemmOperand& op, int which, Value* slot_base
     Value* byte_index = ir.CreateSelect(valid, ir.CreateMul(index, kb_.c64(e)), kb_.c64(0));
     Value* src = kb_.gep(op.base, elem, byte_index);
     Value* dst_offset = ir.CreateAdd(slot_base, t.smem.offset(kb_, row, col, e));
-    if (piece < 16) {  // rows not 16-byte aligned (odd H): narrower copies, same ring and edges
-      copy_narrow_piece(kb_, dst_offset, src, valid, piece);
-      return;
-    }
+    // Rows not 16-byte aligned (odd H): narrower copies, same ring and edges.
+    if (piece < 16) return copy_narrow_piece(kb_, dst_offset, src, valid, piece);
     Value* dst = kb_.smem(dst_offset);
     if (total % kb_.threads() != 0) {
       kb_.if_then(ir.CreateICmpULT(id, kb_.c32(total)),
@@ -118,11 +117,20 @@ void GemmSkeleton::load_stage(const GemmOperand& op, int which, Value* slot_base
     } else {
       kb_.cp_async_16(dst, src, ir.CreateSelect(valid, kb_.c32(16), kb_.c32(0)));
     }
+    return {};
   };
   if (piece < 16) {
-    // A run-time loop over the 2-8x more pieces: unrolled, each piece's address would be hoisted
-    // out of the mainloop and held in registers through it (spills).
-    kb_.for_range(tid, kb_.c32(total), kb_.c32(kb_.threads()), copy);
+    // A run-time loop over the 2-8x more pieces: fully unrolled, each piece's address would be
+    // hoisted out of the mainloop and held in registers through it (spills). Element loads,
+    // which are not asynchronous, come kNarrowBatch an iteration, all issued before their
+    // shared stores, so their latencies overlap.
+    const int batch = piece == e && total % (kNarrowBatch * kb_.threads()) == 0 ? kNarrowBatch : 1;
+    kb_.for_range(tid, kb_.c32(total), kb_.c32(batch * kb_.threads()), [&](Value* first) {
+      std::vector<std::function<void()>> finish;
+      for (int b = 0; b < batch; ++b) finish.push_back(copy(ir.CreateAdd(first, kb_.c32(b * kb_.threads()))));
+      for (const auto& store : finish)
+        if (store) store();
+    });
     return;
   }
   for (int i = 0; i < total; i += kb_.threads()) copy(ir.CreateAdd(tid, kb_.c32(i)));

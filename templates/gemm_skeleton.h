@@ -105,8 +105,14 @@ struct SmemTile {
 
 // Copies one `bytes`-wide piece (8, 4 or 2; narrower than the 16-byte cp.async the producer
 // uses for aligned rows) of an operand row from global `src` to shared `dst` (i32 byte offset),
-// or zeros when `valid` is false (src is then the operand's base, readable). In mainloops.cpp.
-void copy_narrow_piece(KernelBuilder& kb, llvm::Value* dst_offset, llvm::Value* src, llvm::Value* valid, int bytes);
+// or zeros when `valid` is false (src is then the operand's base, readable). 8 or 4 bytes:
+// cp.async, and returns nothing; 2 bytes: loads the element and returns the shared store that
+// finishes the copy (callers issue several loads before their stores). In mainloops.cpp.
+std::function<void()> copy_narrow_piece(KernelBuilder& kb, llvm::Value* dst_offset, llvm::Value* src,
+                                        llvm::Value* valid, int bytes);
+// Element pieces loaded before their stores, per thread and producer loop iteration (4 made
+// ptxas spill in lse_forward's default tile).
+constexpr int kNarrowBatch = 2;
 
 // A tensor-core or SIMT inner loop over one staged BK slice, plus the write-out of its
 // accumulators to the staged tile.

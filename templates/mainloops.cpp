@@ -173,7 +173,7 @@ class SimtMainloop final : public Mainloop {
 
 }  // namespace
 
-void copy_narrow_piece(KernelBuilder& kb, Value* dst_offset, Value* src, Value* valid, int bytes) {
+std::function<void()> copy_narrow_piece(KernelBuilder& kb, Value* dst_offset, Value* src, Value* valid, int bytes) {
   auto& ir = kb.ir();
   Value* dst = kb.smem(dst_offset);
   if (bytes >= 4) {
@@ -183,13 +183,13 @@ void copy_narrow_piece(KernelBuilder& kb, Value* dst_offset, Value* src, Value* 
     const std::string text = "cp.async.ca.shared.global [$0], [$1], " + std::to_string(bytes) + ", $2;";
     auto* copy = llvm::InlineAsm::get(type, text, "r,l,r,~{memory}", /*hasSideEffects=*/true);
     ir.CreateCall(copy, {ir.CreatePtrToInt(dst, kb.i32()), src, ir.CreateSelect(valid, kb.c32(bytes), kb.c32(0))});
-    return;
+    return {};
   }
   // One 16-bit element (odd H): cp.async has no 2-byte form, so a plain load, zero past the
   // edges (src is then the base: a readable address). The shared store lands before the barrier
   // that precedes this slice's use, the same barrier that publishes the cp.async copies.
-  llvm::Type* half = ir.getInt16Ty();
-  kb.store(ir.CreateSelect(valid, kb.load(half, src), ir.getInt16(0)), dst);
+  Value* value = ir.CreateSelect(valid, kb.load(ir.getInt16Ty(), src), ir.getInt16(0));
+  return [&kb, value, dst] { kb.store(value, dst); };
 }
 
 std::unique_ptr<Mainloop> make_mainloop(KernelBuilder& kb, const TileConfig& tile, DType dtype,
