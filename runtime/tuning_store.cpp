@@ -136,15 +136,17 @@ std::optional<std::string> unrunnable(const Candidate& c, const Problem& problem
            " (the forward workspace's bound)";
   if (c.kind == KernelKind::DlogitsBackward && (c.chunk < 1 || (c.chunk % 128 != 0 && c.chunk != problem.vocab)))
     return "chunk " + std::to_string(c.chunk) + " is not a positive multiple of 128";
+  // Before the Plan, which would run the default instead of such a tile (and say so).
+  if (c.tile.wgmma() && hidden_row_align(problem.hidden, problem.dtype) < 16)
+    return "tile " + c.tile.text() + " loads with TMA, which needs rows of a multiple of 16 bytes; hidden = " +
+           std::to_string(problem.hidden) + " " + std::string(dtype_name(problem.dtype)) + " rows are " +
+           std::to_string(problem.hidden * dtype_bytes(problem.dtype)) + " bytes";
   KernelSpec spec;
   try {
     spec = Plan(problem, arch, c.apply(Tuning{})).spec(c.kind);
   } catch (const SpecError& e) {
     return std::string("invalid plan: ") + e.what();
   }
-  // The candidate's own tile: a Plan replaces a wgmma tile that rows of H cannot take (TMA
-  // needs 16-byte row strides) by the default, which validate() would then pass.
-  spec.tile = c.tile;
   const int64_t smem_max = effective_limits(arch, limits).smem_per_block;
   const int smem = kernel_smem_bytes(spec);
   if (smem > smem_max)
