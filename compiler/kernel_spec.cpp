@@ -54,6 +54,13 @@ std::string_view reduction_name(Reduction reduction) { return name_of(kReduction
 std::string_view mode_name(Mode mode) { return name_of(kModes, mode); }
 int dtype_bytes(DType dtype) { return dtype == DType::FP32 ? 4 : 2; }
 
+int hidden_row_align(int64_t hidden, DType dtype) {
+  const int64_t row_bytes = hidden * dtype_bytes(dtype);
+  for (int piece : {16, 8, 4})
+    if (row_bytes % piece == 0) return piece;
+  return dtype_bytes(dtype);
+}
+
 std::string TileConfig::text() const {
   std::ostringstream out;
   out << bm << 'x' << bn << 'x' << bk << '/';
@@ -176,10 +183,6 @@ void KernelSpec::validate() const {
   bounded(vocab, "vocab", size_floor(kFieldVocab), kMaxVocab);
   bounded(hidden, "hidden", size_floor(kFieldHidden), kMaxHidden);
   bounded(chunk, "chunk", size_floor(kFieldChunk), kMaxChunk);
-  const int vec = 16 / dtype_bytes(dtype);  // elements per 16-byte copy
-  if ((reads & kFieldHidden) && hidden % vec != 0)
-    fail("hidden must be a multiple of " + std::to_string(vec) + " for " +
-         std::string(dtype_name(dtype)) + " (16-byte rows), got " + std::to_string(hidden));
   if (!info.gemm) return;
   const ArchInfo& limits = arch_info(arch);
   const TileConfig& t = tile;
@@ -201,6 +204,12 @@ void KernelSpec::validate() const {
     if (t.bn % 64 != 0 || t.bn > 256) fail("wgmma tiles need BN a multiple of 64 up to 256, got " + std::to_string(t.bn));
     if (t.stages < 2) fail("wgmma tiles need at least 2 stages, got " + std::to_string(t.stages));
     if (t.warps_m != 1 || t.warps_n != 1) fail("wgmma tiles have warps 1x1 (the warpgroups are fixed), got " + t.text());
+    // TMA needs global row strides that are multiples of 16 bytes; hidden and weight rows are H
+    // elements (no padded copy is made): other H run the mma.sync mainloop (runtime/plan.cpp).
+    if (hidden_row_align(hidden, dtype) < 16)
+      fail("the wgmma mainloop (tile " + t.text() + ") loads rows of hidden = " + std::to_string(hidden) + " " +
+           std::string(dtype_name(dtype)) + " elements (" + std::to_string(hidden * dtype_bytes(dtype)) +
+           " bytes) with TMA, which needs a multiple of 16 bytes; use an mma.sync tile");
     return;
   }
   if (t.threads() > limits.threads_per_block_max)

@@ -22,6 +22,13 @@ std::string_view dtype_name(DType dtype);
 std::string_view reduction_name(Reduction reduction);
 std::string_view mode_name(Mode mode);
 int dtype_bytes(DType dtype);
+// The widest piece, in bytes, that every row of a row-major [*, H] matrix of `dtype` (hidden,
+// weight and their gradients) can be copied in from a 16-byte aligned base: the largest of 16, 8
+// and 4 that divides the row's H·elem bytes, else the element size. 16 lets the GEMMs copy with
+// 16-byte cp.async and, on sm_90a, TMA (whose global row strides are multiples of 16 bytes);
+// narrower rows (H not a multiple of 8 in 16-bit, of 4 in fp32) are copied in these pieces by the
+// mma.sync / SIMT mainloops (templates/gemm_skeleton.cpp) and never take the wgmma pipeline.
+int hidden_row_align(int64_t hidden, DType dtype);
 
 // The largest sizes a spec (and so a problem) may carry; validate() and the C API's problem check
 // reject larger ones naming the value.

@@ -18,10 +18,17 @@ void require(const void* ptr, const char* name) {
   if (!ptr) throw SpecError(std::string(name) + " is NULL");
 }
 
-void require_aligned(const void* ptr, const char* name) {
+void require_aligned(const void* ptr, const char* name, int bytes = 16) {
   require(ptr, name);
-  if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0)
-    throw SpecError(std::string(name) + " is not 16-byte aligned; pass a contiguous tensor that starts on 16 bytes");
+  if (reinterpret_cast<uintptr_t>(ptr) % bytes != 0)
+    throw SpecError(std::string(name) + " is not " + std::to_string(bytes) +
+                    "-byte aligned; pass a contiguous tensor that starts on " + std::to_string(bytes) + " bytes");
+}
+
+// hidden and weight: the GEMMs copy their rows in hidden_row_align(H) pieces (16 bytes unless
+// H·elem bytes is not a multiple of 16), from the base on.
+void require_rows_aligned(const Problem& problem, const void* ptr, const char* name) {
+  require_aligned(ptr, name, hidden_row_align(problem.hidden, problem.dtype));
 }
 
 void require_workspace(void* workspace, size_t given, size_t needed, const char* call) {
@@ -76,8 +83,8 @@ void launch_gemm(const Kernel& kernel, const KernelSpec& spec, Dim3 grid, CUstre
 }
 
 void run_forward(const Problem& problem, const lfce_forward_args& a, const PlanFor& plan_for) {
-  require_aligned(a.hidden, "hidden");
-  require_aligned(a.weight, "weight");
+  require_rows_aligned(problem, a.hidden, "hidden");
+  require_rows_aligned(problem, a.weight, "weight");
   if (problem.bias) require(a.bias, "bias");
   require(a.targets, "targets");
   require(a.lse, "lse");
@@ -117,8 +124,8 @@ void run_forward(const Problem& problem, const lfce_forward_args& a, const PlanF
 }
 
 void run_backward(const Problem& problem, const lfce_backward_args& a, const PlanFor& plan_for) {
-  require_aligned(a.hidden, "hidden");
-  require_aligned(a.weight, "weight");
+  require_rows_aligned(problem, a.hidden, "hidden");
+  require_rows_aligned(problem, a.weight, "weight");
   if (problem.bias) require(a.bias, "bias");
   require(a.targets, "targets");
   require(a.lse, "lse");
@@ -128,7 +135,8 @@ void run_backward(const Problem& problem, const lfce_backward_args& a, const Pla
   const bool want_hidden = a.grad_hidden != nullptr;
   const bool want_weight = a.grad_weight != nullptr;
   const bool want_bias = problem.bias && a.grad_bias != nullptr;
-  if (want_hidden) require_aligned(a.grad_hidden, "grad_hidden");
+  // grad_input writes (and for fp32 accumulates in) grad_hidden one element at a time.
+  if (want_hidden) require_aligned(a.grad_hidden, "grad_hidden", dtype_bytes(problem.dtype));
   if (!want_hidden && !want_weight && !want_bias) {
     spdlog::debug("backward: no gradient asked for, nothing launched");
     return;

@@ -51,13 +51,21 @@ TileConfig default_tile(KernelKind kind, DType dtype, Arch arch) {
 
 TileConfig default_tile(KernelKind kind, DType dtype) { return default_tile(kind, dtype, Arch::SM80); }
 
-TileConfig default_tile(KernelKind kind, DType dtype, Arch arch, int64_t smem_limit) {
+TileConfig default_tile(KernelKind kind, DType dtype, Arch arch, int64_t smem_limit, int64_t hidden) {
   if (smem_limit <= 0) smem_limit = arch_info(arch).smem_per_block_optin;
   KernelSpec spec;
   spec.kind = kind;
   spec.dtype = dtype;
   spec.arch = arch;
-  spec.tile = default_tile(kind, dtype, arch);
+  // The path is chosen here, per kernel: on sm_90a the 16-bit GEMMs take the TMA + wgmma
+  // pipeline, whose tensor maps need global row strides that are multiples of 16 bytes. Rows of
+  // hidden and weight are H elements (no padded copy is made), so any other H takes the
+  // mma.sync defaults, which run on sm_90a too and copy such rows in narrower pieces.
+  const bool tma_rows = hidden <= 0 || hidden_row_align(hidden, dtype) == 16;
+  spec.tile = default_tile(kind, dtype, tma_rows ? arch : Arch::SM80);
+  // The narrower copies' loop adds registers beside grad_input's 256x128 tile (128 fp32
+  // accumulators a thread; ptxas spilled 36 bytes on sm_90a at odd H): its 128x256 transpose.
+  if (!tma_rows && kind == KernelKind::GradInput && dtype != DType::FP32) spec.tile = TileConfig{128, 256, 64, 2, 4, 2};
   if (!kind_info(kind).gemm || kernel_smem_bytes(spec) <= smem_limit) return spec.tile;
   if (spec.tile.wgmma())
     for (const TileConfig& tile : {TileConfig{128, 256, 64, 1, 1, 3, 2}, TileConfig{128, 128, 64, 1, 1, 4, 2},
@@ -125,11 +133,6 @@ void check_problem(const Problem& p) {
                     std::to_string(kMaxChunk) + " (2^20), the largest lfce accepts");
   if (p.workspace_budget < 0)
     throw SpecError("lfce_problem.workspace_budget must be >= 0, got " + std::to_string(p.workspace_budget));
-  const int vec = 16 / dtype_bytes(p.dtype);
-  if (p.hidden % vec != 0)
-    throw SpecError("lfce_problem.hidden = " + std::to_string(p.hidden) + " must be a multiple of " +
-                    std::to_string(vec) + " for " + std::string(dtype_name(p.dtype)) +
-                    " (rows are copied in 16-byte pieces); pad hidden and weight with zeros");
 }
 
 Plan::Plan(const Problem& problem, Arch arch, const Tuning& tuning, const DeviceLimits& limits)
@@ -142,6 +145,10 @@ Plan::Plan(const Problem& problem, Arch arch, const Tuning& tuning, const Device
     if (limits_.smem_per_block > 0 && kernel_smem_bytes(s) > limits_.smem_per_block) {
       spdlog::warn("tuned tile of {} needs {} bytes of shared memory, over this device's {}: using the default",
                    kind_name(it->first), kernel_smem_bytes(s), limits_.smem_per_block);
+      it = tuning_.tiles.erase(it);
+    } else if (it->second.wgmma() && hidden_row_align(p_.hidden, p_.dtype) < 16) {
+      spdlog::warn("tuned tile {} of {} loads with TMA, which rows of H = {} cannot take: using the default",
+                   it->second.text(), kind_name(it->first), p_.hidden);
       it = tuning_.tiles.erase(it);
     } else {
       ++it;
@@ -183,7 +190,7 @@ Plan::Plan(const Problem& problem, Arch arch, const Tuning& tuning, const Device
 TileConfig Plan::tile(KernelKind kind) const {
   auto it = tuning_.tiles.find(kind);
   if (it != tuning_.tiles.end()) return it->second;
-  TileConfig t = default_tile(kind, p_.dtype, arch_, limits_.smem_per_block);
+  TileConfig t = default_tile(kind, p_.dtype, arch_, limits_.smem_per_block, p_.hidden);
   if (t.wgmma() && t.bn == 256 && (kind == KernelKind::GradInput || kind == KernelKind::GradWeight)) {
     // (Called once the chunk is known: the constructor asks only for lse_forward's tile.)
     // The output is [N or chunk, H]: when H / 256 column blocks leave the last wave of CTAs

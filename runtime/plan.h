@@ -35,7 +35,7 @@ KernelSpec problem_spec(KernelKind kind, const Problem& problem, Arch arch);
 // Converts and validates the C struct; throws SpecError naming the first bad field.
 Problem problem_from_c(const lfce_problem* problem);
 // Throws SpecError naming the first size of `problem` outside its range (N, H, V, chunk,
-// workspace budget; H's alignment). problem_from_c() and Plan run it.
+// workspace budget; any H >= 1 is accepted). problem_from_c() and Plan run it.
 void check_problem(const Problem& problem);
 
 constexpr int64_t kDefaultWorkspaceBudget = 256ll << 20;

@@ -38,7 +38,9 @@ TileConfig default_tile(KernelKind kind, DType dtype);
 // The same on a device that allows `smem_limit` bytes of shared memory per block: the H200's
 // default where it fits, else the first of smaller fallbacks that does (99 KiB GPUs: RTX 30/40/50,
 // A10, L4, L40S). Throws InternalError if none fits (a limit below any GEMM tile's needs).
-TileConfig default_tile(KernelKind kind, DType dtype, Arch arch, int64_t smem_limit);
+// `hidden` (H, if known; 0 = a multiple of 16 bytes): on sm_90a, rows of H·elem bytes that are
+// not a multiple of 16 take the mma.sync defaults, since TMA cannot load them (hidden_row_align).
+TileConfig default_tile(KernelKind kind, DType dtype, Arch arch, int64_t smem_limit, int64_t hidden = 0);
 
 // What a plan needs to know of the device it runs on; 0 = unknown (offline): the arch table's
 // shared memory and kDefaultForwardCtas. The Session fills them from runtime::device_info().

@@ -136,6 +136,11 @@ std::optional<std::string> unrunnable(const Candidate& c, const Problem& problem
            " (the forward workspace's bound)";
   if (c.kind == KernelKind::DlogitsBackward && (c.chunk < 1 || (c.chunk % 128 != 0 && c.chunk != problem.vocab)))
     return "chunk " + std::to_string(c.chunk) + " is not a positive multiple of 128";
+  // Before the Plan, which would run the default instead of such a tile (and say so).
+  if (c.tile.wgmma() && hidden_row_align(problem.hidden, problem.dtype) < 16)
+    return "tile " + c.tile.text() + " loads with TMA, which needs rows of a multiple of 16 bytes; hidden = " +
+           std::to_string(problem.hidden) + " " + std::string(dtype_name(problem.dtype)) + " rows are " +
+           std::to_string(problem.hidden * dtype_bytes(problem.dtype)) + " bytes";
   KernelSpec spec;
   try {
     spec = Plan(problem, arch, c.apply(Tuning{})).spec(c.kind);

@@ -35,6 +35,7 @@ KernelShape build_dlogits_backward(llvm::Module& module, const KernelSpec& spec)
 
   Value* n = kb.arg("n");
   Value* hidden = kb.c64(spec.hidden);
+  const int row_align = hidden_row_align(spec.hidden, spec.dtype);  // rows of H elements
   Value* v_begin = kb.arg("v_begin");
   Value* v_len = kb.arg("v_len");
   Value* ld = kb.arg("ld");
@@ -118,9 +119,9 @@ KernelShape build_dlogits_backward(llvm::Module& module, const KernelSpec& spec)
     kb.store(row.target, row_slot(tgt_off, tid, 8));
   });
 
-  GemmOperand x{kb.arg("x"), hidden, Layout::KMajor, n, hidden};
+  GemmOperand x{kb.arg("x"), hidden, Layout::KMajor, n, hidden, row_align};
   Value* w_chunk = kb.gep(kb.arg("w"), elem, ir.CreateMul(v_begin, hidden));
-  GemmOperand w{w_chunk, hidden, Layout::KMajor, v_len, hidden};
+  GemmOperand w{w_chunk, hidden, Layout::KMajor, v_len, hidden, row_align};
   gemm.compute_tile(x, w, m0, n0, k_tiles);
 
   // Rows fastest: consecutive threads write consecutive tokens of one dzᵀ row.

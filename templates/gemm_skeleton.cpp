@@ -1,6 +1,7 @@
 #include "templates/gemm_skeleton.h"
 
 #include <algorithm>
+#include <vector>
 
 namespace lfce {
 
@@ -88,15 +89,15 @@ Value* GemmSkeleton::k_tiles_for(Value* k_extent) {
 void GemmSkeleton::load_stage(const GemmOperand& op, int which, Value* slot_base, Value* mn0, Value* kt) {
   auto& ir = kb_.ir();
   const int e = dtype_bytes(dtype_);
-  const int vec = 16 / e;
+  const int piece = op.row_align;  // bytes per copy: 16 unless the operand's rows are narrower
+  const int vec = piece / e;
   OperandTile t = operand_tile(tile_, dtype_, op.layout, which == 0 ? tile_.bm : tile_.bn);
-  const int chunks_per_row = t.smem.row_bytes / 16;
+  const int chunks_per_row = t.smem.row_bytes / piece;
   const int total = t.smem.rows * chunks_per_row;
   llvm::Type* elem = ir.getInt8Ty();
   Value* k0 = ir.CreateMul(ir.CreateSExt(kt, kb_.i64()), kb_.c64(tile_.bk));
   Value* tid = kb_.tid();
-  for (int i = 0; i < total; i += kb_.threads()) {
-    Value* id = ir.CreateAdd(tid, kb_.c32(i));
+  auto copy = [&](Value* id) -> std::function<void()> {
     Value* row = ir.CreateUDiv(id, kb_.c32(chunks_per_row));
     Value* col = ir.CreateMul(ir.CreateURem(id, kb_.c32(chunks_per_row)), kb_.c32(vec));  // elements
     // Stored-matrix coordinates: rows run along the slow global dimension.
@@ -109,14 +110,33 @@ void GemmSkeleton::load_stage(const GemmOperand& op, int which, Value* slot_base
     Value* index = ir.CreateAdd(ir.CreateMul(slow, op.ld), fast);
     Value* byte_index = ir.CreateSelect(valid, ir.CreateMul(index, kb_.c64(e)), kb_.c64(0));
     Value* src = kb_.gep(op.base, elem, byte_index);
-    Value* dst = kb_.smem(ir.CreateAdd(slot_base, t.smem.offset(kb_, row, col, e)));
+    Value* dst_offset = ir.CreateAdd(slot_base, t.smem.offset(kb_, row, col, e));
+    // Rows not 16-byte aligned (odd H): narrower copies, same ring and edges.
+    if (piece < 16) return copy_narrow_piece(kb_, dst_offset, src, valid, piece);
+    Value* dst = kb_.smem(dst_offset);
     if (total % kb_.threads() != 0) {
       kb_.if_then(ir.CreateICmpULT(id, kb_.c32(total)),
                   [&] { kb_.cp_async_16(dst, src, ir.CreateSelect(valid, kb_.c32(16), kb_.c32(0))); });
     } else {
       kb_.cp_async_16(dst, src, ir.CreateSelect(valid, kb_.c32(16), kb_.c32(0)));
     }
+    return {};
+  };
+  if (piece < 16) {
+    // A run-time loop over the 2-8x more pieces: fully unrolled, each piece's address would be
+    // hoisted out of the mainloop and held in registers through it (spills). Element loads,
+    // which are not asynchronous, come kNarrowBatch an iteration, all issued before their
+    // shared stores, so their latencies overlap.
+    const int batch = piece == e && total % (kNarrowBatch * kb_.threads()) == 0 ? kNarrowBatch : 1;
+    kb_.for_range(tid, kb_.c32(total), kb_.c32(batch * kb_.threads()), [&](Value* first) {
+      std::vector<std::function<void()>> finish;
+      for (int b = 0; b < batch; ++b) finish.push_back(copy(ir.CreateAdd(first, kb_.c32(b * kb_.threads()))));
+      for (const auto& store : finish)
+        if (store) store();
+    });
+    return;
   }
+  for (int i = 0; i < total; i += kb_.threads()) copy(ir.CreateAdd(tid, kb_.c32(i)));
 }
 
 void GemmSkeleton::compute_tile(const GemmOperand& a, const GemmOperand& b, Value* m0, Value* n0,

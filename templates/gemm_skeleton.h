@@ -3,7 +3,8 @@
 //   compute_tile(A, B, m0, n0, k_tiles)      C[BM x BN] = Σ_k A[m0+m, k] · B[n0+n, k]
 //     producer: cp.async copies of A and B tiles into a `stages`-deep shared-memory ring,
 //               16-byte chunks, XOR-swizzled so ldmatrix reads are bank-conflict free;
-//               edges are zero-filled, so any M, N, K works;
+//               edges are zero-filled, so any M, N, K works; rows that are not a multiple
+//               of 16 bytes (GemmOperand::row_align) are copied in narrower pieces;
 //     mainloop: replaceable — mma.sync tensor cores (16-bit inputs) or SIMT FMA (fp32);
 //   or, for wgmma tiles (TileConfig::consumers > 0, sm_90a), the whole loop is replaced by a
 //   warp-specialised pipeline (templates/wgmma_pipeline.cpp): TMA loads into a 128-byte-swizzled
@@ -32,6 +33,11 @@ struct GemmOperand {
   Layout layout;
   llvm::Value* mn_extent;  // i64: rows (M for A, N for B) that exist
   llvm::Value* k_extent;   // i64: K that exists; contiguous extents are multiples of 16 bytes
+  // Bytes every row (and the base) is aligned to, known when the kernel is generated: 16, or
+  // for rows of H elements that are not a multiple of 16 bytes, hidden_row_align(H) (8, 4 or
+  // the element size; H is then the contiguous extent, a whole number of such pieces). Such
+  // rows are copied in pieces of this width (cp.async of 8 or 4 bytes, else element loads).
+  int row_align = 16;
 };
 
 class Mainloop;
@@ -127,6 +133,17 @@ struct SmemTile {
   // Byte offset of element (row, col) within the tile; col*elem_bytes % 16 may be non-zero.
   llvm::Value* offset(KernelBuilder& kb, llvm::Value* row, llvm::Value* col, int elem_bytes) const;
 };
+
+// Copies one `bytes`-wide piece (8, 4 or 2; narrower than the 16-byte cp.async the producer
+// uses for aligned rows) of an operand row from global `src` to shared `dst` (i32 byte offset),
+// or zeros when `valid` is false (src is then the operand's base, readable). 8 or 4 bytes:
+// cp.async, and returns nothing; 2 bytes: loads the element and returns the shared store that
+// finishes the copy (callers issue several loads before their stores). In mainloops.cpp.
+std::function<void()> copy_narrow_piece(KernelBuilder& kb, llvm::Value* dst_offset, llvm::Value* src,
+                                        llvm::Value* valid, int bytes);
+// Element pieces loaded before their stores, per thread and producer loop iteration (4 made
+// ptxas spill in lse_forward's default tile).
+constexpr int kNarrowBatch = 2;
 
 // A tensor-core or SIMT inner loop over one staged BK slice, plus the write-out of its
 // accumulators to the staged tile.

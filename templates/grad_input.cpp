@@ -27,13 +27,14 @@ KernelShape build_grad_input(llvm::Module& module, const KernelSpec& spec) {
   GemmSkeleton gemm(kb, spec, Layout::MNMajor, Layout::MNMajor);
   Value* n = kb.arg("n");
   Value* hidden = kb.c64(spec.hidden);
+  const int row_align = hidden_row_align(spec.hidden, spec.dtype);  // rows of H elements
   Value* v_len = kb.arg("v_len");
   Value *m0, *n0;
   std::tie(m0, n0) = gemm.tile_origin();
 
   GemmOperand dz{kb.arg("dz"), kb.arg("ld"), Layout::MNMajor, n, v_len};
   Value* w_chunk = kb.gep(kb.arg("w"), elem, ir.CreateMul(kb.arg("v_begin"), hidden));
-  GemmOperand w{w_chunk, hidden, Layout::MNMajor, hidden, v_len};
+  GemmOperand w{w_chunk, hidden, Layout::MNMajor, hidden, v_len, row_align};
   gemm.compute_tile(dz, w, m0, n0, gemm.k_tiles_for(v_len));
 
   Value* first = ir.CreateICmpNE(kb.arg("first"), kb.c32(0));

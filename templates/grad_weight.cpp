@@ -22,13 +22,14 @@ KernelShape build_grad_weight(llvm::Module& module, const KernelSpec& spec) {
   llvm::Type* elem = elem_type(kb, spec.dtype);
   GemmSkeleton gemm(kb, spec, Layout::KMajor, Layout::MNMajor);
   Value* hidden = kb.c64(spec.hidden);
+  const int row_align = hidden_row_align(spec.hidden, spec.dtype);  // rows of H elements
   Value* v_len = kb.arg("v_len");
   Value* ld = kb.arg("ld");
   Value *m0, *n0;
   std::tie(m0, n0) = gemm.tile_origin();
 
   GemmOperand dz{kb.arg("dz"), ld, Layout::KMajor, v_len, ld};
-  GemmOperand x{kb.arg("x"), hidden, Layout::MNMajor, hidden, kb.arg("n")};
+  GemmOperand x{kb.arg("x"), hidden, Layout::MNMajor, hidden, kb.arg("n"), row_align};
   gemm.compute_tile(dz, x, m0, n0, gemm.k_tiles_for(ld));
 
   // dz was stored times dz_scale (fp16): multiply by its reciprocal in fp32, exactly (a power of two).

@@ -155,6 +155,7 @@ KernelShape build_lse_forward(llvm::Module& module, const KernelSpec& spec) {
   Value* n = kb.arg("n");
   Value* vocab = kb.c64(spec.vocab);
   Value* hidden = kb.c64(spec.hidden);
+  const int row_align = hidden_row_align(spec.hidden, spec.dtype);  // rows of H elements
   Value* row_blocks = ir.CreateTrunc(ir.CreateUDiv(ir.CreateAdd(n, kb.c64(t.bm - 1)), kb.c64(t.bm)), kb.i32());
   const int n_tiles = static_cast<int>((spec.vocab + t.bn - 1) / t.bn);
   // CTA (g, s)'s share of the vocabulary tiles, [share_end(s), share_end(s + 1)). In 64 bits:
@@ -193,8 +194,8 @@ KernelShape build_lse_forward(llvm::Module& module, const KernelSpec& spec) {
           [&] { kb.store(target, row_slot(tgt_off, tid, 8)); });
     });
 
-    GemmOperand x{kb.arg("x"), hidden, Layout::KMajor, n, hidden};
-    GemmOperand w{kb.arg("w"), hidden, Layout::KMajor, vocab, hidden};
+    GemmOperand x{kb.arg("x"), hidden, Layout::KMajor, n, hidden, row_align};
+    GemmOperand w{kb.arg("w"), hidden, Layout::KMajor, vocab, hidden, row_align};
     Value* lane = ir.CreateAnd(tid, kb.c32(31));
     Value* warp = ir.CreateLShr(tid, kb.c32(5));
     const int warps = t.threads() / 32;

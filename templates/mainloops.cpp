@@ -1,5 +1,8 @@
 // The replaceable inner loops of the GEMM skeleton. Both read one BK-deep shared-memory
 // slice of A and B per call and keep their accumulators in registers (fp32).
+#include <llvm/IR/InlineAsm.h>
+
+#include <string>
 #include <vector>
 
 #include "templates/gemm_skeleton.h"
@@ -169,6 +172,25 @@ class SimtMainloop final : public Mainloop {
 };
 
 }  // namespace
+
+std::function<void()> copy_narrow_piece(KernelBuilder& kb, Value* dst_offset, Value* src, Value* valid, int bytes) {
+  auto& ir = kb.ir();
+  Value* dst = kb.smem(dst_offset);
+  if (bytes >= 4) {
+    // cp.async.ca copies 4, 8 or 16 bytes (.cg only 16); src-size 0 zero-fills past the edges.
+    // Inline PTX as for cp_async_16: LLVM 19 cannot select cp.async with 32-bit shared pointers.
+    auto* type = llvm::FunctionType::get(ir.getVoidTy(), {kb.i32(), src->getType(), kb.i32()}, false);
+    const std::string text = "cp.async.ca.shared.global [$0], [$1], " + std::to_string(bytes) + ", $2;";
+    auto* copy = llvm::InlineAsm::get(type, text, "r,l,r,~{memory}", /*hasSideEffects=*/true);
+    ir.CreateCall(copy, {ir.CreatePtrToInt(dst, kb.i32()), src, ir.CreateSelect(valid, kb.c32(bytes), kb.c32(0))});
+    return {};
+  }
+  // One 16-bit element (odd H): cp.async has no 2-byte form, so a plain load, zero past the
+  // edges (src is then the base: a readable address). The shared store lands before the barrier
+  // that precedes this slice's use, the same barrier that publishes the cp.async copies.
+  Value* value = ir.CreateSelect(valid, kb.load(ir.getInt16Ty(), src), ir.getInt16(0));
+  return [&kb, value, dst] { kb.store(value, dst); };
+}
 
 std::unique_ptr<Mainloop> make_mainloop(KernelBuilder& kb, const TileConfig& tile, DType dtype,
                                         const OperandTile& a, const OperandTile& b) {

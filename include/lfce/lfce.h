@@ -47,12 +47,16 @@ typedef enum lfce_reduction {
 typedef enum lfce_mode { LFCE_MODE_RECOMPUTE = 0, LFCE_MODE_EAGER = 1 } lfce_mode;
 
 /* One fused linear + cross-entropy problem. hidden [tokens, hidden] and weight
- * [vocab, hidden] are row-major and contiguous, 16-byte aligned, in `dtype`;
- * bias [vocab] in `dtype`; targets [tokens] in `target_dtype`. Sizes beyond the
- * limits below are rejected (LFCE_ERR_INVALID_ARGUMENT naming the value). */
+ * [vocab, hidden] are row-major and contiguous (row stride `hidden` elements, no padding),
+ * in `dtype`, each starting on 16 bytes when hidden * element bytes is a multiple of 16,
+ * else on the largest of 8, 4 or the element size that divides it (a contiguous tensor
+ * from PyTorch's allocator always is); bias [vocab] in `dtype`; targets [tokens] in
+ * `target_dtype`. Sizes beyond the limits below are rejected (LFCE_ERR_INVALID_ARGUMENT
+ * naming the value). */
 typedef struct lfce_problem {
   int64_t tokens;           /* 1 <= N <= 2^31 - 1; a run-time value, not part of any kernel's specialisation */
-  int64_t hidden;           /* 1 <= H <= 2^20, a multiple of 8 (16-bit dtypes) or 4 (fp32) */
+  int64_t hidden;           /* 1 <= H <= 2^20, any value (H not a multiple of 8 in 16-bit, of 4
+                               in fp32: narrower copies, no TMA on sm_90a; slower) */
   int64_t vocab;            /* 1 <= V <= 2^31 - 1 */
   int32_t dtype;            /* lfce_dtype of hidden, weight, bias and the gradients */
   int32_t target_dtype;     /* lfce_index_dtype */
@@ -91,7 +95,7 @@ typedef struct lfce_backward_args {
   const float* grad_loss;    /* fp32: [1] for mean/sum, [tokens] for none; NULL means 1 */
   /* The gradients: each may be NULL when the caller does not need it (a frozen LM head, a frozen
    * input, LoRA); the kernel that would compute it is then neither compiled nor launched. */
-  void* grad_hidden;         /* [tokens, hidden] out, in dtype, 16-byte aligned; or NULL */
+  void* grad_hidden;         /* [tokens, hidden] out, in dtype (aligned to its elements); or NULL */
   void* grad_weight;         /* [vocab, hidden] out, in dtype; or NULL */
   void* grad_bias;           /* [vocab] out, in dtype; or NULL (always unused without has_bias) */
   void* workspace;           /* lfce_backward_workspace_size() bytes, 256-byte aligned */

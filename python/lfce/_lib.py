@@ -61,8 +61,6 @@ MODE_EAGER = 1
 DTYPES = {"bf16": DTYPE_BF16, "fp16": DTYPE_FP16, "fp32": DTYPE_FP32}
 REDUCTIONS = {"mean": REDUCTION_MEAN, "sum": REDUCTION_SUM, "none": REDUCTION_NONE}
 MODES = {"recompute": MODE_RECOMPUTE, "eager": MODE_EAGER}
-# The hidden size must be a multiple of this many elements (16 bytes) per dtype.
-HIDDEN_MULTIPLE = {DTYPE_BF16: 8, DTYPE_FP16: 8, DTYPE_FP32: 4}
 
 BUILD_HINT = "build it with `cmake -S . -B build && cmake --build build` in the repository root"
 

@@ -43,7 +43,7 @@ HAVE_CUSTOM_OPS = all(hasattr(torch.library, name) for name in ("custom_op", "re
 
 DTYPES = {torch.bfloat16: _lib.DTYPE_BF16, torch.float16: _lib.DTYPE_FP16, torch.float32: _lib.DTYPE_FP32}
 INDEX_DTYPES = {torch.int64: _lib.INDEX_INT64, torch.int32: _lib.INDEX_INT32}
-_ALIGNMENT = 16  # bytes; lfce.h asks for 16-byte aligned operands
+_ALIGNMENT = 16  # bytes; the most lfce.h asks of any operand
 _F32 = torch.float32
 # The operators' schemas are inferred from these annotations (at run time: no string annotations).
 OptionalTensor = Optional[Tensor]
@@ -52,14 +52,22 @@ OptionalInt = Optional[int]
 
 # --- the real implementations (ctypes) --------------------------------------------------------
 
-def _aligned(tensor):
-    """A contiguous, 16-byte aligned version of tensor (itself when it already is)."""
+def _aligned(tensor, alignment=_ALIGNMENT):
+    """A contiguous version of tensor starting on `alignment` bytes (itself when it already is)."""
     if tensor is None:
         return None
     tensor = tensor.contiguous()
-    if tensor.data_ptr() % _ALIGNMENT:
+    if tensor.data_ptr() % alignment:
         tensor = tensor.clone()  # a fresh allocation is aligned
     return tensor
+
+
+def _rows_aligned(tensor):
+    """hidden or weight ([rows, H]) as lfce.h asks: starting on 16 bytes when a row's bytes are a
+    multiple of 16, else on the widest of 8, 4 or the element size that divides them (the kernels
+    copy rows in such pieces). So a slice of whole rows of an odd-H tensor is used in place."""
+    row_bytes = tensor.shape[-1] * tensor.element_size()
+    return _aligned(tensor, next((piece for piece in (16, 8, 4) if row_bytes % piece == 0), tensor.element_size()))
 
 
 def _ptr(tensor):
@@ -143,7 +151,8 @@ def _forward_impl(hidden: Tensor, weight: Tensor, bias: OptionalTensor, targets:
                   reduction: str, mode: str, chunk_size: OptionalInt, workspace_budget: OptionalInt,
                   need_hidden: bool, need_weight: bool, need_bias: bool) -> tuple[Tensor, Tensor, Tensor, Tensor,
                                                                                    Tensor, Tensor]:
-    hidden, weight, bias, targets = (_aligned(t) for t in (hidden, weight, bias, targets))
+    hidden, weight = _rows_aligned(hidden), _rows_aligned(weight)
+    bias, targets = _aligned(bias), _aligned(targets)
     eager = _eager(mode, reduction)
     problem = _problem(hidden, weight, bias, targets, ignore_index, reduction, "eager" if eager else "recompute",
                        chunk_size, workspace_budget)
@@ -177,7 +186,8 @@ def _backward_impl(hidden: Tensor, weight: Tensor, bias: OptionalTensor, targets
                    valid_count: Tensor, grad_loss: Tensor, ignore_index: int, reduction: str,
                    chunk_size: OptionalInt, workspace_budget: OptionalInt, need_hidden: bool,
                    need_weight: bool, need_bias: bool) -> tuple[Tensor, Tensor, Tensor]:
-    hidden, weight, bias, targets, grad_loss = (_aligned(t) for t in (hidden, weight, bias, targets, grad_loss))
+    hidden, weight = _rows_aligned(hidden), _rows_aligned(weight)
+    bias, targets, grad_loss = (_aligned(t) for t in (bias, targets, grad_loss))
     problem = _problem(hidden, weight, bias, targets, ignore_index, reduction, "recompute", chunk_size,
                        workspace_budget)
     wanted = (need_hidden, need_weight, need_bias)

@@ -37,12 +37,10 @@ result is cached per group and per local shapes and options, so later calls issu
 for any collective, every rank of the group must make the same calls in the same order.
 """
 
-import logging
 import operator
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from . import _check, _lib, _ops, functional
 
@@ -355,12 +353,6 @@ def linear_cross_entropy(hidden, weight, targets, bias=None, *, group=None, voca
     group = _resolve_group(group)
     batch_shape = targets.shape
     hidden, targets = hidden.reshape(n, h), targets.reshape(n)
-    multiple = _lib.HIDDEN_MULTIPLE[_ops.DTYPES[hidden.dtype]]
-    if h % multiple:  # as lfce.linear_cross_entropy: zeros (F.pad is differentiable)
-        padded = -(-h // multiple) * multiple
-        functional._log_once(logging.WARNING, "lfce: hidden size %d is not a multiple of %d for %s; padding hidden "
-                             "and weight with zeros to %d", h, multiple, hidden.dtype, padded)
-        hidden, weight, h = F.pad(hidden, (0, padded - h)), F.pad(weight, (0, padded - h)), padded
     eager = mode == "eager" and reduction != "none"
     wanted = tuple(torch.is_grad_enabled() and t is not None and t.requires_grad for t in (hidden, weight, bias))
     row = {"vocab_shard": shard, "vocab_start": -1 if vocab_start is None else operator.index(vocab_start),

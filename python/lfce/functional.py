@@ -29,7 +29,6 @@ import logging
 import operator
 
 import torch
-import torch.nn.functional as F
 
 from . import _check, _lib, _ops
 
@@ -174,23 +173,10 @@ def linear_cross_entropy(hidden, weight, targets, bias=None, *, ignore_index=-10
     validate_options(ignore_index, reduction, mode, chunk_size, workspace_budget)
     hidden, weight, bias = _autocast((hidden, weight, bias))
     N, H, _ = _validate_tensors(hidden, weight, targets, bias)
-    dtype = _DTYPES[hidden.dtype]
     batch_shape = hidden.shape[:-1]
 
     hidden = hidden.reshape(N, H)
     targets = targets.reshape(N)
-    multiple = _lib.HIDDEN_MULTIPLE[dtype]
-    if H % multiple:
-        padded = -(-H // multiple) * multiple
-        _log_once(logging.WARNING,
-                  "lfce: hidden size %d is not a multiple of %d for %s; padding hidden and weight "
-                  "with zeros to %d (copies both; pad the model's hidden size to avoid this)",
-                  H, multiple, hidden.dtype, padded)
-        # F.pad is differentiable: autograd slices the gradients back to H.
-        hidden = F.pad(hidden, (0, padded - H))
-        weight = F.pad(weight, (0, padded - H))
-        H = padded
-
     if mode == "eager" and reduction == "none":
         _log_once(logging.INFO, "lfce: mode 'eager' needs a scalar loss; reduction 'none' uses 'recompute'")
         mode = "recompute"

@@ -50,7 +50,13 @@ case $test in
       assemble_all "$work/$arch" $arch
     done ;;
   compile_names_bad_hidden)
-    expect_error "hidden = 12 must be a multiple of 8" "$lfce" compile --vocab 100 --hidden 12 -o "$work/x" ;;
+    expect_error "hidden.*got '0'" "$lfce" compile --vocab 100 --hidden 0 -o "$work/x" ;;
+  compile_odd_hidden_assembles)  # H = 12 and 7 (bf16 rows of 24 and 14 bytes): no TMA, narrower copies
+    for hidden in 12 7; do
+      "$lfce" compile --vocab 1000 --hidden $hidden --arch sm_90a -o "$work/h$hidden" >/dev/null || fail "compile H=$hidden"
+      grep -q '/wg' "$work/h$hidden"/*.json && fail "a TMA (wgmma) tile for H=$hidden"
+      assemble_all "$work/h$hidden" sm_90a
+    done ;;
   compile_names_bad_vocab)
     expect_error "vocab.*got '0'" "$lfce" compile --vocab 0 --hidden 16 ;;
   compile_names_bad_arch)

@@ -2,13 +2,11 @@
 // PTX that matters, and assembles with ptxas for sm_80 and sm_90a with no spills. No GPU.
 #include <gtest/gtest.h>
 
-#include <cstdio>
-#include <fstream>
-#include <regex>
 #include <string>
 
 #include "compiler/errors.h"
 #include "templates/templates.h"
+#include "tests/ptxas.h"
 
 namespace lfce {
 namespace {
@@ -39,31 +37,10 @@ KernelSpec spec_for(const Case& c) {
   return s;
 }
 
-struct PtxasReport {
-  int status = -1;
-  std::string log;
-};
-
-PtxasReport assemble(const std::string& ptx, Arch arch) {
-  char path[] = "/tmp/lfce_codegen_XXXXXX";
-  int fd = mkstemp(path);
-  EXPECT_GE(fd, 0);
-  close(fd);
-  std::ofstream(path) << ptx;
-  std::string cmd = std::string(LFCE_PTXAS) + " -arch=" + std::string(arch_name(arch)) + " -v -o /dev/null " + path + " 2>&1";
-  PtxasReport report;
-  FILE* pipe = popen(cmd.c_str(), "r");
-  char buf[512];
-  while (fgets(buf, sizeof buf, pipe)) report.log += buf;
-  report.status = pclose(pipe);
-  std::remove(path);
-  return report;
-}
-
 class Codegen : public testing::TestWithParam<Case> {};
 
 TEST_P(Codegen, AssemblesWithoutSpills) {
-  if (std::string(LFCE_PTXAS).empty() || std::string(LFCE_PTXAS).find("NOTFOUND") != std::string::npos)
+  if (!testing_ptxas::have_ptxas())
     GTEST_SKIP() << "ptxas not found at configure time (install the CUDA toolkit)";
   const Case& c = GetParam();
   GeneratedKernel k = generate_kernel(spec_for(c));
@@ -80,12 +57,7 @@ TEST_P(Codegen, AssemblesWithoutSpills) {
       EXPECT_EQ(k.ptx.find("mma.sync"), std::string::npos) << "fp32 must not round through tensor cores";
     }
   }
-  PtxasReport r = assemble(k.ptx, c.arch);
-  ASSERT_EQ(r.status, 0) << r.log;
-  std::smatch m;
-  ASSERT_TRUE(std::regex_search(r.log, m, std::regex(R"((\d+) bytes spill stores, (\d+) bytes spill loads)"))) << r.log;
-  EXPECT_EQ(m[1], "0") << r.log;
-  EXPECT_EQ(m[2], "0") << r.log;
+  testing_ptxas::expect_assembles_without_spills(k.ptx, c.arch);
 }
 
 std::vector<Case> all_cases() {
@@ -135,8 +107,7 @@ std::string wgmma_case_name(const testing::TestParamInfo<WgmmaCase>& info) {
 class WgmmaCodegen : public testing::TestWithParam<WgmmaCase> {};
 
 TEST_P(WgmmaCodegen, AssemblesWithoutSpillsOrCalls) {
-  if (std::string(LFCE_PTXAS).empty() || std::string(LFCE_PTXAS).find("NOTFOUND") != std::string::npos)
-    GTEST_SKIP() << "ptxas not found at configure time (install the CUDA toolkit)";
+  if (!testing_ptxas::have_ptxas()) GTEST_SKIP() << "ptxas not found at configure time (install the CUDA toolkit)";
   const WgmmaCase& c = GetParam();
   KernelSpec s = spec_for({c.kind, c.dtype, Arch::SM90A, c.bias});
   s.reduction = c.reduction;
@@ -148,12 +119,7 @@ TEST_P(WgmmaCodegen, AssemblesWithoutSpillsOrCalls) {
   EXPECT_EQ(k.ptx.find(".local"), std::string::npos) << "local memory in generated PTX";
   EXPECT_FALSE(std::regex_search(k.ptx, std::regex(R"(\bcall(\.uni)?\b)"))) << "a call in a wgmma kernel";
   EXPECT_EQ(k.ptx.find("div.rn.f32"), std::string::npos) << "IEEE division: a subroutine call in SASS";
-  PtxasReport r = assemble(k.ptx, Arch::SM90A);
-  ASSERT_EQ(r.status, 0) << r.log;
-  std::smatch m;
-  ASSERT_TRUE(std::regex_search(r.log, m, std::regex(R"((\d+) bytes spill stores, (\d+) bytes spill loads)"))) << r.log;
-  EXPECT_EQ(m[1], "0") << r.log;
-  EXPECT_EQ(m[2], "0") << r.log;
+  testing_ptxas::expect_assembles_without_spills(k.ptx, Arch::SM90A);
 }
 
 std::vector<WgmmaCase> wgmma_cases() {

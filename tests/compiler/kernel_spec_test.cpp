@@ -120,14 +120,27 @@ TEST(KernelSpec, ParseNamesTheBadField) {
   EXPECT_NE(message(no_arch).find("lacks field 'arch'"), std::string::npos);
 }
 
-TEST(KernelSpec, ValidateRejectsUnalignedHidden) {
+TEST(KernelSpec, ValidateAcceptsAnyHiddenForMmaSyncTiles) {
   KernelSpec s = sample();
-  s.hidden = 4100;
+  for (int64_t h : {1, 7, 4093, 4094, 4100}) {
+    s.hidden = h;
+    EXPECT_NO_THROW(s.validate()) << "H = " << h;
+  }
+}
+
+TEST(KernelSpec, ValidateRejectsWgmmaTileForRowsNotMultipleOf16BytesNamingHidden) {
+  KernelSpec s = sample();
+  s.arch = Arch::SM90A;
+  s.tile = TileConfig{128, 256, 64, 1, 1, 3, 2};
+  s.hidden = 4096;
+  EXPECT_NO_THROW(s.validate());
+  s.hidden = 4093;
   try {
     s.validate();
-    FAIL() << "hidden=4100 accepted for fp16";
+    FAIL() << "a wgmma tile accepted for H = 4093 (TMA needs 16-byte row strides)";
   } catch (const SpecError& e) {
-    EXPECT_NE(std::string(e.what()).find("multiple of 8"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("hidden = 4093"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("8186 bytes"), std::string::npos) << e.what();
   }
 }
 

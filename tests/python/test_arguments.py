@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import lfce
-from lfce import _lib
+from lfce import _lib, _ops, functional
 
 N, H, V = 4, 16, 10
 
@@ -163,9 +163,15 @@ def test_library_names_zero_vocab():
 
 
 @pytest.mark.lib
-def test_library_names_hidden_not_a_multiple_of_8_for_bf16():
-    with raises(ValueError, "multiple of 8"):
-        check_problem(problem(hidden=12))
+def test_library_accepts_hidden_not_a_multiple_of_8_for_bf16():
+    for hidden in (12, 7, 4093):
+        check_problem(problem(hidden=hidden))
+
+
+@pytest.mark.lib
+def test_library_names_hidden_above_the_limit():
+    with raises(ValueError, "hidden = 2000000"):
+        check_problem(problem(hidden=2000000))
 
 
 @pytest.mark.lib
@@ -314,3 +320,30 @@ def test_tune_names_a_string_verify():
 def test_tune_names_a_model_with_a_nul():
     with raises(ValueError, "model", "NUL"):
         lfce.tune("llama3-8b\x00junk")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_odd_hidden_size_reaches_the_operator_unpadded(monkeypatch, dtype):
+    """H = 7 (rows of 14 or 28 bytes): hidden and weight go to the operator as they are. lfce
+    padded both to a multiple of 8 / 4 with F.pad (a copy of each) before its kernels read such
+    rows in place."""
+    seen = []
+
+    def operator(hidden, weight, *rest):
+        seen.append((tuple(hidden.shape), tuple(weight.shape)))
+        return (torch.zeros(()),)
+
+    monkeypatch.setattr(functional, "_DEVICE_TYPE", "cpu")
+    monkeypatch.setattr(_ops, "forward", operator)
+    lfce.linear_cross_entropy(torch.randn(5, 7).to(dtype), torch.randn(40, 7).to(dtype),
+                              torch.zeros(5, dtype=torch.int64))
+    assert seen == [((5, 7), (40, 7))]
+
+
+def test_row_slices_of_odd_hidden_size_are_used_in_place():
+    """lfce.h asks rows of H = 7 bf16 elements (14 bytes) to start on 2 bytes only: a slice of
+    whole rows is passed as it is, not copied; 16-byte rows still need a 16-byte start."""
+    odd = torch.zeros(10, 7, dtype=torch.bfloat16)[3:]
+    assert odd.data_ptr() % 16 and _ops._rows_aligned(odd).data_ptr() == odd.data_ptr()
+    even = torch.zeros(10, 8, dtype=torch.bfloat16)[3:]
+    assert _ops._rows_aligned(even).data_ptr() % 16 == 0

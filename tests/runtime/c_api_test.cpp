@@ -176,11 +176,44 @@ TEST(CApi, BackwardWithNoGradientStillChecksItsInputs) {
 
 TEST(CApi, BackwardRejectsMisalignedGradHiddenNamingIt) {
   BackwardCall call;
-  call.args.grad_hidden = call.buffer + 4;
+  call.args.grad_hidden = call.buffer + 1;  // written one element at a time: element alignment
   const lfce_problem p = small_problem();
   EXPECT_EQ(lfce_backward(&p, &call.args), LFCE_ERR_INVALID_ARGUMENT);
-  EXPECT_NE(std::string(lfce_last_error()).find("grad_hidden is not 16-byte aligned"), std::string::npos)
+  EXPECT_NE(std::string(lfce_last_error()).find("grad_hidden is not 2-byte aligned"), std::string::npos)
       << lfce_last_error();
+}
+
+// Rows of H = 4093 bf16 elements are copied in 2-byte pieces: hidden, weight and grad_hidden
+// need only element alignment (a row of such a tensor starts anywhere even).
+TEST(CApi, BackwardAcceptsElementAlignedTensorsOfOddHidden) {
+  lfce_problem p = small_problem();
+  p.hidden = 4093;
+  BackwardCall call;
+  call.args.hidden = call.buffer + 2;
+  call.args.weight = call.buffer + 6;
+  call.args.grad_hidden = call.buffer + 10;
+  expect_reaches_the_driver(p, call.args);
+}
+
+// H = 4092: 8184-byte rows, copied in 8-byte pieces from an 8-byte aligned base.
+TEST(CApi, BackwardRejectsHiddenOffItsRowAlignmentNamingIt) {
+  lfce_problem p = small_problem();
+  p.hidden = 4092;
+  BackwardCall call;
+  call.args.hidden = call.buffer + 4;
+  EXPECT_EQ(lfce_backward(&p, &call.args), LFCE_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(lfce_last_error()).find("hidden is not 8-byte aligned"), std::string::npos)
+      << lfce_last_error();
+}
+
+TEST(CApi, GenerateBuildsOddHiddenKernelsForSm90a) {
+  lfce_problem p = small_problem();
+  p.hidden = 4093;
+  std::vector<std::string> specs;
+  auto collect = [](const lfce_kernel_info* k, void* user) { static_cast<std::vector<std::string>*>(user)->push_back(k->spec); };
+  ASSERT_EQ(lfce_generate(&p, "sm_90a", collect, &specs), LFCE_OK) << lfce_last_error();
+  EXPECT_EQ(specs.size(), 6u);
+  for (const std::string& spec : specs) EXPECT_EQ(spec.find("/wg"), std::string::npos) << spec;  // no TMA tile
 }
 
 TEST(CApi, GenerateHandsOverEveryKernelWithoutGpu) {

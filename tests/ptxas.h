@@ -1,0 +1,53 @@
+// Assembling generated PTX with the CUDA toolkit's ptxas (found at configure time: LFCE_PTXAS)
+// and reading its resource report. No GPU.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <regex>
+#include <string>
+
+#include "compiler/arch.h"
+
+namespace lfce::testing_ptxas {
+
+inline bool have_ptxas() {
+  const std::string path = LFCE_PTXAS;
+  return !path.empty() && path.find("NOTFOUND") == std::string::npos;
+}
+
+struct PtxasReport {
+  int status = -1;
+  std::string log;
+};
+
+inline PtxasReport assemble(const std::string& ptx, Arch arch) {
+  char path[] = "/tmp/lfce_codegen_XXXXXX";
+  int fd = mkstemp(path);
+  EXPECT_GE(fd, 0);
+  close(fd);
+  std::ofstream(path) << ptx;
+  std::string cmd = std::string(LFCE_PTXAS) + " -arch=" + std::string(arch_name(arch)) + " -v -o /dev/null " + path + " 2>&1";
+  PtxasReport report;
+  FILE* pipe = popen(cmd.c_str(), "r");
+  char buf[512];
+  while (fgets(buf, sizeof buf, pipe)) report.log += buf;
+  report.status = pclose(pipe);
+  std::remove(path);
+  return report;
+}
+
+// Asserts that ptxas accepts `ptx` for `arch` and spills nothing (stores and loads).
+inline void expect_assembles_without_spills(const std::string& ptx, Arch arch) {
+  PtxasReport r = assemble(ptx, arch);
+  ASSERT_EQ(r.status, 0) << r.log;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.log, m, std::regex(R"((\d+) bytes spill stores, (\d+) bytes spill loads)"))) << r.log;
+  EXPECT_EQ(m[1], "0") << r.log;
+  EXPECT_EQ(m[2], "0") << r.log;
+}
+
+}  // namespace lfce::testing_ptxas
