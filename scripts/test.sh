@@ -20,7 +20,9 @@ fi
 # CI also runs `pip install .` into a fresh virtual environment (tests/python/test_install.py; the
 # C++ build reuses build/'s objects through ccache); elsewhere LFCE_TEST_PIP_INSTALL=1 asks for it.
 if [ "${CI:-}" = true ]; then export LFCE_TEST_PIP_INSTALL="${LFCE_TEST_PIP_INSTALL:-1}"; fi
+start=$SECONDS
 bash scripts/build.sh
+echo "--- build: $((SECONDS - start)) s ---"
 # Lint step: ruff's default rules (config: ruff.toml) on the Python package and its tests. The
 # version is pinned because ruff's default rule set changes between releases. Only CI (CI=true)
 # fails when ruff cannot be installed (e.g. on a machine without PyPI); elsewhere the step is skipped.
@@ -38,7 +40,9 @@ else
 fi
 cd build
 status=0
+start=$SECONDS
 ctest --output-on-failure -j"$(nproc)" "$@" || status=$?
+echo "--- ctest: $((SECONDS - start)) s ---"
 # ctest shows only failing tests' output: print each pytest run's skips and closing line from its log.
 echo "--- Python test runs: skips and results (GPU tests skip without a GPU) ---"
 awk '/^[0-9]+\/[0-9]+ Test: python\./ { name = $3 }
