@@ -3,7 +3,7 @@
 # The CUDA toolkit (for cuda.h and ptxas) is expected under /usr/local/cuda.
 set -euo pipefail
 packages=(cmake g++ make llvm-19-dev libzstd-dev zlib1g-dev libspdlog-dev libfmt-dev libgtest-dev
-          python3 python3-pytest python3-torch binutils nlohmann-json3-dev libcli11-dev)
+          python3 python3-pytest python3-torch python3-venv binutils nlohmann-json3-dev libcli11-dev ccache)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

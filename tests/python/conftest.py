@@ -13,6 +13,11 @@ Markers:
 * ``lib``: needs liblfce.so. Never skipped: if the library is missing the test
   errors with the paths tried and how to build it.
 
+A test or module that needs an optional dependency (PyTorch 2.4+, transformers, matplotlib)
+skips itself with ``pytest.skip(missing_dependency(reason))`` where it is absent; that FAILS
+instead where LFCE_REQUIRE_OPTIONAL_DEPS=1 (ctest's python.cpu.torch sets it: that run
+exists to have them).
+
 The package under test is the one in this checkout (python/), not an installed copy.
 
 Numeric tests report what they measured through the ``record_error`` fixture: each
@@ -40,6 +45,13 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "lib: needs liblfce.so (errors, never skips, when it is missing)")
     config.addinivalue_line("markers", "multigpu: needs 2 CUDA GPUs under torchrun (fails instead of skipping on a "
                                        "2-GPU machine)")
+
+
+def missing_dependency(reason):
+    """The reason, for the caller's module-level skip; fails instead where LFCE_REQUIRE_OPTIONAL_DEPS=1."""
+    if os.environ.get("LFCE_REQUIRE_OPTIONAL_DEPS") == "1":
+        pytest.fail(f"{reason}; this run must have it (LFCE_REQUIRE_OPTIONAL_DEPS=1)", pytrace=False)
+    return reason
 
 
 def _gpu_expected():

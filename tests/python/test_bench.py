@@ -10,6 +10,7 @@ import types
 import zipfile
 
 import pytest
+from conftest import missing_dependency
 
 import lfce
 from lfce import bench
@@ -354,7 +355,10 @@ def test_plot_series_leaves_out_skipped_and_failed_points(tmp_path):
 
 
 def test_plot_from_a_result_json_writes_the_png_beside_it(tmp_path):
-    pytest.importorskip("matplotlib", reason="matplotlib is not installed: the plot is not tested")
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        pytest.skip(missing_dependency("matplotlib is not installed: the plot is not tested"))
     _, path = result_file(tmp_path)
     assert bench.main(["--plot-from", path, "--out", str(tmp_path / "png")]) == 0
     png = tmp_path / "png" / "bench-2026-12-01-0123456789ab.png"

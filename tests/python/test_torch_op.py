@@ -1,4 +1,5 @@
-"""The operators lfce::forward / lfce::backward without a GPU (PyTorch 2.4+; skipped before).
+"""The operators lfce::forward / lfce::backward without a GPU (PyTorch 2.4+; skipped before, failed in
+ctest's python.cpu.torch).
 
 * The fake implementations give the exact shapes and dtypes (FakeTensorMode): fp32 loss,
   0-dim or [N]; gradients in the inputs' dtypes, [0] where not computed.
@@ -12,12 +13,13 @@
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import missing_dependency
 
 from lfce import _ops, functional
 
 if not _ops.HAVE_CUSTOM_OPS:
-    pytest.skip(f"torch {torch.__version__} has no torch.library.custom_op (PyTorch 2.4+): lfce runs through "
-                "torch.autograd.Function there", allow_module_level=True)
+    pytest.skip(missing_dependency(f"torch {torch.__version__} has no torch.library.custom_op (PyTorch 2.4+): "
+                                   "lfce runs through torch.autograd.Function there"), allow_module_level=True)
 
 import torch._dynamo.testing
 from torch._subclasses.fake_tensor import FakeTensorMode
