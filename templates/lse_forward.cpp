@@ -170,7 +170,10 @@ KernelShape build_lse_forward(llvm::Module& module, const KernelSpec& spec) {
   Value* tile_end = share_end(ir.CreateAdd(split, kb.c32(1)));
   Value* k_tiles = gemm.k_tiles_for(hidden);
   auto partial_index = [&](Value* m) { return ir.CreateAdd(ir.CreateMul(ir.CreateZExt(split, kb.i64()), n), m); };
-  if (gemm.specialised()) {
+  // With a bias the staged form is used: the register epilogue's bias values beside the
+  // accumulators made the driver's JIT spill (24 bytes at V = 5000, H = 512; H200, driver 580),
+  // though ptxas 13.0 allocates it without spills.
+  if (gemm.specialised() && !spec.bias) {
     lse_forward_specialised(kb, spec, gemm, row_blocks, tile_begin, tile_end, k_tiles, partial_index);
     kb.finish();
     // The row-statistics slots stay reserved (kKernelKinds counts them for both paths).
