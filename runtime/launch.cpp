@@ -181,10 +181,13 @@ void run_backward(const Problem& problem, const lfce_backward_args& a, const Pla
     // wgmma tiles: persistent CTAs, as many as fill the device, loop over the chunk's tiles.
     Dim3 dlogits_grid{grid_dim(n, dlogits.tile.bm, 'x'), grid_dim(v_len, dlogits.tile.bn, 'y'), 1};
     if (dlogits.tile.wgmma()) {
-      const int64_t tiles = int64_t{dlogits_grid.x} * dlogits_grid.y;  // the kernel counts them in 32 bits
-      if (tiles > INT32_MAX)
-        throw SpecError("problem too large: " + std::to_string(tiles) + " dlogits tiles in one chunk, over 2^31 - 1");
-      dlogits_grid = {static_cast<unsigned>(std::min(tiles, plan.device_ctas(dlogits.tile))), 1, 1};
+      // The kernel counts tiles in 32 bits and steps by the grid: tile + grid must not wrap.
+      const int64_t tiles = int64_t{dlogits_grid.x} * dlogits_grid.y;
+      const int64_t ctas = std::min(tiles, plan.device_ctas(dlogits.tile));
+      if (tiles > INT32_MAX - ctas)
+        throw SpecError("problem too large: " + std::to_string(tiles) + " dlogits tiles in one chunk, over 2^31 - 1 - " +
+                        std::to_string(ctas));
+      dlogits_grid = {static_cast<unsigned>(ctas), 1, 1};
     }
     // The chunk's rows of W, as the templates address them.
     const void* w_chunk = static_cast<const char*>(w) + v_begin * h * dtype_bytes(problem.dtype);
