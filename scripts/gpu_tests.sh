@@ -18,11 +18,7 @@ export LFCE_REQUIRE_GPU=1  # a GPU test that cannot see the GPU fails instead of
 PYTHON=${PYTHON:-python3}
 "$PYTHON" -c "import torch" 2>/dev/null || PYTHON=/usr/bin/python3
 
-commit=${LFCE_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
-if [ -z "${LFCE_COMMIT:-}" ] && [ "$commit" != unknown ] && [ -n "$(git status --porcelain 2>/dev/null)" ]; then
-  commit="$commit-dirty"
-fi
-LFCE_COMMIT="$commit" "$PYTHON" scripts/run_info.py "$out/run.json"
+"$PYTHON" scripts/run_info.py "$out/run.json"
 
 "$PYTHON" -m pytest tests/python -m gpu -rs -o junit_family=xunit1 --junitxml="$out/junit.xml" "$@"
 status=$?

@@ -19,11 +19,7 @@ export LFCE_REQUIRE_MULTIGPU=1  # a multigpu test that cannot see two GPUs fails
 PYTHON=${PYTHON:-python3}
 "$PYTHON" -c "import torch" 2>/dev/null || PYTHON=/usr/bin/python3
 
-commit=${LFCE_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
-if [ -z "${LFCE_COMMIT:-}" ] && [ "$commit" != unknown ] && [ -n "$(git status --porcelain 2>/dev/null)" ]; then
-  commit="$commit-dirty"
-fi
-LFCE_COMMIT="$commit" "$PYTHON" scripts/run_info.py "$out/run.json"
+"$PYTHON" scripts/run_info.py "$out/run.json"
 env | grep -E '^(NCCL|TORCH_SYMM|NVSHMEM)_' | sort || true
 
 # Each rank: pytest with its own JUnit file and log ($RANK is set by torchrun).
