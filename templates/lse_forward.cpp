@@ -17,6 +17,17 @@ using llvm::Value;
 
 namespace {
 
+// Pairwise reduction tree of `values` with `op`: independent operations, not one dependent chain.
+Value* tree(std::vector<Value*> values, const std::function<Value*(Value*, Value*)>& op) {
+  while (values.size() > 1) {
+    std::vector<Value*> next;
+    for (size_t i = 0; i + 1 < values.size(); i += 2) next.push_back(op(values[i], values[i + 1]));
+    if (values.size() % 2) next.push_back(values.back());
+    values = next;
+  }
+  return values[0];
+}
+
 // Online-softmax merge of (m_b, s_b) into (m_a, s_a): the larger max and the sum rescaled to it.
 // A max of -inf (no valid column seen yet) scales by 0 instead of exp(-inf + inf).
 std::pair<Value*, Value*> merge(KernelBuilder& kb, Value* m_a, Value* s_a, Value* m_b, Value* s_b) {
@@ -73,27 +84,14 @@ void lse_forward_specialised(KernelBuilder& kb, const KernelSpec& spec, GemmSkel
             std::vector<Value*> z(cols);
             for (int q = 0; q < cols; ++q)
               z[q] = ir.CreateSelect(valid[q], ir.CreateFAdd(f.at(q / 2, h, q % 2), bias[q]), neg_inf(kb));
-            // Pairwise trees: independent operations, not one dependent chain.
-            std::vector<Value*> level = z;
-            while (level.size() > 1) {
-              std::vector<Value*> next;
-              for (size_t i = 0; i + 1 < level.size(); i += 2) next.push_back(kb.fmax(level[i], level[i + 1]));
-              if (level.size() % 2) next.push_back(level.back());
-              level = next;
-            }
             Value* old_max = kb.load(kb.f32(), kb.at(stats, kb.f32(), 2 * h));
             Value* old_sum = kb.load(kb.f32(), kb.at(stats, kb.f32(), 2 * h + 1));
-            Value* new_max = kb.fmax(old_max, level[0]);
+            Value* new_max = kb.fmax(old_max, tree(z, [&](Value* a, Value* b) { return kb.fmax(a, b); }));
             Value* safe = ir.CreateSelect(ir.CreateFCmpOEQ(new_max, neg_inf(kb)), kb.cf(0.f), new_max);
-            level.clear();
-            for (int q = 0; q < cols; ++q) level.push_back(kb.exp(ir.CreateFSub(z[q], safe)));
-            while (level.size() > 1) {
-              std::vector<Value*> next;
-              for (size_t i = 0; i + 1 < level.size(); i += 2) next.push_back(ir.CreateFAdd(level[i], level[i + 1]));
-              if (level.size() % 2) next.push_back(level.back());
-              level = next;
-            }
-            Value* sum = ir.CreateFAdd(ir.CreateFMul(old_sum, kb.exp(ir.CreateFSub(old_max, safe))), level[0]);
+            std::vector<Value*> p(cols);
+            for (int q = 0; q < cols; ++q) p[q] = kb.exp(ir.CreateFSub(z[q], safe));
+            Value* sum = ir.CreateFAdd(ir.CreateFMul(old_sum, kb.exp(ir.CreateFSub(old_max, safe))),
+                                       tree(p, [&](Value* a, Value* b) { return ir.CreateFAdd(a, b); }));
             kb.store(new_max, kb.at(stats, kb.f32(), 2 * h));
             kb.store(sum, kb.at(stats, kb.f32(), 2 * h + 1));
 
