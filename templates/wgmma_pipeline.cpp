@@ -35,6 +35,7 @@ constexpr int kBoxElems = 64;      // 16-bit elements per 128-byte row
 // The producer warpgroup keeps this many registers per thread while it issues loads: enough for
 // the templates' values live across the mainloop (row-block and tile loop state).
 constexpr int kProducerRegisters = 32;
+constexpr int kRingFree = 1;  // named barrier: every consumer is done reading the ring
 
 struct Geometry {
   int a_bytes, b_bytes, stage_bytes, ring_bytes, staged_bytes, bars_offset, bytes;
@@ -96,6 +97,7 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
           });
           // Lane 0 of warp 0 rejoins its warp before the .aligned setmaxnreg and bar.sync.
           kb_.warp_sync();
+          kb_.named_barrier(kRingFree, t_.threads());  // the consumers' twin is in stage()
           kb_.set_max_registers(true, shared);
         },
         [&] {
@@ -310,7 +312,10 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
     auto& ir = kb_.ir();
     const int count = t_.bn / 2;
     // Every consumer has finished reading the ring before any writes the overlapping staged tile.
-    kb_.named_barrier(1, 128 * t_.consumers);
+    // The producer's threads join this barrier too (they are done by then): with all threads of
+    // the CTA counted, compute-sanitizer's racecheck follows it (it reported every staged read
+    // as a race after a barrier counting the consumers alone).
+    kb_.named_barrier(kRingFree, t_.threads());
     // One base address and constant offsets (the staged tile is row-major, BN + 1 floats per
     // row; accumulator i is at fragment row (i % 4) / 2, n8 block i / 4, column i % 2): 128
     // separately computed addresses would be hoisted out of a template's tile loop and held in
