@@ -53,6 +53,9 @@ struct KernelKindInfo {
   // Divides out dz_scale (templates/template_util.h): for fp16 the code also depends on the
   // reduction, and on the mode unless the reduction is none. See fields_read().
   bool unscales_dz;
+  // Adds each token's target term back unrounded (grad_input; docs/design.md, Numerics): for 16-bit dtypes
+  // the code also reads the targets.
+  bool adds_target_term = false;
 };
 
 // Shared memory: lse_forward / dlogits_backward keep (max or LSE f32, sum or g f32, target
@@ -63,7 +66,7 @@ struct KernelKindInfo {
 inline constexpr uint32_t kGemmFields = kFieldHidden | kFieldDType | kFieldTile;
 inline constexpr KernelKindInfo kKernelKinds[] = {
     // kind, name, gemm, backward, chunked, bias_only, a, b, smem_per_row, smem_bytes, thread_per_row,
-    // reads, unscales_dz
+    // reads, unscales_dz[, adds_target_term]
     {KernelKind::LseForward, "lse_forward", true, false, false, false, Layout::KMajor, Layout::KMajor, 16, 0, true,
      kGemmFields | kFieldVocab | kFieldTargets | kFieldBias, false},
     {KernelKind::LseCombine, "lse_combine", false, false, false, false, Layout::KMajor, Layout::KMajor, 0, 0, false,
@@ -75,7 +78,7 @@ inline constexpr KernelKindInfo kKernelKinds[] = {
     {KernelKind::GradWeight, "grad_weight", true, true, true, false, Layout::KMajor, Layout::MNMajor, 0, 0, false,
      kGemmFields, true},
     {KernelKind::GradInput, "grad_input", true, true, true, false, Layout::MNMajor, Layout::MNMajor, 0, 0, false,
-     kGemmFields, true},
+     kGemmFields, true, true},
     {KernelKind::GradBias, "grad_bias", false, true, true, true, Layout::KMajor, Layout::KMajor, 0, 0, false,
      kFieldDType, true},
 };

@@ -240,6 +240,7 @@ uint32_t KernelSpec::fields_read() const {
   // it reads grad_loss only in recompute mode.
   if (info.unscales_dz && dtype == DType::FP16)
     reads |= kFieldReduction | (reduction == Reduction::None ? 0u : uint32_t{kFieldMode});
+  if (info.adds_target_term && dtype != DType::FP32) reads |= kFieldTargets;
   return reads;
 }
 

@@ -66,6 +66,20 @@ CUtensorMap operand_map(const Operand& op, Layout layout, DType dtype, int tile_
   return map;
 }
 
+// The grid of a backward GEMM whose output is [rows, cols]: one CTA per tile for mma.sync
+// tiles; for wgmma tiles, persistent CTAs (as many as fill the device) that loop over the
+// tiles, counting them in 32 bits and stepping by the grid, so tiles + grid must not wrap.
+Dim3 gemm_grid(const Plan& plan, const KernelSpec& spec, int64_t rows, int64_t cols, const char* kernel) {
+  const Dim3 grid{grid_dim(rows, spec.tile.bm, 'x'), grid_dim(cols, spec.tile.bn, 'y'), 1};
+  if (!spec.tile.wgmma()) return grid;
+  const int64_t tiles = int64_t{grid.x} * grid.y;
+  const int64_t ctas = std::min(tiles, plan.device_ctas(spec.tile));
+  if (tiles > INT32_MAX - ctas)
+    throw SpecError(std::string("problem too large: ") + std::to_string(tiles) + " " + kernel +
+                    " tiles in one launch, over 2^31 - 1 - " + std::to_string(ctas));
+  return {static_cast<unsigned>(ctas), 1, 1};
+}
+
 // Launches a GEMM kernel: `args` as the template declares them, then, for wgmma tiles, the
 // tensor maps of operands A and B (gemm_params in templates/gemm_skeleton.h).
 void launch_gemm(const Kernel& kernel, const KernelSpec& spec, Dim3 grid, CUstream stream,
@@ -157,6 +171,7 @@ void run_backward(const Problem& problem, const lfce_backward_args& a, const Pla
   void* count = const_cast<float*>(a.valid_count);
   void* grad_loss = const_cast<float*>(a.grad_loss ? a.grad_loss : a.valid_count);  // unread in eager mode
   void* dz = at(a.workspace, layout.dz);
+  void* residual = at(a.workspace, layout.residual);  // unused (never read or written) for fp32
   void* grad_hidden = a.grad_hidden;
   void* acc = plan.needs_grad_input_accumulator() ? at(a.workspace, layout.grad_input_acc) : a.grad_hidden;
   void* grad_weight = a.grad_weight;
@@ -178,24 +193,15 @@ void run_backward(const Problem& problem, const lfce_backward_args& a, const Pla
     int64_t v_len = std::min(plan.chunk(), problem.vocab - v_begin);
     int32_t first = c == 0, last = c == chunks - 1;
 
-    // wgmma tiles: persistent CTAs, as many as fill the device, loop over the chunk's tiles.
-    Dim3 dlogits_grid{grid_dim(n, dlogits.tile.bm, 'x'), grid_dim(v_len, dlogits.tile.bn, 'y'), 1};
-    if (dlogits.tile.wgmma()) {
-      // The kernel counts tiles in 32 bits and steps by the grid: tile + grid must not wrap.
-      const int64_t tiles = int64_t{dlogits_grid.x} * dlogits_grid.y;
-      const int64_t ctas = std::min(tiles, plan.device_ctas(dlogits.tile));
-      if (tiles > INT32_MAX - ctas)
-        throw SpecError("problem too large: " + std::to_string(tiles) + " dlogits tiles in one chunk, over 2^31 - 1 - " +
-                        std::to_string(ctas));
-      dlogits_grid = {static_cast<unsigned>(ctas), 1, 1};
-    }
+    const Dim3 dlogits_grid = gemm_grid(plan, dlogits, n, v_len, "dlogits_backward");
     // The chunk's rows of W, as the templates address them.
     const void* w_chunk = static_cast<const char*>(w) + v_begin * h * dtype_bytes(problem.dtype);
-    launch_gemm(dlogits_kernel, dlogits, dlogits_grid, stream, {&x, &w, &b, &y, &lse, &grad_loss, &count, &n, &ignore, &v_begin, &v_len, &ld, &dz},
+    launch_gemm(dlogits_kernel, dlogits, dlogits_grid, stream,
+                {&x, &w, &b, &y, &lse, &grad_loss, &count, &n, &ignore, &v_begin, &v_len, &ld, &dz, &residual},
                 Operand{x, h, n, h}, Operand{w_chunk, h, v_len, h});
 
     if (gw_kernel)  // A = dzᵀ [v_len, ld] K-major; B = x [N, H] MN-major
-      launch_gemm(*gw_kernel, gw, {grid_dim(v_len, gw.tile.bm, 'x'), grid_dim(h, gw.tile.bn, 'y'), 1}, stream,
+      launch_gemm(*gw_kernel, gw, gemm_grid(plan, gw, v_len, h, "grad_weight"), stream,
                   {&dz, &x, &n, &ld, &v_begin, &v_len, &grad_weight, &grad_loss, &count}, Operand{dz, ld, v_len, ld},
                   Operand{x, h, h, n});
 
@@ -205,8 +211,9 @@ void run_backward(const Problem& problem, const lfce_backward_args& a, const Pla
     }
 
     if (gx_kernel)  // A = dzᵀ [v_len, ld] MN-major; B = W[chunk] [v_len, H] MN-major
-      launch_gemm(*gx_kernel, gx, {grid_dim(n, gx.tile.bm, 'x'), grid_dim(h, gx.tile.bn, 'y'), 1}, stream,
-                  {&dz, &w, &n, &ld, &v_begin, &v_len, &acc, &grad_hidden, &first, &last, &grad_loss, &count},
+      launch_gemm(*gx_kernel, gx, gemm_grid(plan, gx, n, h, "grad_input"), stream,
+                  {&dz, &w, &n, &ld, &v_begin, &v_len, &acc, &grad_hidden, &first, &last, &grad_loss, &count, &y,
+                   &residual},
                   Operand{dz, ld, n, v_len}, Operand{w_chunk, h, h, v_len});
   }
 }

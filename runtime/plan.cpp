@@ -256,6 +256,9 @@ Plan::BackwardLayout Plan::backward_layout() const {
                                     "grad_input accumulator bytes");
     bytes = checked_add(bytes, align256(acc), "backward workspace bytes");
   }
+  l.residual = bytes;
+  if (p_.dtype != DType::FP32)
+    bytes = checked_add(bytes, align256(checked_mul(sizeof(float), p_.tokens, "residual bytes")), "backward workspace bytes");
   l.bytes = bytes;
   return l;
 }

@@ -70,7 +70,9 @@ class Plan {
 
   // Workspace layouts: byte offsets into the caller's buffer, each 256-byte aligned.
   struct ForwardLayout { size_t partial_max, partial_sum, target_logit, bytes; };
-  struct BackwardLayout { size_t dz, grad_input_acc, bytes; };
+  // dz: the chunk's dzᵀ; grad_input_acc: the fp32 [N, H] sum across chunks (when chunks > 1);
+  // residual: fp32 [N], what rounding each token's target dz lost (16-bit dtypes; see grad_input).
+  struct BackwardLayout { size_t dz, grad_input_acc, residual, bytes; };
   ForwardLayout forward_layout() const;
   BackwardLayout backward_layout() const;
 

@@ -22,7 +22,8 @@ KernelShape build_dlogits_backward(llvm::Module& module, const KernelSpec& spec)
                     {"targets", ParamType::GlobalPtr}, {"lse", ParamType::GlobalPtr},
                     {"grad_loss", ParamType::GlobalPtr}, {"valid_count", ParamType::GlobalPtr},
                     {"n", ParamType::I64}, {"ignore_index", ParamType::I64}, {"v_begin", ParamType::I64},
-                    {"v_len", ParamType::I64}, {"ld", ParamType::I64}, {"dz", ParamType::GlobalPtr}}),
+                    {"v_len", ParamType::I64}, {"ld", ParamType::I64}, {"dz", ParamType::GlobalPtr},
+                    {"residual", ParamType::GlobalPtr}}),
                    t.threads());
   auto& ir = kb.ir();
   llvm::Type* elem = elem_type(kb, spec.dtype);
@@ -58,13 +59,26 @@ KernelShape build_dlogits_backward(llvm::Module& module, const KernelSpec& spec)
     return RowConstants{ir.CreateSelect(counted, upstream, kb.cf(0.f)),
                         kb.load(kb.f32(), kb.gep(kb.arg("lse"), kb.f32(), safe_m)), target};
   };
-  // dz of logit z (bias included) at vocabulary index vocab_index of a row.
-  auto dz_of = [&](Value* z, const RowConstants& row, Value* vocab_index) {
+  // dz of logit z (bias included) at vocabulary index vocab_index of a row, rounded to the
+  // dtype, and what the rounding lost (fp32). At the row's target (the largest |dz| of the row)
+  // the loss is kept in residual[m], which grad_input adds back times W[target]: token m's
+  // gradient gets its dominant term unrounded (docs/design.md, Numerics). fp32 rounds nothing.
+  const bool compensate = spec.dtype != DType::FP32;
+  struct Dz {
+    Value *rounded, *exact, *hit;
+  };
+  // hit: the element is the row's target.
+  auto dz_of = [&](Value* z, const RowConstants& row, Value* hit) {
     Value* p = kb.exp(ir.CreateFSub(z, row.lse));
-    Value* hit = ir.CreateICmpEQ(row.target, vocab_index);
     Value* dz = ir.CreateFMul(row.g, ir.CreateFSub(p, ir.CreateSelect(hit, kb.cf(1.f), kb.cf(0.f))));
     // g = 0 (ignored or padding rows) gives an exact 0 even where z or LSE is not finite.
-    return kb.from_f32(ir.CreateSelect(ir.CreateFCmpOEQ(row.g, kb.cf(0.f)), kb.cf(0.f), dz), elem);
+    dz = ir.CreateSelect(ir.CreateFCmpOEQ(row.g, kb.cf(0.f)), kb.cf(0.f), dz);
+    Value* rounded = kb.from_f32(dz, elem);
+    return Dz{rounded, dz, hit};
+  };
+  // Computed where it is stored: outside that branch it costs registers in every element.
+  auto store_residual = [&](Value* m, const Dz& dz) {
+    kb.store(ir.CreateFSub(dz.exact, kb.to_f32(dz.rounded)), kb.gep(kb.arg("residual"), kb.f32(), m));
   };
   Value* k_tiles = gemm.k_tiles_for(hidden);
 
@@ -72,36 +86,40 @@ KernelShape build_dlogits_backward(llvm::Module& module, const KernelSpec& spec)
     // sm_90a: persistent CTAs take the tiles tile = ctaid.x, + nctaid.x, ... in grouped order,
     // warp-specialised, and write dz straight from the accumulators (no staged tile, so the
     // producer loads the next tile while the consumers finish this one).
-    Value* grid_m = ir.CreateTrunc(ir.CreateUDiv(ir.CreateAdd(n, kb.c64(t.bm - 1)), kb.c64(t.bm)), kb.i32());
-    Value* grid_n = ir.CreateTrunc(ir.CreateUDiv(ir.CreateAdd(v_len, kb.c64(t.bn - 1)), kb.c64(t.bn)), kb.i32());
-    Value* tiles = ir.CreateMul(grid_m, grid_n);
-    gemm.run_specialised([&](bool, const TileVisit& visit) {
-      kb.for_range(kb.ctaid(0), tiles, kb.nctaid(0), [&](Value* pid) {
-        Value *m0, *n0;
-        std::tie(m0, n0) = gemm.tile_origin(pid, grid_m, grid_n);
-        visit(m0, n0, k_tiles, [&](const Fragment& f) {
-          Value* m[2];
-          Value* in_rows[2];
-          RowConstants row[2];
-          for (int h = 0; h < 2; ++h) {
-            m[h] = ir.CreateAdd(m0, ir.CreateZExt(f.pos.row[h], kb.i64()));
-            in_rows[h] = ir.CreateICmpSLT(m[h], ld);
-            row[h] = row_constants(m[h]);
-          }
-          // Column by column (q = 2j + e of this thread), both rows: few values live at once.
-          for (int q = 0; q < 2 * f.blocks(); ++q) {
-            Value* v = ir.CreateAdd(n0, ir.CreateZExt(ir.CreateAdd(f.pos.col0, kb.c32(8 * (q / 2) + q % 2)), kb.i64()));
-            Value* in_cols = ir.CreateICmpSLT(v, v_len);
-            Value* vocab_index = ir.CreateAdd(v_begin, v);
-            Value* bias = load_bias(kb, spec, kb.arg("bias"), ir.CreateSelect(in_cols, vocab_index, v_begin));
-            Value* column = kb.gep(kb.arg("dz"), elem, ir.CreateMul(v, ld));
-            for (int h = 0; h < 2; ++h) {
-              Value* dz = dz_of(ir.CreateFAdd(f.at(q / 2, h, q % 2), bias), row[h], vocab_index);
-              kb.if_then(ir.CreateAnd(in_rows[h], in_cols), [&] { kb.store(dz, kb.gep(column, elem, m[h])); });
-            }
-          }
-        });
-      });
+    gemm.run_persistent(gemm.blocks_for(n, t.bm), gemm.blocks_for(v_len, t.bn), k_tiles,
+                        [&](Value* m0, Value* n0, const Fragment& f) {
+      Value* m[2];
+      Value* in_rows[2];
+      RowConstants row[2];
+      Value* target_col[2];
+      for (int h = 0; h < 2; ++h) {
+        m[h] = ir.CreateAdd(m0, ir.CreateZExt(f.pos.row[h], kb.i64()));
+        in_rows[h] = ir.CreateICmpSLT(m[h], ld);
+        row[h] = row_constants(m[h]);
+        // The row's target as this thread's column offset (col0 + 8j + e), -1 unless it is in
+        // this tile's columns of the chunk and the row is a token: one 32-bit compare with a
+        // constant per element, instead of 64-bit vocabulary indices.
+        Value* first_col = ir.CreateAdd(n0, ir.CreateZExt(f.pos.col0, kb.i64()));  // within the chunk
+        Value* rel = ir.CreateSub(row[h].target, ir.CreateAdd(v_begin, first_col));
+        Value* in_tile = ir.CreateAnd(ir.CreateICmpSGE(rel, kb.c64(0)),
+                                      ir.CreateICmpSLT(rel, ir.CreateSub(v_len, first_col)));
+        Value* mine = ir.CreateAnd(ir.CreateICmpSLT(m[h], n), ir.CreateAnd(in_tile, ir.CreateICmpSLT(rel, kb.c64(t.bn))));
+        target_col[h] = ir.CreateSelect(mine, ir.CreateTrunc(rel, kb.i32()), kb.c32(-1));
+      }
+      // Column by column (q = 2j + e of this thread), both rows: few values live at once.
+      for (int q = 0; q < 2 * f.blocks(); ++q) {
+        Value* v = ir.CreateAdd(n0, ir.CreateZExt(ir.CreateAdd(f.pos.col0, kb.c32(8 * (q / 2) + q % 2)), kb.i64()));
+        Value* in_cols = ir.CreateICmpSLT(v, v_len);
+        Value* vocab_index = ir.CreateAdd(v_begin, v);
+        Value* bias = load_bias(kb, spec, kb.arg("bias"), ir.CreateSelect(in_cols, vocab_index, v_begin));
+        Value* column = kb.gep(kb.arg("dz"), elem, ir.CreateMul(v, ld));
+        for (int h = 0; h < 2; ++h) {
+          Dz dz = dz_of(ir.CreateFAdd(f.at(q / 2, h, q % 2), bias), row[h],
+                        ir.CreateICmpEQ(target_col[h], kb.c32(8 * (q / 2) + q % 2)));
+          if (compensate) kb.if_then(dz.hit, [&] { store_residual(m[h], dz); });
+          kb.if_then(ir.CreateAnd(in_rows[h], in_cols), [&] { kb.store(dz.rounded, kb.gep(column, elem, m[h])); });
+        }
+      }
     });
     kb.finish();
     return {"dlogits_backward", t.threads(), gemm.smem_bytes(16 * t.bm)};
@@ -134,7 +152,9 @@ KernelShape build_dlogits_backward(llvm::Module& module, const KernelSpec& spec)
       Value* vocab_index = ir.CreateAdd(v_begin, v);
       Value* z = ir.CreateFAdd(kb.load(kb.f32(), gemm.staged(r, c)), load_bias(kb, spec, kb.arg("bias"), vocab_index));
       Value* index = ir.CreateAdd(ir.CreateMul(v, ld), m);
-      kb.store(dz_of(z, row, vocab_index), kb.gep(kb.arg("dz"), elem, index));
+      Dz dz = dz_of(z, row, ir.CreateICmpEQ(row.target, vocab_index));
+      kb.store(dz.rounded, kb.gep(kb.arg("dz"), elem, index));
+      if (compensate) kb.if_then(ir.CreateAnd(dz.hit, ir.CreateICmpSLT(m, n)), [&] { store_residual(m, dz); });
     });
   });
   kb.finish();

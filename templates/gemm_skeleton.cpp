@@ -80,6 +80,11 @@ std::pair<Value*, Value*> GemmSkeleton::tile_origin(Value* pid, Value* grid_m, V
           ir.CreateMul(ir.CreateZExt(n_block, kb_.i64()), kb_.c64(tile_.bn))};
 }
 
+Value* GemmSkeleton::blocks_for(Value* extent, int tile) {
+  auto& ir = kb_.ir();
+  return ir.CreateTrunc(ir.CreateUDiv(ir.CreateAdd(extent, kb_.c64(tile - 1)), kb_.c64(tile)), kb_.i32());
+}
+
 Value* GemmSkeleton::k_tiles_for(Value* k_extent) {
   auto& ir = kb_.ir();
   Value* tiles = ir.CreateSDiv(ir.CreateAdd(k_extent, kb_.c64(tile_.bk - 1)), kb_.c64(tile_.bk));
@@ -185,6 +190,17 @@ void GemmSkeleton::compute_tile(const GemmOperand& a, const GemmOperand& b, Valu
 }
 
 void GemmSkeleton::run_specialised(const TileSchedule& schedule) { pipeline_->run(schedule); }
+
+void GemmSkeleton::run_persistent(Value* grid_m, Value* grid_n, Value* k_tiles, const TileEpilogue& epilogue) {
+  Value* tiles = kb_.ir().CreateMul(grid_m, grid_n);
+  run_specialised([&](bool, const TileVisit& visit) {
+    kb_.for_range(kb_.ctaid(0), tiles, kb_.nctaid(0), [&](Value* pid) {
+      Value *m0, *n0;
+      std::tie(m0, n0) = tile_origin(pid, grid_m, grid_n);
+      visit(m0, n0, k_tiles, [&](const Fragment& f) { epilogue(m0, n0, f); });
+    });
+  });
+}
 
 FragmentPosition GemmSkeleton::fragment_position() { return pipeline_->fragment_position(); }
 

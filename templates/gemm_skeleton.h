@@ -93,6 +93,11 @@ class GemmSkeleton {
   // accumulators in registers). Nothing is staged and no CTA-wide barrier is taken, so the
   // schedule must not take one either; consumer-only state lives in the consumer's branch.
   void run_specialised(const TileSchedule& schedule);
+  // run_specialised over a (grid_m, grid_n) grid of tiles (i32 counts), each K = k_tiles deep:
+  // persistent CTAs take tiles ctaid.x, ctaid.x + nctaid.x, ... in grouped order (tile_origin),
+  // and `epilogue` runs on each tile's fragment with the tile's origin (m0, n0), i64.
+  using TileEpilogue = std::function<void(llvm::Value* m0, llvm::Value* n0, const Fragment&)>;
+  void run_persistent(llvm::Value* grid_m, llvm::Value* grid_n, llvm::Value* k_tiles, const TileEpilogue& epilogue);
   // The calling consumer thread's fragment rows and columns (wgmma tiles only).
   FragmentPosition fragment_position();
   bool specialised() const { return pipeline_ != nullptr; }
@@ -108,6 +113,8 @@ class GemmSkeleton {
   // The same for tile `pid` (i32) of a (grid_m, grid_n) grid, for kernels that loop over tiles.
   std::pair<llvm::Value*, llvm::Value*> tile_origin(llvm::Value* pid, llvm::Value* grid_m, llvm::Value* grid_n);
   static constexpr int kGroupRows = 16;
+  // ceil(extent / tile) as i32, for an extent (i64) whose block count fits (the runtime checks).
+  llvm::Value* blocks_for(llvm::Value* extent_i64, int tile);
   // ceil(extent / BK) as i32.
   llvm::Value* k_tiles_for(llvm::Value* k_extent_i64);
 

@@ -20,7 +20,8 @@ KernelShape build_grad_input(llvm::Module& module, const KernelSpec& spec) {
                     {"acc", ParamType::GlobalPtr, /*noalias=*/false},
                     {"grad_input", ParamType::GlobalPtr, /*noalias=*/false},
                     {"first", ParamType::I32}, {"last", ParamType::I32}, {"grad_loss", ParamType::GlobalPtr},
-                    {"valid_count", ParamType::GlobalPtr}}),
+                    {"valid_count", ParamType::GlobalPtr}, {"targets", ParamType::GlobalPtr},
+                    {"residual", ParamType::GlobalPtr}}),
                    t.threads());
   auto& ir = kb.ir();
   llvm::Type* elem = elem_type(kb, spec.dtype);
@@ -29,28 +30,114 @@ KernelShape build_grad_input(llvm::Module& module, const KernelSpec& spec) {
   Value* hidden = kb.c64(spec.hidden);
   const int row_align = hidden_row_align(spec.hidden, spec.dtype);  // rows of H elements
   Value* v_len = kb.arg("v_len");
-  Value *m0, *n0;
-  std::tie(m0, n0) = gemm.tile_origin();
-
-  GemmOperand dz{kb.arg("dz"), kb.arg("ld"), Layout::MNMajor, n, v_len};
-  Value* w_chunk = kb.gep(kb.arg("w"), elem, ir.CreateMul(kb.arg("v_begin"), hidden));
-  GemmOperand w{w_chunk, hidden, Layout::MNMajor, hidden, v_len, row_align};
-  gemm.compute_tile(dz, w, m0, n0, gemm.k_tiles_for(v_len));
-
   Value* first = ir.CreateICmpNE(kb.arg("first"), kb.c32(0));
   Value* last = ir.CreateICmpNE(kb.arg("last"), kb.c32(0));
   // dz was stored times dz_scale (fp16): multiply by its reciprocal in fp32, exactly (a power of two).
   Value* unscale = dz_unscale(kb, spec, kb.arg("grad_loss"), kb.arg("valid_count"));
+  Value* v_begin = kb.arg("v_begin");
+  Value* w_chunk = kb.gep(kb.arg("w"), elem, ir.CreateMul(v_begin, hidden));
+  // Token m's target term, compensated: when its target is in this chunk, dlogits_backward left
+  // in residual[m] what rounding dz[m, target] to the dtype lost; residual[m] · W[target] is
+  // added in fp32 (docs/design.md, Numerics). fp32 rounds nothing. Returns (whether, residual, W row).
+  const bool compensate = spec.dtype != DType::FP32;
+  struct Target {
+    Value *hit, *residual, *w_row;
+  };
+  auto target_term = [&](Value* m) {
+    Value* in_rows = ir.CreateICmpSLT(m, n);
+    Value* safe_m = ir.CreateSelect(in_rows, m, kb.c64(0));
+    Value* v = ir.CreateSub(load_target(kb, spec, kb.arg("targets"), safe_m), v_begin);
+    Value* hit = ir.CreateAnd(in_rows, ir.CreateAnd(ir.CreateICmpSGE(v, kb.c64(0)), ir.CreateICmpSLT(v, v_len)));
+    Value* residual = kb.load(kb.f32(), kb.gep(kb.arg("residual"), kb.f32(), safe_m));
+    return Target{hit, ir.CreateSelect(hit, residual, kb.cf(0.f)),
+                  kb.gep(w_chunk, elem, ir.CreateMul(ir.CreateSelect(hit, v, kb.c64(0)), hidden))};
+  };
+
+  if (gemm.specialised()) {
+    // sm_90a: persistent CTAs over the [N, H] tiles (grouped order); each thread adds its
+    // accumulator pairs to the fp32 sum in registers (H even, pairs 8-byte aligned). Whether
+    // the sum is read (not the first chunk) and where it goes (the output in the dtype on the
+    // last chunk, else the fp32 sum) is the same for the whole launch: one branch per tile.
+    gemm.run_persistent(gemm.blocks_for(n, t.bm), gemm.blocks_for(hidden, t.bn), gemm.k_tiles_for(v_len),
+                        [&](Value* m0, Value* n0, const Fragment& f) {
+      auto epilogue = [&](bool accumulate, bool final) {
+        for (int h = 0; h < 2; ++h) {
+          Value* m = ir.CreateAdd(m0, ir.CreateZExt(f.pos.row[h], kb.i64()));
+          Value* row = ir.CreateMul(m, hidden);
+          Value* in_rows = ir.CreateICmpSLT(m, n);
+          // The target term of this row's columns: zeros unless the row's target is in the
+          // chunk (about one row in V / chunk), so W is read only then.
+          std::vector<Value*> term(2 * f.blocks(), kb.cf(0.f));
+          if (compensate) {
+            Target target = target_term(m);
+            Value* slots = kb.local_array(kb.f32(), 2 * f.blocks(), "target_term");
+            for (int i = 0; i < 2 * f.blocks(); ++i) kb.store(kb.cf(0.f), kb.at(slots, kb.f32(), i));
+            kb.if_then(target.hit, [&] {
+              for (int j = 0; j < f.blocks(); ++j) {
+                Value* col = ir.CreateAdd(n0, ir.CreateZExt(ir.CreateAdd(f.pos.col0, kb.c32(8 * j)), kb.i64()));
+                kb.if_then(ir.CreateICmpSLT(col, hidden), [&] {
+                  Value* pair = kb.load(llvm::FixedVectorType::get(elem, 2), kb.gep(target.w_row, elem, col));
+                  for (int e = 0; e < 2; ++e) {
+                    Value* w = kb.to_f32(ir.CreateExtractElement(pair, uint64_t(e)));
+                    kb.store(ir.CreateFMul(target.residual, w), kb.at(slots, kb.f32(), 2 * j + e));
+                  }
+                });
+              }
+            });
+            for (int i = 0; i < 2 * f.blocks(); ++i) term[i] = kb.load(kb.f32(), kb.at(slots, kb.f32(), i));
+          }
+          for (int j = 0; j < f.blocks(); ++j) {
+            Value* col = ir.CreateAdd(n0, ir.CreateZExt(ir.CreateAdd(f.pos.col0, kb.c32(8 * j)), kb.i64()));
+            kb.if_then(ir.CreateAnd(in_rows, ir.CreateICmpSLT(col, hidden)), [&] {
+              Value* index = ir.CreateAdd(row, col);
+              Value* acc_ptr = kb.gep(kb.arg("acc"), kb.f32(), index);
+              Value* a = ir.CreateFMul(ir.CreateFAdd(f.at(j, h, 0), term[2 * j]), unscale);
+              Value* b = ir.CreateFMul(ir.CreateFAdd(f.at(j, h, 1), term[2 * j + 1]), unscale);
+              if (accumulate) {
+                auto sum = load_pair_f32(kb, acc_ptr);
+                a = ir.CreateFAdd(a, sum.first);
+                b = ir.CreateFAdd(b, sum.second);
+              }
+              if (final) {
+                store_pair(kb, a, b, elem, kb.gep(kb.arg("grad_input"), elem, index));
+              } else {
+                store_pair(kb, a, b, kb.f32(), acc_ptr);
+              }
+            });
+          }
+        }
+      };
+      kb.if_then_else(
+          first, [&] { kb.if_then_else(last, [&] { epilogue(false, true); }, [&] { epilogue(false, false); }); },
+          [&] { kb.if_then_else(last, [&] { epilogue(true, true); }, [&] { epilogue(true, false); }); });
+    });
+    kb.finish();
+    return {"grad_input", t.threads(), gemm.smem_bytes(0)};
+  }
+
+  Value *m0, *n0;
+  std::tie(m0, n0) = gemm.tile_origin();
+
+  GemmOperand dz{kb.arg("dz"), kb.arg("ld"), Layout::MNMajor, n, v_len};
+  GemmOperand w{w_chunk, hidden, Layout::MNMajor, hidden, v_len, row_align};
+  gemm.compute_tile(dz, w, m0, n0, gemm.k_tiles_for(v_len));
   gemm.for_each_element(/*rows_fastest=*/false, [&](Value* r, Value* c) {
     Value* m = ir.CreateAdd(m0, ir.CreateZExt(r, kb.i64()));
     Value* h = ir.CreateAdd(n0, ir.CreateZExt(c, kb.i64()));
     kb.if_then(ir.CreateAnd(ir.CreateICmpSLT(m, n), ir.CreateICmpSLT(h, hidden)), [&] {
       Value* index = ir.CreateAdd(ir.CreateMul(m, hidden), h);
       Value* acc_ptr = kb.gep(kb.arg("acc"), kb.f32(), index);
-      Value* value = ir.CreateFMul(kb.load(kb.f32(), gemm.staged(r, c)), unscale);
       Value* slot = kb.local_array(kb.f32(), 1, "sum");
       Value* sum_ptr = kb.at(slot, kb.f32(), 0);
-      kb.store(value, sum_ptr);
+      kb.store(kb.load(kb.f32(), gemm.staged(r, c)), sum_ptr);
+      if (compensate) {
+        Target target = target_term(m);
+        kb.if_then(target.hit, [&] {
+          Value* w = kb.to_f32(kb.load(elem, kb.gep(target.w_row, elem, h)));
+          kb.store(ir.CreateFAdd(kb.load(kb.f32(), sum_ptr), ir.CreateFMul(target.residual, w)), sum_ptr);
+        });
+      }
+      kb.store(ir.CreateFMul(kb.load(kb.f32(), sum_ptr), unscale), sum_ptr);
       kb.if_then(ir.CreateNot(first), [&] {
         kb.store(ir.CreateFAdd(kb.load(kb.f32(), sum_ptr), kb.load(kb.f32(), acc_ptr)), sum_ptr);
       });

@@ -87,6 +87,22 @@ inline llvm::Value* dz_unscale(KernelBuilder& kb, const KernelSpec& spec, llvm::
   return dz_scale_pair(kb, spec, grad_loss, valid_count).second;
 }
 
+// Two adjacent fp32 values (a fragment's columns 2i and 2i + 1) rounded to `elem` and stored
+// as one vector: `ptr` (to the first) must be aligned to twice the element size.
+inline void store_pair(KernelBuilder& kb, llvm::Value* a, llvm::Value* b, llvm::Type* elem, llvm::Value* ptr) {
+  auto& ir = kb.ir();
+  llvm::Value* pair = llvm::PoisonValue::get(llvm::FixedVectorType::get(elem, 2));
+  pair = ir.CreateInsertElement(pair, kb.from_f32(a, elem), uint64_t{0});
+  pair = ir.CreateInsertElement(pair, kb.from_f32(b, elem), uint64_t{1});
+  kb.store(pair, ptr);
+}
+// The two fp32 values at `ptr` (8-byte aligned), loaded as one vector.
+inline std::pair<llvm::Value*, llvm::Value*> load_pair_f32(KernelBuilder& kb, llvm::Value* ptr) {
+  auto& ir = kb.ir();
+  llvm::Value* pair = kb.load(llvm::FixedVectorType::get(kb.f32(), 2), ptr);
+  return {ir.CreateExtractElement(pair, uint64_t{0}), ir.CreateExtractElement(pair, uint64_t{1})};
+}
+
 inline llvm::Value* neg_inf(KernelBuilder& kb) {
   return llvm::ConstantFP::getInfinity(kb.f32(), /*Negative=*/true);
 }

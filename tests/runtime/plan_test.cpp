@@ -64,7 +64,21 @@ TEST(Plan, SingleChunkNeedsNoGradInputAccumulator) {
   Plan plan(problem_from_c(&p), Arch::SM90A);
   EXPECT_EQ(plan.chunks(), 1);
   EXPECT_FALSE(plan.needs_grad_input_accumulator());
-  EXPECT_EQ(plan.backward_layout().bytes, plan.backward_layout().grad_input_acc);
+  const Plan::BackwardLayout layout = plan.backward_layout();
+  EXPECT_EQ(layout.residual, layout.grad_input_acc);  // nothing between them
+  EXPECT_EQ(layout.bytes, layout.residual + 256);     // fp32 [16] residuals, 256-aligned
+}
+
+TEST(Plan, ResidualsFollowTheAccumulatorForSixteenBitDtypesOnly) {
+  lfce_problem p = llama3(8192);
+  Plan bf16(problem_from_c(&p), Arch::SM90A);
+  ASSERT_TRUE(bf16.needs_grad_input_accumulator());
+  const Plan::BackwardLayout l = bf16.backward_layout();
+  EXPECT_EQ(l.residual, l.grad_input_acc + size_t{4} * 8192 * 4096);
+  EXPECT_EQ(l.bytes, l.residual + size_t{4} * 8192);
+  p.dtype = LFCE_DTYPE_FP32;
+  const Plan fp32(problem_from_c(&p), Arch::SM90A);
+  EXPECT_EQ(fp32.backward_layout().bytes, fp32.backward_layout().residual);
 }
 
 TEST(Plan, ForwardSplitsFillTheGpuWhenTokensAreFew) {
