@@ -11,6 +11,8 @@ namespace lfce {
 
 using llvm::Value;
 
+constexpr int kLoadGroup = 8;  // fp32 sum pairs read between warp syncs in the sm_90a epilogue
+
 KernelShape build_grad_input(llvm::Module& module, const KernelSpec& spec) {
   const TileConfig& t = spec.tile;
   KernelBuilder kb(module, "grad_input",
@@ -60,51 +62,54 @@ KernelShape build_grad_input(llvm::Module& module, const KernelSpec& spec) {
     // last chunk, else the fp32 sum) is the same for the whole launch: one branch per tile.
     gemm.run_persistent(gemm.blocks_for(n, t.bm), gemm.blocks_for(hidden, t.bn), gemm.k_tiles_for(v_len),
                         [&](Value* m0, Value* n0, const Fragment& f) {
+      // One row h of the fragment; with_term: the row's target is in this chunk (about one row
+      // in V / chunk), so its W row is read and residual · W added, pair by pair.
+      auto row_epilogue = [&](int h, bool accumulate, bool final, const Target* target) {
+        Value* m = ir.CreateAdd(m0, ir.CreateZExt(f.pos.row[h], kb.i64()));
+        Value* row = ir.CreateMul(m, hidden);
+        Value* in_rows = ir.CreateICmpSLT(m, n);
+        for (int j = 0; j < f.blocks(); ++j) {
+          // The fp32 sums are read in groups: all read at once, 2 x BN/8 more live registers
+          // next to the accumulators spilled under the driver's JIT (H200, driver 580).
+          if (accumulate && j > 0 && j % kLoadGroup == 0) kb.warp_sync();
+          Value* col = ir.CreateAdd(n0, ir.CreateZExt(ir.CreateAdd(f.pos.col0, kb.c32(8 * j)), kb.i64()));
+          kb.if_then(ir.CreateAnd(in_rows, ir.CreateICmpSLT(col, hidden)), [&] {
+            Value* index = ir.CreateAdd(row, col);
+            Value* acc_ptr = kb.gep(kb.arg("acc"), kb.f32(), index);
+            Value* a = f.at(j, h, 0);
+            Value* b = f.at(j, h, 1);
+            if (target) {
+              Value* w = kb.load(llvm::FixedVectorType::get(elem, 2), kb.gep(target->w_row, elem, col));
+              a = ir.CreateFAdd(a, ir.CreateFMul(target->residual, kb.to_f32(ir.CreateExtractElement(w, uint64_t{0}))));
+              b = ir.CreateFAdd(b, ir.CreateFMul(target->residual, kb.to_f32(ir.CreateExtractElement(w, uint64_t{1}))));
+            }
+            a = ir.CreateFMul(a, unscale);
+            b = ir.CreateFMul(b, unscale);
+            if (accumulate) {
+              auto sum = load_pair_f32(kb, acc_ptr);
+              a = ir.CreateFAdd(a, sum.first);
+              b = ir.CreateFAdd(b, sum.second);
+            }
+            if (final) {
+              store_pair(kb, a, b, elem, kb.gep(kb.arg("grad_input"), elem, index));
+            } else {
+              store_pair(kb, a, b, kb.f32(), acc_ptr);
+            }
+          });
+        }
+      };
+      // A branch per row rather than per element keeps the target term out of the registers
+      // of rows without it (a term per accumulator, selected in, spilled under the driver's JIT).
       auto epilogue = [&](bool accumulate, bool final) {
         for (int h = 0; h < 2; ++h) {
-          Value* m = ir.CreateAdd(m0, ir.CreateZExt(f.pos.row[h], kb.i64()));
-          Value* row = ir.CreateMul(m, hidden);
-          Value* in_rows = ir.CreateICmpSLT(m, n);
-          // The target term of this row's columns: zeros unless the row's target is in the
-          // chunk (about one row in V / chunk), so W is read only then.
-          std::vector<Value*> term(2 * f.blocks(), kb.cf(0.f));
-          if (compensate) {
-            Target target = target_term(m);
-            Value* slots = kb.local_array(kb.f32(), 2 * f.blocks(), "target_term");
-            for (int i = 0; i < 2 * f.blocks(); ++i) kb.store(kb.cf(0.f), kb.at(slots, kb.f32(), i));
-            kb.if_then(target.hit, [&] {
-              for (int j = 0; j < f.blocks(); ++j) {
-                Value* col = ir.CreateAdd(n0, ir.CreateZExt(ir.CreateAdd(f.pos.col0, kb.c32(8 * j)), kb.i64()));
-                kb.if_then(ir.CreateICmpSLT(col, hidden), [&] {
-                  Value* pair = kb.load(llvm::FixedVectorType::get(elem, 2), kb.gep(target.w_row, elem, col));
-                  for (int e = 0; e < 2; ++e) {
-                    Value* w = kb.to_f32(ir.CreateExtractElement(pair, uint64_t(e)));
-                    kb.store(ir.CreateFMul(target.residual, w), kb.at(slots, kb.f32(), 2 * j + e));
-                  }
-                });
-              }
-            });
-            for (int i = 0; i < 2 * f.blocks(); ++i) term[i] = kb.load(kb.f32(), kb.at(slots, kb.f32(), i));
+          if (!compensate) {
+            row_epilogue(h, accumulate, final, nullptr);
+            continue;
           }
-          for (int j = 0; j < f.blocks(); ++j) {
-            Value* col = ir.CreateAdd(n0, ir.CreateZExt(ir.CreateAdd(f.pos.col0, kb.c32(8 * j)), kb.i64()));
-            kb.if_then(ir.CreateAnd(in_rows, ir.CreateICmpSLT(col, hidden)), [&] {
-              Value* index = ir.CreateAdd(row, col);
-              Value* acc_ptr = kb.gep(kb.arg("acc"), kb.f32(), index);
-              Value* a = ir.CreateFMul(ir.CreateFAdd(f.at(j, h, 0), term[2 * j]), unscale);
-              Value* b = ir.CreateFMul(ir.CreateFAdd(f.at(j, h, 1), term[2 * j + 1]), unscale);
-              if (accumulate) {
-                auto sum = load_pair_f32(kb, acc_ptr);
-                a = ir.CreateFAdd(a, sum.first);
-                b = ir.CreateFAdd(b, sum.second);
-              }
-              if (final) {
-                store_pair(kb, a, b, elem, kb.gep(kb.arg("grad_input"), elem, index));
-              } else {
-                store_pair(kb, a, b, kb.f32(), acc_ptr);
-              }
-            });
-          }
+          Target target = target_term(ir.CreateAdd(m0, ir.CreateZExt(f.pos.row[h], kb.i64())));
+          kb.if_then_else(
+              target.hit, [&] { row_epilogue(h, accumulate, final, &target); },
+              [&] { row_epilogue(h, accumulate, final, nullptr); });
         }
       };
       kb.if_then_else(

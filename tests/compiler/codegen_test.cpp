@@ -83,7 +83,7 @@ TEST(Codegen, RejectsTileOverSharedMemoryLimit) {
 }
 
 // sm_90a wgmma kernels: every GEMM kind with each tile the runtime picks by default (and the
-// narrower one Plan::tile can switch to), both 16-bit dtypes, with and without bias and for each
+// narrower one Plan::tile can switch to; the gradient GEMMs also with the tuner's one-consumer tile), both 16-bit dtypes, with and without bias and for each
 // reduction, assemble without spills, use TMA + wgmma, and contain no subroutine call: a call
 // (e.g. the IEEE fp32 division) makes the driver's JIT serialise every wgmma (H200, driver 580:
 // dlogits_backward ran at 0.61 of cuBLAS with one).
@@ -124,6 +124,7 @@ TEST_P(WgmmaCodegen, AssemblesWithoutSpillsOrCalls) {
 
 std::vector<WgmmaCase> wgmma_cases() {
   const TileConfig narrow{128, 128, 64, 1, 1, 4, 2}, wide4{128, 256, 64, 1, 1, 4, 2}, wide3{128, 256, 64, 1, 1, 3, 2};
+  const TileConfig one_consumer{64, 128, 64, 1, 1, 4, 1};  // the tuner's small space: 2 CTAs per SM
   std::vector<WgmmaCase> cases;
   for (DType dtype : {DType::BF16, DType::FP16})
     for (Reduction reduction : {Reduction::Mean, Reduction::None}) {
@@ -132,7 +133,7 @@ std::vector<WgmmaCase> wgmma_cases() {
         cases.push_back({KernelKind::DlogitsBackward, dtype, bias, reduction, wide4});
       }
       for (KernelKind kind : {KernelKind::GradWeight, KernelKind::GradInput})
-        for (const TileConfig& tile : {wide3, narrow}) cases.push_back({kind, dtype, false, reduction, tile});
+        for (const TileConfig& tile : {wide3, narrow, one_consumer}) cases.push_back({kind, dtype, false, reduction, tile});
     }
   return cases;
 }
