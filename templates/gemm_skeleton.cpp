@@ -69,6 +69,11 @@ std::pair<Value*, Value*> GemmSkeleton::tile_origin() {
 
 std::pair<Value*, Value*> GemmSkeleton::tile_origin(Value* pid, Value* grid_m, Value* grid_n) {
   auto& ir = kb_.ir();
+  // Opaque to LLVM: with a grid known at generation time (grad_input's H / BN) it bounds the
+  // divisors below and narrows the 32-bit divisions to 16 bits, which SASS implements as a
+  // subroutine call, and any call makes ptxas serialise every wgmma of the kernel.
+  grid_m = kb_.opaque_i32(grid_m);
+  grid_n = kb_.opaque_i32(grid_n);
   Value* per_group = ir.CreateMul(kb_.c32(kGroupRows), grid_n);
   Value* first_m = ir.CreateMul(ir.CreateUDiv(pid, per_group), kb_.c32(kGroupRows));
   Value* rows_left = ir.CreateSub(grid_m, first_m);
