@@ -101,6 +101,7 @@ int lfce_struct_size(const char* name, size_t* bytes) {
         {"lfce_backward_args", sizeof(lfce_backward_args)},
         {"lfce_kernel_info", sizeof(lfce_kernel_info)},
         {"lfce_precompiled", sizeof(lfce_precompiled)},
+        {"lfce_device_limits", sizeof(lfce_device_limits)},
         {"lfce_cache_entry", sizeof(lfce_cache_entry)},
         {"lfce_kernel_load", sizeof(lfce_kernel_load)},
         {"lfce_tune_options", sizeof(lfce_tune_options)},
@@ -205,12 +206,28 @@ int lfce_set_cache_dir(const char* dir) {
 }
 
 int lfce_precompile(const lfce_problem* problem, const char* arch, lfce_precompile_callback callback, void* user) {
+  return lfce_precompile_for(problem, arch, nullptr, callback, user);
+}
+
+int lfce_precompile_for(const lfce_problem* problem, const char* arch, const lfce_device_limits* device,
+                        lfce_precompile_callback callback, void* user) {
   return guarded("lfce_precompile", [&] {
     require_out(arch, "arch");
     const lfce::runtime::Problem p = lfce::runtime::problem_from_c(problem);
     const lfce::Arch target = lfce::parse_arch(arch);
-    // The winners stored in this session's cache directory (the one --cache-dir names).
-    lfce::runtime::Plan plan(p, target, lfce::api::Session::get().tuning(p, target));
+    lfce::runtime::DeviceLimits limits{};
+    if (device) {
+      auto bounded = [](int64_t value, int64_t max, const char* name) {
+        if (value < 0 || value > max)
+          throw lfce::SpecError(std::string(name) + " = " + std::to_string(value) + " is outside [0, " +
+                                std::to_string(max) + "] (0: the reference device's)");
+        return value;
+      };
+      limits.sm_count = bounded(device->sm_count, int64_t{1} << 20, "sm_count");
+      limits.smem_per_block = bounded(device->smem_per_block, int64_t{1} << 30, "smem_per_block");
+    }
+    // The winners stored in this session's cache directory (the one --cache-dir names) for these limits.
+    lfce::runtime::Plan plan(p, target, lfce::api::Session::get().tuning(p, target, limits), limits);
     for (lfce::KernelKind kind : kernel_kinds(p)) {
       const lfce::KernelSpec spec = plan.spec(kind);
       const lfce::runtime::PrecompileResult r = lfce::runtime::precompile(spec);

@@ -1,6 +1,8 @@
-// lfce precompile --model M [--model ...] [--arch sm_90a,sm_80]: fills the kernel cache with the
-// PTX of every kernel the presets need, with no GPU (e.g. in a container build). The driver
-// turns the PTX into a cubin on first use on the GPU and caches that too.
+// lfce precompile --model M [--model ...] [--arch sm_90a,sm_80] [--sm-count S --smem-per-block B]:
+// fills the kernel cache with the PTX of every kernel the presets need, with no GPU (e.g. in a
+// container build). The driver turns the PTX into a cubin on first use on the GPU and caches that
+// too. Default tiles depend on the GPU's SM count and shared memory: for a GPU other than the
+// arch's reference (an H200-class one for sm_90a), give its values.
 #include <cstdio>
 
 #include "cli/commands.h"
@@ -13,6 +15,7 @@ struct PrecompileOptions {
   std::vector<std::string> models;
   std::string archs = "sm_90a,sm_80";
   std::string cache_dir;
+  lfce_device_limits limits{};  // 0: the reference device's
   ProblemOptions problem;
 };
 
@@ -39,6 +42,11 @@ void add_precompile_command(CLI::App& app) {
   cmd->add_option("--arch", opts->archs, "comma-separated targets")->check(comma_list())->capture_default_str();
   cmd->add_option("--cache-dir", opts->cache_dir, "cache directory (default: $LFCE_CACHE_DIR or ~/.cache/lfce)")
       ->check(non_empty());
+  cmd->add_option("--sm-count", opts->limits.sm_count, "SMs of the GPU the kernels are for (default: the arch's reference)")
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--smem-per-block", opts->limits.smem_per_block,
+                  "opt-in shared memory per block of that GPU, in bytes (default: the arch's reference)")
+      ->check(CLI::Range(1, 1 << 30));
   opts->problem.add_to(*cmd);
   cmd->callback([opts] {
     if (!opts->cache_dir.empty()) check(lfce_set_cache_dir(opts->cache_dir.c_str()), "--cache-dir");
@@ -51,7 +59,7 @@ void add_precompile_command(CLI::App& app) {
       for (const std::string& arch : split_list(opts->archs)) {
         Row row{model, arch};
         lfce_problem p = opts->problem.problem(vocab, hidden);
-        check(lfce_precompile(&p, arch.c_str(), print_kernel, &row), "--arch");
+        check(lfce_precompile_for(&p, arch.c_str(), &opts->limits, print_kernel, &row), "--arch");
         kernels += row.kernels;
         hits += row.hits;
       }

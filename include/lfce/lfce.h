@@ -25,7 +25,7 @@ extern "C" {
  * function in this header. Bump it whenever one of them changes; a binding compares its own
  * copy with lfce_abi_version() when it loads the library, so a stale library is an error at
  * load time instead of corrupted arguments. */
-#define LFCE_ABI_VERSION 2
+#define LFCE_ABI_VERSION 3
 
 typedef enum lfce_status {
   LFCE_OK = 0,
@@ -175,6 +175,21 @@ typedef void (*lfce_precompile_callback)(const lfce_precompiled* kernel, void* u
  * with the tuned tiles where a tuning is stored. No GPU needed. */
 LFCE_API int lfce_precompile(const lfce_problem* problem, const char* arch, lfce_precompile_callback callback,
                              void* user);
+
+/* The GPU that precompiled kernels are for, where it differs from the arch's reference device
+ * (an H200-class GPU for sm_90a: 132 SMs, 227 KiB of shared memory per block): default tiles
+ * and their narrowing depend on both, so kernels precompiled for other limits are not the ones
+ * that GPU loads. 0 in a field: the reference value. sm_count in [0, 2^20]; smem_per_block
+ * (the opt-in limit per block, in bytes, as cuDeviceGetAttribute reports it) in [0, 2^30]. */
+typedef struct lfce_device_limits {
+  int32_t sm_count;
+  int32_t smem_per_block;
+} lfce_device_limits;
+
+/* lfce_precompile for a GPU with these limits (NULL: as lfce_precompile). The tuned tiles
+ * looked up are those stored for these limits. */
+LFCE_API int lfce_precompile_for(const lfce_problem* problem, const char* arch, const lfce_device_limits* limits,
+                                 lfce_precompile_callback callback, void* user);
 
 typedef struct lfce_cache_entry {
   const char* key;

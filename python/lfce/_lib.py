@@ -30,7 +30,7 @@ __all__ = [
 ]
 
 # LFCE_ABI_VERSION of the lfce.h this file mirrors: bump both together.
-ABI_VERSION = 2
+ABI_VERSION = 3
 
 # lfce_status
 OK = 0
@@ -218,6 +218,15 @@ class TuneResult(ctypes.Structure):
 
 TUNE_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.POINTER(TuneResult), ctypes.c_void_p)
 PRECOMPILE_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.POINTER(Precompiled), ctypes.c_void_p)
+
+
+class DeviceLimits(ctypes.Structure):
+    """lfce_device_limits."""
+
+    _fields_ = [
+        ("sm_count", ctypes.c_int32),
+        ("smem_per_block", ctypes.c_int32),
+    ]
 KERNEL_LOAD_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.POINTER(KernelLoad), ctypes.c_void_p)
 
 # The structs passed by pointer, by their name in lfce.h: their sizes are checked at load.
@@ -227,6 +236,7 @@ STRUCTS = {
     "lfce_backward_args": BackwardArgs,
     "lfce_kernel_info": KernelInfo,
     "lfce_precompiled": Precompiled,
+    "lfce_device_limits": DeviceLimits,
     "lfce_kernel_load": KernelLoad,
     "lfce_tune_options": TuneOptions,
     "lfce_tune_result": TuneResult,
@@ -251,6 +261,8 @@ _SIGNATURES = {
     "lfce_set_cache_dir": (ctypes.c_int, [ctypes.c_char_p]),
     "lfce_reload_options": (ctypes.c_int, []),
     "lfce_precompile": (ctypes.c_int, [_P(Problem), ctypes.c_char_p, PRECOMPILE_CALLBACK, ctypes.c_void_p]),
+    "lfce_precompile_for": (ctypes.c_int, [_P(Problem), ctypes.c_char_p, _P(DeviceLimits), PRECOMPILE_CALLBACK,
+                                           ctypes.c_void_p]),
     "lfce_kernel_load_stats": (ctypes.c_int, [KERNEL_LOAD_CALLBACK, ctypes.c_void_p]),
     "lfce_tune": (ctypes.c_int, [_P(Problem), _P(TuneOptions), TUNE_CALLBACK, ctypes.c_void_p, _P(ctypes.c_int32)]),
     "lfce_plan_is_tuned": (ctypes.c_int, [_P(Problem), ctypes.c_int32, _P(ctypes.c_int32)]),

@@ -79,14 +79,20 @@ def _archs(archs):
 
 
 def precompile(model=None, *, vocab=None, hidden=None, archs=("sm_90a", "sm_80"), dtype="bf16", has_bias=False,
-               mode="recompute", reduction="mean", tokens=8192, chunk_size=None, workspace_budget=None):
+               mode="recompute", reduction="mean", tokens=8192, chunk_size=None, workspace_budget=None,
+               sm_count=None, smem_per_block=None):
     """Fill the cache with every kernel of a model preset (or of ``vocab``/``hidden``) for ``archs``.
 
-    No GPU is needed. Returns one dict per kernel and arch: name, arch, spec, key, cache_hit,
-    compile_ms (LLVM), elapsed_ms, ptx_size.
+    No GPU is needed. ``sm_count`` and ``smem_per_block`` (bytes, the opt-in limit per block)
+    describe the GPU the kernels are for when it is not the arch's reference device (an
+    H200-class GPU for sm_90a): the default tiles depend on both. Returns one dict per kernel
+    and arch: name, arch, spec, key, cache_hit, compile_ms (LLVM), elapsed_ms, ptx_size.
     """
     vocab, hidden = _shape(model, vocab, hidden)
     archs = _archs(archs)
+    limits = _lib.DeviceLimits(_check.integer("sm_count", sm_count, minimum=1, maximum=1 << 20, allow_none=True) or 0,
+                               _check.integer("smem_per_block", smem_per_block, minimum=1, maximum=1 << 30,
+                                              allow_none=True) or 0)
     problem = problem_for(vocab, hidden, dtype=dtype, has_bias=has_bias, mode=mode, reduction=reduction,
                           tokens=tokens, chunk_size=chunk_size, workspace_budget=workspace_budget)
     rows = []
@@ -97,8 +103,8 @@ def precompile(model=None, *, vocab=None, hidden=None, archs=("sm_90a", "sm_80")
                     "ptx_size": int(k.ptx_size)}
 
         rows += _collect(_lib.PRECOMPILE_CALLBACK, convert,
-                         lambda cb, arch=arch: _lib.load().lfce_precompile(ctypes.byref(problem), arch.encode(), cb,
-                                                                           None))
+                         lambda cb, arch=arch: _lib.load().lfce_precompile_for(ctypes.byref(problem), arch.encode(),
+                                                                               ctypes.byref(limits), cb, None))
     return rows
 
 

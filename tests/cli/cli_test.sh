@@ -85,6 +85,15 @@ case $test in
     assemble_all "$work/ptx80" sm_80 ;;
   precompile_names_unknown_model)
     expect_error "unknown model 'gpt-9'" "$lfce" precompile --model gpt-9 ;;
+  precompile_for_a_99_kib_gpu_compiles_other_kernels)
+    "$lfce" precompile --model llama3-8b --arch sm_80 >"$work/first" || fail "precompile"
+    "$lfce" precompile --model llama3-8b --arch sm_80 --sm-count 108 --smem-per-block 101376 >"$work/second" ||
+      fail "precompile for 99 KiB"
+    grep -q "6 kernels: 0 already cached, 6 compiled" "$work/first" || fail "first run: $(tail -1 "$work/first")"
+    # The forward kernels and lse_combine / loss_reduce are the same; the backward tiles differ.
+    grep -q "6 kernels: 3 already cached, 3 compiled" "$work/second" || fail "99 KiB run: $(tail -1 "$work/second")"
+    expect_error "sm-count" "$lfce" precompile --model llama3-8b --sm-count 0
+    expect_error "smem-per-block" "$lfce" precompile --model llama3-8b --smem-per-block -1 ;;
   cache_verify_finds_and_removes_a_corrupt_entry)
     "$lfce" precompile --model llama2-7b --arch sm_80 --tokens 64 >/dev/null || fail "precompile"
     victim=$(ls "$LFCE_CACHE_DIR"/kernels/*.ptx | head -1)

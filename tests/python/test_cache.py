@@ -74,6 +74,23 @@ def test_precompile_in_another_process_reuses_the_entries(cache):
     assert all(k["cache_hit"] for k in json.loads(out))
 
 
+def test_precompile_for_a_99_kib_gpu_picks_other_tiles(cache):
+    """The default tiles depend on the GPU's shared memory (and SM count): kernels precompiled
+    for the reference device are not those a 99 KiB GPU loads."""
+    plain = lfce.precompile("llama3-8b", archs="sm_80", tokens=8192)
+    small = lfce.precompile("llama3-8b", archs="sm_80", tokens=8192, sm_count=108, smem_per_block=101376)
+    assert [k["name"] for k in small] == [k["name"] for k in plain]
+    assert any(a["spec"] != b["spec"] for a, b in zip(plain, small))
+
+
+@pytest.mark.parametrize(("option", "value", "error"), [("sm_count", 0, ValueError),
+                                                        ("smem_per_block", 2 ** 30 + 1, ValueError),
+                                                        ("sm_count", 1.5, TypeError)])
+def test_precompile_names_bad_device_limits(cache, option, value, error):
+    with pytest.raises(error, match=option):
+        lfce.precompile(vocab=1000, hidden=64, archs="sm_80", **{option: value})
+
+
 def test_precompile_names_an_unknown_model():
     with pytest.raises(ValueError, match="unknown model 'gpt-9'"):
         lfce.precompile("gpt-9")

@@ -10,6 +10,8 @@
 #include <filesystem>
 #include <limits>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace {
 
@@ -74,3 +76,49 @@ TEST_F(CacheWithEntries, AKernelsFolderThatIsALinkIsAnIoErrorNamingIt) {
 }
 
 }  // namespace
+
+// Offline precompilation for a GPU other than the arch's reference: its limits change the default
+// tiles (a 99 KiB GPU cannot run the H200's), so the kernels it would load.
+lfce_problem problem(int64_t tokens, int64_t hidden, int64_t vocab) {
+  lfce_problem p{};
+  p.tokens = tokens;
+  p.hidden = hidden;
+  p.vocab = vocab;
+  p.ignore_index = -100;
+  return p;
+}
+
+std::vector<std::string> precompiled_specs(const lfce_problem& p, const char* arch, const lfce_device_limits* limits) {
+  std::vector<std::string> specs;
+  const int status = lfce_precompile_for(
+      &p, arch, limits,
+      [](const lfce_precompiled* k, void* out) { static_cast<std::vector<std::string>*>(out)->push_back(k->spec); },
+      &specs);
+  EXPECT_EQ(status, LFCE_OK) << lfce_last_error();
+  return specs;
+}
+
+TEST_F(CacheWithEntries, PrecompileForADeviceWithLessSharedMemoryPicksOtherTiles) {
+  const lfce_problem p = problem(8192, 4096, 128256);
+  const lfce_device_limits reference{0, 0}, small{108, 101376};  // 99 KiB, 108 SMs (A100-class)
+  for (const char* arch : {"sm_90a", "sm_80"}) {
+    const std::vector<std::string> plain = precompiled_specs(p, arch, nullptr);
+    EXPECT_EQ(precompiled_specs(p, arch, &reference), plain) << arch << ": zeros are the reference device";
+    const std::vector<std::string> limited = precompiled_specs(p, arch, &small);
+    ASSERT_EQ(limited.size(), plain.size());
+    int changed = 0;
+    for (size_t i = 0; i < plain.size(); ++i) changed += limited[i] != plain[i];
+    EXPECT_GT(changed, 0) << arch << ": the H200's tiles do not fit 99 KiB, yet no spec changed";
+  }
+}
+
+TEST_F(CacheWithEntries, PrecompileForRejectsLimitsOutOfRangeNamingThem) {
+  const lfce_problem p = problem(64, 64, 1000);
+  for (const auto& [limits, name] : {std::pair{lfce_device_limits{-1, 0}, "sm_count = -1"},
+                                     std::pair{lfce_device_limits{(1 << 20) + 1, 0}, "sm_count = 1048577"},
+                                     std::pair{lfce_device_limits{0, -5}, "smem_per_block = -5"},
+                                     std::pair{lfce_device_limits{0, (1 << 30) + 1}, "smem_per_block = 1073741825"}}) {
+    EXPECT_EQ(lfce_precompile_for(&p, "sm_80", &limits, nullptr, nullptr), LFCE_ERR_INVALID_ARGUMENT) << name;
+    EXPECT_NE(std::string(lfce_last_error()).find(name), std::string::npos) << lfce_last_error();
+  }
+}
