@@ -11,7 +11,6 @@ forward + backward (kernels loaded) for comparison. Prints one line and writes J
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 import time
@@ -53,7 +52,7 @@ def main():
         first = step()
         second = step()
     result = {"model": args.model, "tokens": n, "hidden": h, "vocab": v, "first_s": round(first, 3),
-              "second_s": round(second, 3), "gpu": torch.cuda.get_device_name(), "pid": os.getpid()}
+              "second_s": round(second, 3), "gpu": torch.cuda.get_device_name()}
     print(f"cold start {args.model} N={n}: first fwd+bwd {first:.3f} s (empty cache), second {second:.3f} s")
     if args.out:
         with open(args.out, "w") as f:

@@ -93,7 +93,7 @@ KernelShape build_dlogits_backward(llvm::Module& module, const KernelSpec& spec)
       RowConstants row[2];
       Value* target_col[2];
       for (int h = 0; h < 2; ++h) {
-        m[h] = ir.CreateAdd(m0, ir.CreateZExt(f.pos.row[h], kb.i64()));
+        m[h] = f.row_at(kb, m0, h);
         in_rows[h] = ir.CreateICmpSLT(m[h], ld);
         row[h] = row_constants(m[h]);
         // The row's target as this thread's column offset (col0 + 8j + e), -1 unless it is in
@@ -108,7 +108,7 @@ KernelShape build_dlogits_backward(llvm::Module& module, const KernelSpec& spec)
       }
       // Column by column (q = 2j + e of this thread), both rows: few values live at once.
       for (int q = 0; q < 2 * f.blocks(); ++q) {
-        Value* v = ir.CreateAdd(n0, ir.CreateZExt(ir.CreateAdd(f.pos.col0, kb.c32(8 * (q / 2) + q % 2)), kb.i64()));
+        Value* v = f.col_at(kb, n0, q / 2, q % 2);
         Value* in_cols = ir.CreateICmpSLT(v, v_len);
         Value* vocab_index = ir.CreateAdd(v_begin, v);
         Value* bias = load_bias(kb, spec, kb.arg("bias"), ir.CreateSelect(in_cols, vocab_index, v_begin));

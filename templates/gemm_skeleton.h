@@ -56,6 +56,13 @@ struct Fragment {
   std::vector<llvm::Value*> acc;  // acc[4j + 2h + e]: row[h], column col0 + 8j + e
   int blocks() const { return static_cast<int>(acc.size() / 4); }
   llvm::Value* at(int j, int h, int e) const { return acc[4 * j + 2 * h + e]; }
+  // Row row[h] and column col0 + 8j + e of a tile at (m0, n0), as i64 indices of the output.
+  llvm::Value* row_at(KernelBuilder& kb, llvm::Value* m0, int h) const {
+    return kb.ir().CreateAdd(m0, kb.ir().CreateZExt(pos.row[h], kb.i64()));
+  }
+  llvm::Value* col_at(KernelBuilder& kb, llvm::Value* n0, int j, int e = 0) const {
+    return kb.ir().CreateAdd(n0, kb.ir().CreateZExt(kb.ir().CreateAdd(pos.col0, kb.c32(8 * j + e)), kb.i64()));
+  }
 };
 using FragmentEpilogue = std::function<void(const Fragment&)>;
 // Visits one tile: (m0, n0) i64, k_tiles i32; the epilogue runs on its accumulators.

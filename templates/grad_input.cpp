@@ -65,14 +65,14 @@ KernelShape build_grad_input(llvm::Module& module, const KernelSpec& spec) {
       // One row h of the fragment; with_term: the row's target is in this chunk (about one row
       // in V / chunk), so its W row is read and residual · W added, pair by pair.
       auto row_epilogue = [&](int h, bool accumulate, bool final, const Target* target) {
-        Value* m = ir.CreateAdd(m0, ir.CreateZExt(f.pos.row[h], kb.i64()));
+        Value* m = f.row_at(kb, m0, h);
         Value* row = ir.CreateMul(m, hidden);
         Value* in_rows = ir.CreateICmpSLT(m, n);
         for (int j = 0; j < f.blocks(); ++j) {
           // The fp32 sums are read in groups: all read at once, 2 x BN/8 more live registers
           // next to the accumulators spilled under the driver's JIT (H200, driver 580).
           if (accumulate && j > 0 && j % kLoadGroup == 0) kb.warp_sync();
-          Value* col = ir.CreateAdd(n0, ir.CreateZExt(ir.CreateAdd(f.pos.col0, kb.c32(8 * j)), kb.i64()));
+          Value* col = f.col_at(kb, n0, j);
           kb.if_then(ir.CreateAnd(in_rows, ir.CreateICmpSLT(col, hidden)), [&] {
             Value* index = ir.CreateAdd(row, col);
             Value* acc_ptr = kb.gep(kb.arg("acc"), kb.f32(), index);
@@ -106,7 +106,7 @@ KernelShape build_grad_input(llvm::Module& module, const KernelSpec& spec) {
             row_epilogue(h, accumulate, final, nullptr);
             continue;
           }
-          Target target = target_term(ir.CreateAdd(m0, ir.CreateZExt(f.pos.row[h], kb.i64())));
+          Target target = target_term(f.row_at(kb, m0, h));
           kb.if_then_else(
               target.hit, [&] { row_epilogue(h, accumulate, final, &target); },
               [&] { row_epilogue(h, accumulate, final, nullptr); });

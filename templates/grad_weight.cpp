@@ -35,11 +35,11 @@ KernelShape build_grad_weight(llvm::Module& module, const KernelSpec& spec) {
     gemm.run_persistent(gemm.blocks_for(v_len, t.bm), gemm.blocks_for(hidden, t.bn), gemm.k_tiles_for(ld),
                         [&](Value* m0, Value* n0, const Fragment& f) {
       for (int h = 0; h < 2; ++h) {
-        Value* v = ir.CreateAdd(m0, ir.CreateZExt(f.pos.row[h], kb.i64()));
+        Value* v = f.row_at(kb, m0, h);
         Value* row = kb.gep(kb.arg("grad_weight"), elem, ir.CreateMul(ir.CreateAdd(kb.arg("v_begin"), v), hidden));
         Value* in_rows = ir.CreateICmpSLT(v, v_len);
         for (int j = 0; j < f.blocks(); ++j) {
-          Value* col = ir.CreateAdd(n0, ir.CreateZExt(ir.CreateAdd(f.pos.col0, kb.c32(8 * j)), kb.i64()));
+          Value* col = f.col_at(kb, n0, j);
           kb.if_then(ir.CreateAnd(in_rows, ir.CreateICmpSLT(col, hidden)), [&] {
             store_pair(kb, ir.CreateFMul(f.at(j, h, 0), unscale), ir.CreateFMul(f.at(j, h, 1), unscale), elem,
                        kb.gep(row, elem, col));

@@ -123,7 +123,7 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
           kb_.if_then(ir.CreateICmpEQ(tid, kb_.c32(0)), [&] {
             Value* cursor = cursor_state("producer_cursor", kb_.c32(0));
             schedule(false, [&](Value* m0, Value* n0, Value* k_tiles, const FragmentEpilogue&) {
-              produce(cursor, m0, n0, at_least_one(k_tiles));
+              produce(cursor, m0, n0, k_tiles);
             });
           });
           kb_.warp_sync();
@@ -134,7 +134,7 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
           Value* cursor = cursor_state("consumer_cursor", kb_.c32(0));
           schedule(true, [&](Value*, Value*, Value* k_tiles, const FragmentEpilogue& epilogue) {
             kb_.warp_sync();  // the previous epilogue may have branched per lane
-            std::vector<Value*> acc = mainloop(consumer_index, cursor, at_least_one(k_tiles));
+            std::vector<Value*> acc = mainloop(consumer_index, cursor, k_tiles);
             // The position is recomputed from an opaque thread index after the mainloop, so that
             // what the epilogue derives from it (a column index per accumulator) is not hoisted
             // out of the tile loop and held in registers through the mainloop.
@@ -179,7 +179,7 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
     const int pool = register_share() * t_.threads() - kProducerRegisters * 128;
     return std::min(240, pool / (128 * t_.consumers) / 8 * 8);
   }
-  // max(k_tiles, 1), for both roles: a tile with no K (never asked for today) then loads one
+  // max(k_tiles, 1), in both roles (produce and mainloop): a tile with no K (never asked for today) then loads one
   // slice of TMA's out-of-bounds zeros, the same zero result. A mainloop that may run zero
   // times leaves the zero-initialised accumulators flowing to the epilogue, and ptxas then
   // serialises every wgmma of the kernel (C7515: seen in grad_weight / grad_input, whose K is
@@ -210,6 +210,7 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
   // Issues the loads of one tile's k_tiles slices, from the slice `state` points at on.
   void produce(Value* state, Value* m0, Value* n0, Value* k_tiles) {
     auto& ir = kb_.ir();
+    k_tiles = at_least_one(k_tiles);
     Value* map_a = kb_.tensor_map("tma_a");
     Value* map_b = kb_.tensor_map("tma_b");
     kb_.for_range(kb_.c32(0), k_tiles, kb_.c32(1), [&](Value* kt) {
@@ -267,6 +268,7 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
   // the finished accumulators, every slot of the tile released.
   std::vector<Value*> mainloop(Value* consumer, Value* state, Value* k_tiles) {
     auto& ir = kb_.ir();
+    k_tiles = at_least_one(k_tiles);
     const int count = t_.bn / 2;
     Value* acc_array = kb_.local_array(kb_.f32(), count, "acc");
     std::vector<Value*> acc(count, kb_.cf(0.f));
