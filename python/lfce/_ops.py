@@ -22,8 +22,10 @@ implementations, on CUDA tensors. The autograd formula is registered on ``lfce::
 
 A gradient not needed is never allocated and its kernel never runs (a NULL pointer in the C API).
 
-On an older PyTorch the same implementations run inside a ``torch.autograd.Function``
-(eager execution only).
+Outside torch.compile the same implementations and autograd rule run inside a
+``torch.autograd.Function`` instead (also on a PyTorch without custom ops): calling a custom op
+with an autograd formula imports torch._dynamo on first use, 3.6 s of cold start that eager
+training does not need. Results are identical either way.
 
 The first call for a problem loads (or compiles) its kernels, which cannot happen while a CUDA
 graph is being captured: such a call raises a RuntimeError asking for a warm-up call first.
@@ -254,8 +256,9 @@ def _backward_rule(ctx, grad_loss, *unused):
         if not (need_hidden or need_weight or need_bias):
             grads = (None, None, None)
         else:
-            grads = _backward_op(hidden, weight, bias, targets, lse, valid_count, grad_loss, *ctx.options,
-                                 need_hidden, need_weight, need_bias)
+            backward_op = _backward_impl if getattr(ctx, "direct", False) else _backward_op
+            grads = backward_op(hidden, weight, bias, targets, lse, valid_count, grad_loss, *ctx.options,
+                                need_hidden, need_weight, need_bias)
             grads = tuple(g if need else None for g, need in zip(grads, (need_hidden, need_weight, need_bias)))
     return grads + (None,) * 9
 
@@ -278,23 +281,40 @@ def _register():
     return torch.ops.lfce.forward.default, torch.ops.lfce.backward.default
 
 
+class _LinearCrossEntropy(torch.autograd.Function):
+    """The same implementations and autograd rule as lfce::forward, without the operator.
+
+    Used outside torch.compile (and on a PyTorch without torch.library.custom_op): calling a
+    custom op that has an autograd formula makes PyTorch import torch._dynamo on the first call
+    (3.6 s on an H200 host, three times lfce's own cold start), which eager training never needs.
+    """
+
+    @staticmethod
+    def forward(ctx, *inputs):
+        output = _forward_impl(*inputs)
+        _setup_context(ctx, inputs, output)
+        ctx.direct = True  # its backward calls the implementation, not lfce::backward
+        return output
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, *grads):
+        return _backward_rule(ctx, *grads)
+
+
+def _compiling():
+    """Whether torch.compile is tracing (False when this PyTorch cannot tell, or cannot compile)."""
+    is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+    return bool(is_compiling()) if is_compiling is not None else False
+
+
 if HAVE_CUSTOM_OPS:
-    forward, _backward_op = _register()
+    _forward_op, _backward_op = _register()
+
+    def forward(*inputs):
+        """lfce::forward while torch.compile traces (no graph break), else the autograd.Function."""
+        return _forward_op(*inputs) if _compiling() else _LinearCrossEntropy.apply(*inputs)
 else:
-    class _LinearCrossEntropy(torch.autograd.Function):
-        """The same implementations and autograd rule for a PyTorch without torch.library.custom_op."""
-
-        @staticmethod
-        def forward(ctx, *inputs):
-            output = _forward_impl(*inputs)
-            _setup_context(ctx, inputs, output)
-            return output
-
-        @staticmethod
-        @torch.autograd.function.once_differentiable
-        def backward(ctx, *grads):
-            return _backward_rule(ctx, *grads)
-
     def forward(*inputs):
         """lfce::forward through torch.autograd.Function."""
         return _LinearCrossEntropy.apply(*inputs)

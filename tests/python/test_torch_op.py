@@ -10,6 +10,9 @@ ctest's python.cpu.torch).
   implementations are tested the same way on the GPU (test_gpu_torch_op.py).
 """
 
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -82,7 +85,32 @@ def cpu_kernels():
 
 @pytest.fixture
 def on_cpu(cpu_kernels, monkeypatch):
+    """CPU tensors: the operators' registered CPU kernels under torch.compile, and the same
+    reference functions as the implementations that eager calls take (an autograd.Function
+    that calls _ops._forward_impl / _backward_impl directly, without the operators)."""
     monkeypatch.setattr(functional, "_DEVICE_TYPE", "cpu")
+    monkeypatch.setattr(_ops, "_forward_impl", _forward_cpu)
+    monkeypatch.setattr(_ops, "_backward_impl", _backward_cpu)
+
+
+def test_an_eager_call_does_not_import_torch_dynamo():
+    """Calling a custom op with an autograd formula makes PyTorch import torch._dynamo (3.6 s on
+    an H200 host, most of lfce's cold start); outside torch.compile lfce must not. A fresh
+    process, the operators' fake implementations standing in for the CUDA ones."""
+    code = (
+        "import sys, torch, lfce\n"
+        "from lfce import _ops, functional\n"
+        "functional._DEVICE_TYPE = 'cpu'\n"
+        "_ops._forward_impl, _ops._backward_impl = _ops._forward_fake, _ops._backward_fake\n"
+        "x = torch.randn(4, 16, requires_grad=True)\n"
+        "w = torch.randn(40, 16, requires_grad=True)\n"
+        "lfce.linear_cross_entropy(x, w, torch.randint(0, 40, (4,))).backward()\n"
+        "assert x.grad is not None and w.grad is not None\n"
+        "print('torch._dynamo' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False", "torch._dynamo was imported by an eager forward + backward"
 
 
 def inputs(n, h=16, v=40, dtype=torch.float32, bias=False, seed=0):
