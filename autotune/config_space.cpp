@@ -31,14 +31,35 @@ Axes default_axes(DType dtype) {
   return a;
 }
 
-// sm_90a, 16-bit: the TMA + wgmma pipeline's axes (BM = 64 x consumer warpgroups, BK = 64).
-std::vector<TileConfig> wgmma_tiles(bool small) {
-  if (small)  // two consumers sharing a CTA, and one consumer with two CTAs per SM
-    return {{128, 128, 64, 1, 1, 3, 2}, {64, 128, 64, 1, 1, 4, 1}};
+// sm_90a, 16-bit: the TMA + wgmma pipeline's axes (BM = 64 x consumer warpgroups, BK = 64),
+// and for the persistent backward GEMMs, ping-pong consumers (BM = 64 each) and CTA pairs
+// multicasting B (BN a multiple of 128; slower than single CTAs on the H200 so far: only the
+// small space, which the GPU tests verify, has one).
+std::vector<TileConfig> wgmma_tiles(KernelKind kind, bool small) {
+  const bool backward = kind != KernelKind::LseForward;
+  auto pingpong = [](int bn, int stages, int cluster = 1) {
+    TileConfig t{64, bn, 64, 1, 1, stages, 2, cluster};
+    t.pingpong = true;
+    return t;
+  };
+  if (small) {  // two consumers sharing a CTA, one consumer with two CTAs per SM, a CTA pair, ping-pong
+    std::vector<TileConfig> out = {{128, 128, 64, 1, 1, 3, 2}, {64, 128, 64, 1, 1, 4, 1}};
+    if (backward) {
+      out.push_back({128, 128, 64, 1, 1, 4, 2, 2});
+      out.push_back(pingpong(128, 4));
+      out.push_back(pingpong(128, 4, 2));
+    }
+    return out;
+  }
   std::vector<TileConfig> out;
   for (int consumers : {1, 2})
     for (int bn : {128, 192, 256})
       for (int stages : {2, 3, 4, 5}) out.push_back(TileConfig{64 * consumers, bn, 64, 1, 1, stages, consumers});
+  if (backward) {
+    for (int stages : {4, 5}) out.push_back(pingpong(256, stages));
+    for (int stages : {5, 6, 7}) out.push_back(pingpong(192, stages));
+    for (int stages : {6, 8}) out.push_back(pingpong(128, stages));
+  }
   return out;
 }
 
@@ -189,7 +210,7 @@ ConfigSpace config_space(KernelKind kind, const Problem& problem, Arch arch, std
     throw SpecError("config space '" + std::string(name) + "' does not exist; expected default, small or wgmma");
   }
   if (hopper) {
-    const std::vector<TileConfig> hopper = wgmma_tiles(small);
+    const std::vector<TileConfig> hopper = wgmma_tiles(kind, small);
     tiles.insert(tiles.begin(), hopper.begin(), hopper.end());
   }
   ConfigSpace space;

@@ -294,6 +294,27 @@ void KernelBuilder::tma_load_2d(Value* dst, Value* map, Value* c0, Value* c1, Va
       "r,l,r,r,r,~{memory}", {smem_addr(dst), map, c0, c1, smem_addr(bar)});
 }
 
+void KernelBuilder::tma_load_2d_multicast(Value* dst, Value* map, Value* c0, Value* c1, Value* bar,
+                                          Value* cta_mask) {
+  ptx(ir_.getVoidTy(),
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster "
+      "[$0], [$1, {$2, $3}], [$4], $5;",
+      "r,l,r,r,r,h,~{memory}", {smem_addr(dst), map, c0, c1, smem_addr(bar), cta_mask});
+}
+
+Value* KernelBuilder::cluster_rank() { return ptx(i32(), "mov.u32 $0, %cluster_ctarank;", "=r", {}); }
+
+void KernelBuilder::mbarrier_arrive_cluster(Value* bar, Value* rank) {
+  ptx(ir_.getVoidTy(),
+      "{\n\t.reg .b32 remote;\n\tmapa.shared::cluster.u32 remote, $0, $1;\n\t"
+      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n\t}",
+      "r,r,~{memory}", {smem_addr(bar), rank});
+}
+
+void KernelBuilder::cluster_sync() {
+  ptx(ir_.getVoidTy(), "barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;", "~{memory}", {});
+}
+
 Value* KernelBuilder::opaque(Value* smem_ptr) {
   Value* moved = ptx(i32(), "mov.b32 $0, $1;", "=r,r", {ir_.CreatePtrToInt(smem_ptr, i32())});
   return ir_.CreateIntToPtr(moved, smem_ptr->getType());

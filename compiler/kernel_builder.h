@@ -108,6 +108,20 @@ class KernelBuilder {
   // 2-D TMA tile load of box (c0 inner, c1 outer) into shared byte offset `dst`, completing
   // its bytes on mbarrier `bar`. Coordinates are i32 elements; out-of-bounds reads zero-fill.
   void tma_load_2d(llvm::Value* dst, llvm::Value* map, llvm::Value* c0, llvm::Value* c1, llvm::Value* bar);
+  // The same box written to shared byte offset `dst` of every CTA of the cluster in `cta_mask`
+  // (i16), completing its bytes on mbarrier `bar` of each of them.
+  void tma_load_2d_multicast(llvm::Value* dst, llvm::Value* map, llvm::Value* c0, llvm::Value* c1,
+                             llvm::Value* bar, llvm::Value* cta_mask);
+
+  // Thread-block clusters (launched with a cluster shape: runtime/module.h).
+  llvm::Value* cluster_rank();  // i32: %cluster_ctarank
+  // Arrives (release, cluster scope) on mbarrier `bar` (shared byte offset) of the cluster's
+  // CTA `rank` (i32), which may be this one.
+  void mbarrier_arrive_cluster(llvm::Value* bar, llvm::Value* rank);
+  // barrier.cluster arrive (release) + wait (acquire) by every thread of every CTA of the
+  // cluster: initialised mbarriers are visible to the peers after it, and no CTA leaves while
+  // a peer may still write to its shared memory before it.
+  void cluster_sync();
   // The same shared-memory pointer, through an inline-PTX move with side effects: address
   // arithmetic on it stays where it is written (not hoisted out of loops into registers).
   llvm::Value* opaque(llvm::Value* smem_ptr);

@@ -69,13 +69,16 @@ std::string TileConfig::text() const {
   else
     out << warps_m << 'x' << warps_n;
   out << "/s" << stages;
+  if (cluster != 1) out << "/c" << cluster;
+  if (pingpong) out << "/pp";
   return out.str();
 }
 
 TileConfig TileConfig::parse(std::string_view text) {
   TileConfig t;
   auto bad = [&] {
-    return SpecError("tile must read BMxBNxBK/WMxWN/sSTAGES or BMxBNxBK/wgC/sSTAGES, got '" + std::string(text) + "'");
+    return SpecError("tile must read BMxBNxBK/WMxWN/sSTAGES or BMxBNxBK/wgC/sSTAGES[/cCLUSTER][/pp], got '" +
+                     std::string(text) + "'");
   };
   char x1, x2, slash1, slash2, s;
   std::istringstream in{std::string(text)};
@@ -92,7 +95,19 @@ TileConfig TileConfig::parse(std::string_view text) {
     if (!in || x3 != 'x') throw bad();
   }
   in >> slash2 >> s >> t.stages;
-  if (!in || slash2 != '/' || s != 's' || in.peek() != EOF) throw bad();
+  if (!in || slash2 != '/' || s != 's') throw bad();
+  // Optional wgmma suffixes, in this order: /cN (cluster), /pp (ping-pong).
+  std::string rest;
+  std::getline(in, rest, '\0');
+  if (!rest.empty() && !t.wgmma()) throw bad();
+  if (rest.size() >= 3 && rest.compare(rest.size() - 3, 3, "/pp") == 0) {
+    t.pingpong = true;
+    rest.resize(rest.size() - 3);
+  }
+  if (!rest.empty()) {
+    if (rest.size() != 3 || rest[0] != '/' || rest[1] != 'c' || rest[2] < '1' || rest[2] > '9') throw bad();
+    t.cluster = rest[2] - '0';
+  }
   return t;
 }
 
@@ -167,6 +182,7 @@ void TileConfig::check_range() const {
   in_range(stages, "stages", kMaxStages);
   if (consumers < 0 || consumers > kMaxConsumers)
     throw SpecError("tile consumers = " + std::to_string(consumers) + " is outside 0.." + std::to_string(kMaxConsumers));
+  in_range(cluster, "cluster", kMaxCluster);
 }
 
 void KernelSpec::validate() const {
@@ -198,12 +214,27 @@ void KernelSpec::validate() const {
     if (arch != Arch::SM90A) fail("the wgmma mainloop (tile " + t.text() + ") needs arch sm_90a");
     if (dtype == DType::FP32) fail("the wgmma mainloop (tile " + t.text() + ") takes bf16 or fp16, not fp32");
     if (t.bk != 64) fail("wgmma tiles need BK = 64 (one 128-byte swizzled row), got " + std::to_string(t.bk));
-    if (t.bm != 64 * t.consumers)
+    if (t.pingpong) {
+      if (kind == KernelKind::LseForward)
+        fail("tile " + t.text() + ": ping-pong serves the persistent backward GEMMs, not lse_forward");
+      if (t.consumers != 2 || t.bm != 64)
+        fail("ping-pong tiles need two consumers and BM = 64 (each consumer's own tile), got " + t.text());
+    } else if (t.bm != 64 * t.consumers) {
       fail("wgmma tiles need BM = 64 x consumers = " + std::to_string(64 * t.consumers) + ", got " +
            std::to_string(t.bm));
+    }
     if (t.bn % 64 != 0 || t.bn > 256) fail("wgmma tiles need BN a multiple of 64 up to 256, got " + std::to_string(t.bn));
     if (t.stages < 2) fail("wgmma tiles need at least 2 stages, got " + std::to_string(t.stages));
     if (t.warps_m != 1 || t.warps_n != 1) fail("wgmma tiles have warps 1x1 (the warpgroups are fixed), got " + t.text());
+    if (t.cluster > 1) {
+      // The pair walks the persistent tile schedule together, each CTA multicasting half of the
+      // B tile: whole 64-row boxes each (MN-major B), and half boxes of whole swizzle atoms.
+      if (kind == KernelKind::LseForward)
+        fail("tile " + t.text() + ": clusters serve the persistent backward GEMMs, not lse_forward");
+      if (t.bn % (64 * t.cluster) != 0)
+        fail("tile " + t.text() + ": a cluster of " + std::to_string(t.cluster) + " needs BN a multiple of " +
+             std::to_string(64 * t.cluster) + ", got " + std::to_string(t.bn));
+    }
     // TMA needs global row strides that are multiples of 16 bytes; hidden and weight rows are H
     // elements (no padded copy is made): other H run the mma.sync mainloop (runtime/plan.cpp).
     if (hidden_row_align(hidden, dtype) < 16)
@@ -212,6 +243,8 @@ void KernelSpec::validate() const {
            " bytes) with TMA, which needs a multiple of 16 bytes; use an mma.sync tile");
     return;
   }
+  if (t.cluster != 1 || t.pingpong)
+    fail("tile " + t.text() + ": clusters and ping-pong need a wgmma tile (the mma.sync mainloop has neither)");
   if (t.threads() > limits.threads_per_block_max)
     fail("tile warps " + std::to_string(t.warps_m) + "x" + std::to_string(t.warps_n) + " make " +
          std::to_string(t.threads()) + " threads, over the limit of " + std::to_string(limits.threads_per_block_max));

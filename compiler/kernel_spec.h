@@ -53,22 +53,32 @@ struct TileConfig {
   static constexpr int kMaxWarps = 32;   // warps_m, warps_n (a CTA has at most 32 warps)
   static constexpr int kMaxStages = 8;
   static constexpr int kMaxConsumers = 2;
+  static constexpr int kMaxCluster = 2;
 
   int bm = 128, bn = 128, bk = 64;
   int warps_m = 2, warps_n = 4;
   int stages = 3;
   int consumers = 0;
+  // CTAs per thread-block cluster (wgmma tiles of the persistent backward GEMMs): the pair
+  // computes two tiles adjacent along M, and each CTA loads half of their shared B tile into
+  // both (TMA multicast), halving B's traffic from L2.
+  int cluster = 1;
+  // Ping-pong (wgmma tiles with two consumers, BM = 64): each consumer warpgroup computes whole
+  // 64 x BN tiles of its own, alternate tiles of the CTA's schedule, so one's epilogue runs
+  // while the other's wgmma keep the tensor cores busy.
+  bool pingpong = false;
   bool wgmma() const { return consumers > 0; }
   // CTAs the kernel is built to share an SM with (ptxas budgets registers for it): two for
   // one-consumer wgmma tiles, so that one CTA's epilogue overlaps the other's mainloop.
   int ctas_per_sm() const { return wgmma() && consumers == 1 ? 2 : 1; }
   int threads() const { return wgmma() ? 128 * (consumers + 1) : warps_m * warps_n * 32; }
-  std::string text() const;  // "128x128x64/2x4/s3" or "128x256x64/wg2/s4"
+  // "128x128x64/2x4/s3", "128x256x64/wg2/s4", "128x256x64/wg2/s4/c2" or "64x256x64/wg2/s5/c2/pp"
+  std::string text() const;
   static TileConfig parse(std::string_view text);  // throws SpecError naming the text
   // Throws SpecError naming the first field outside its range. A tile may come from a file:
   // call this before any arithmetic on its fields.
   void check_range() const;
-  auto tie() const { return std::tie(bm, bn, bk, warps_m, warps_n, stages, consumers); }
+  auto tie() const { return std::tie(bm, bn, bk, warps_m, warps_n, stages, consumers, cluster, pingpong); }
   bool operator==(const TileConfig& o) const { return tie() == o.tie(); }
   bool operator<(const TileConfig& o) const { return tie() < o.tie(); }
 };

@@ -59,6 +59,7 @@ LFCE_SAME_ABI(cuEventElapsedTime, PFN_cuEventElapsedTime_v2000);
 LFCE_SAME_ABI(cuEventDestroy, PFN_cuEventDestroy_v4000);
 LFCE_SAME_ABI(cuCtxSynchronize, PFN_cuCtxSynchronize_v2000);
 LFCE_SAME_ABI(cuTensorMapEncodeTiled, PFN_cuTensorMapEncodeTiled_v12000);
+LFCE_SAME_ABI(cuLaunchKernelEx, PFN_cuLaunchKernelEx_v11060);
 
 namespace {
 
@@ -220,6 +221,7 @@ const Driver* load() {
   resolve(get_proc, "cuEventDestroy", d->cuEventDestroy);
   resolve(get_proc, "cuCtxSynchronize", d->cuCtxSynchronize);
   resolve(get_proc, "cuTensorMapEncodeTiled", d->cuTensorMapEncodeTiled);
+  resolve(get_proc, "cuLaunchKernelEx", d->cuLaunchKernelEx);
 
   // cuInit fails with CUDA_ERROR_NO_DEVICE on a machine with a driver but no
   // GPU, and with CUDA_ERROR_STUB_LIBRARY if the toolkit stub was found.

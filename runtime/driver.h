@@ -114,6 +114,9 @@ struct Driver {
                                      const cuuint32_t* element_strides, CUtensorMapInterleave interleave,
                                      CUtensorMapSwizzle swizzle, CUtensorMapL2promotion l2,
                                      CUtensorMapFloatOOBfill oob_fill) = nullptr;
+  // Launches with attributes: thread-block clusters (the sm_90a pipeline's CTA pairs).
+  CUresult (*cuLaunchKernelEx)(const CUlaunchConfig* config, CUfunction function, void** params,
+                               void** extra) = nullptr;
 };
 
 // cuDriverGetVersion, e.g. 13000 for CUDA 13.0; read once. Throws

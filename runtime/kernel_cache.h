@@ -21,9 +21,10 @@ struct Kernel {
   LoadedKernel loaded;
   int threads;  // the CTA size the kernel was generated for
 
-  // Launches with the generated CTA size and shared memory.
-  void launch(Dim3 grid, CUstream stream, void** params) const {
-    loaded.launch(grid, Dim3{static_cast<unsigned>(threads), 1, 1}, stream, params);
+  // Launches with the generated CTA size and shared memory, as clusters of `cluster` CTAs
+  // (the spec's TileConfig::cluster).
+  void launch(Dim3 grid, CUstream stream, void** params, int cluster = 1) const {
+    loaded.launch(grid, Dim3{static_cast<unsigned>(threads), 1, 1}, stream, params, static_cast<unsigned>(cluster));
   }
 };
 

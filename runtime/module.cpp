@@ -23,6 +23,7 @@ constexpr unsigned kSharedMemoryWithoutOptIn = 48 * 1024;
 constexpr unsigned kMaxGridX = 0x7fffffffu;
 constexpr unsigned kMaxGridYZ = 65535;
 constexpr unsigned kMaxBlockZ = 64;
+constexpr unsigned kMaxPortableCluster = 8;  // larger clusters need a non-portable opt-in
 
 constexpr std::size_t kJitLogBytes = 16 * 1024;
 
@@ -189,7 +190,7 @@ void LoadedKernel::configure_shared_memory() {
 }
 
 void LoadedKernel::launch(Dim3 grid, Dim3 block, CUstream stream,
-                          void** params) const {
+                          void** params, unsigned cluster) const {
   if (!function_) {
     throw std::logic_error("lfce: launch of a moved-from LoadedKernel");
   }
@@ -213,7 +214,32 @@ void LoadedKernel::launch(Dim3 grid, Dim3 block, CUstream stream,
         entry_, str(block), threads, resources_.max_threads,
         resources_.registers, kMaxBlockZ));
   }
+  if (cluster == 0 || cluster > kMaxPortableCluster || grid.x % cluster != 0) {
+    throw std::invalid_argument(fmt::format(
+        "kernel {}: clusters of {} CTAs need 1..{} CTAs and grid.x a multiple of it, got grid {}",
+        entry_, cluster, kMaxPortableCluster, str(grid)));
+  }
   make_context_current(device_);
+  if (cluster > 1) {
+    CUlaunchAttribute attribute{};
+    attribute.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attribute.value.clusterDim.x = cluster;
+    attribute.value.clusterDim.y = 1;
+    attribute.value.clusterDim.z = 1;
+    CUlaunchConfig config{};
+    config.gridDimX = grid.x;
+    config.gridDimY = grid.y;
+    config.gridDimZ = grid.z;
+    config.blockDimX = block.x;
+    config.blockDimY = block.y;
+    config.blockDimZ = block.z;
+    config.sharedMemBytes = dynamic_smem_bytes_;
+    config.hStream = stream;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+    check(Driver::get().cuLaunchKernelEx(&config, function_, params, nullptr), "cuLaunchKernelEx");
+    return;
+  }
   check(Driver::get().cuLaunchKernel(function_, grid.x, grid.y, grid.z, block.x,
                                      block.y, block.z, dynamic_smem_bytes_,
                                      stream, params, nullptr),

@@ -61,8 +61,9 @@ class LoadedKernel {
   // Launches on `stream` with the dynamic shared memory given at load time;
   // params[i] points to the value of kernel argument i. Makes the device's
   // context current on the calling thread first. Throws std::invalid_argument
-  // for dimensions the kernel or the hardware cannot take.
-  void launch(Dim3 grid, Dim3 block, CUstream stream, void** params) const;
+  // for dimensions the kernel or the hardware cannot take. cluster > 1: the grid runs as
+  // thread-block clusters of `cluster` CTAs along x (grid.x a multiple of it).
+  void launch(Dim3 grid, Dim3 block, CUstream stream, void** params, unsigned cluster = 1) const;
 
   const KernelResources& resources() const { return resources_; }
   CUfunction function() const { return function_; }

@@ -30,15 +30,20 @@ E checked_enum(int32_t value, int32_t count, const char* field, const char* acce
 TileConfig default_tile(KernelKind kind, DType dtype, Arch arch) {
   if (dtype == DType::FP32) return TileConfig{128, 128, 32, 2, 4, 2};
   // sm_90a: TMA + wgmma, two consumer warpgroups: lse_forward 64 x 128 each in four 32 KiB
-  // stages, dlogits_backward 64 x 256 each in four 48 KiB stages (H200, bench/results of
-  // 2026-11-30: 0.92 and 0.81 of cuBLAS; the other shape of each 0.87 and 0.78), the gradient
-  // GEMMs 64 x 256 each in three 48 KiB stages (Plan::tile narrows them when that fills the
-  // GPU's SMs more evenly).
+  // stages, dlogits_backward and grad_weight 64 x 256 each in four 48 KiB stages (grad_weight:
+  // Plan::tile narrows it when that fills the GPU's SMs more evenly), grad_input ping-pong, each
+  // consumer its own 64 x 256 tiles, in four 40 KiB stages: the winners of `lfce tune --space
+  // wgmma` for llama3-8b and gemma2-2b at N = 8192 on an H200 (2026-11-30,
+  // test-results/2026-11-30-h200-session6-run3; ping-pong grad_input 3% and 6% off the backward).
   if (arch == Arch::SM90A && kind_info(kind).gemm)
     switch (kind) {
       case KernelKind::LseForward: return TileConfig{128, 128, 64, 1, 1, 4, 2};
-      case KernelKind::DlogitsBackward: return TileConfig{128, 256, 64, 1, 1, 4, 2};
-      default: return TileConfig{128, 256, 64, 1, 1, 3, 2};
+      case KernelKind::GradInput: {
+        TileConfig t{64, 256, 64, 1, 1, 4, 2};
+        t.pingpong = true;
+        return t;
+      }
+      default: return TileConfig{128, 256, 64, 1, 1, 4, 2};
     }
   switch (kind) {
     case KernelKind::LseForward: return TileConfig{128, 128, 64, 2, 4, 3};
@@ -191,7 +196,7 @@ TileConfig Plan::tile(KernelKind kind) const {
   auto it = tuning_.tiles.find(kind);
   if (it != tuning_.tiles.end()) return it->second;
   TileConfig t = default_tile(kind, p_.dtype, arch_, limits_.smem_per_block, p_.hidden);
-  if (t.wgmma() && t.bn == 256 && (kind == KernelKind::GradInput || kind == KernelKind::GradWeight)) {
+  if (t.wgmma() && !t.pingpong && t.bn == 256 && (kind == KernelKind::GradInput || kind == KernelKind::GradWeight)) {
     // (Called once the chunk is known: the constructor asks only for lse_forward's tile.)
     // The output is [N or chunk, H]: when H / 256 column blocks leave the last wave of CTAs
     // mostly empty (gemma2-2b: H = 2304 gives 4.4 waves of 128 x 256 tiles on 132 SMs, 87% busy),

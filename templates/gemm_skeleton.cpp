@@ -69,6 +69,14 @@ std::pair<Value*, Value*> GemmSkeleton::tile_origin() {
 
 std::pair<Value*, Value*> GemmSkeleton::tile_origin(Value* pid, Value* grid_m, Value* grid_n) {
   auto& ir = kb_.ir();
+  Value *m_block, *n_block;
+  std::tie(m_block, n_block) = tile_blocks(pid, grid_m, grid_n);
+  return {ir.CreateMul(ir.CreateZExt(m_block, kb_.i64()), kb_.c64(tile_.bm)),
+          ir.CreateMul(ir.CreateZExt(n_block, kb_.i64()), kb_.c64(tile_.bn))};
+}
+
+std::pair<Value*, Value*> GemmSkeleton::tile_blocks(Value* pid, Value* grid_m, Value* grid_n) {
+  auto& ir = kb_.ir();
   // Opaque to LLVM: with a grid known at generation time (grad_input's H / BN) it bounds the
   // divisors below and narrows the 32-bit divisions to 16 bits, which SASS implements as a
   // subroutine call, and any call makes ptxas serialise every wgmma of the kernel.
@@ -81,8 +89,7 @@ std::pair<Value*, Value*> GemmSkeleton::tile_origin(Value* pid, Value* grid_m, V
   Value* in_group = ir.CreateURem(pid, per_group);
   Value* m_block = ir.CreateAdd(first_m, ir.CreateURem(in_group, group_rows));
   Value* n_block = ir.CreateUDiv(in_group, group_rows);
-  return {ir.CreateMul(ir.CreateZExt(m_block, kb_.i64()), kb_.c64(tile_.bm)),
-          ir.CreateMul(ir.CreateZExt(n_block, kb_.i64()), kb_.c64(tile_.bn))};
+  return {m_block, n_block};
 }
 
 Value* GemmSkeleton::blocks_for(Value* extent, int tile) {
@@ -197,11 +204,36 @@ void GemmSkeleton::compute_tile(const GemmOperand& a, const GemmOperand& b, Valu
 void GemmSkeleton::run_specialised(const TileSchedule& schedule) { pipeline_->run(schedule); }
 
 void GemmSkeleton::run_persistent(Value* grid_m, Value* grid_n, Value* k_tiles, const TileEpilogue& epilogue) {
-  Value* tiles = kb_.ir().CreateMul(grid_m, grid_n);
+  auto& ir = kb_.ir();
+  if (tile_.cluster == 1) {
+    Value* tiles = ir.CreateMul(grid_m, grid_n);
+    run_specialised([&](bool, const TileVisit& visit) {
+      kb_.for_range(kb_.ctaid(0), tiles, kb_.nctaid(0), [&](Value* pid) {
+        Value *m0, *n0;
+        std::tie(m0, n0) = tile_origin(pid, grid_m, grid_n);
+        visit(m0, n0, k_tiles, [&](const Fragment& f) { epilogue(m0, n0, f); });
+      });
+    });
+    return;
+  }
+  // Clusters of C CTAs (consecutive along x) walk a grid of C x 1 tile groups; CTA r of a
+  // cluster takes M block C·i + r of group i, so the pair's tiles share their B tile. Where
+  // grid_m is not a multiple of C, the last group's extra CTAs compute a tile wholly past M
+  // (TMA loads zeros; the epilogues write no row at or past M) and still multicast their
+  // share of B to the peer that needs it.
+  const int c = tile_.cluster;
+  Value* groups_m = ir.CreateUDiv(ir.CreateAdd(grid_m, kb_.c32(c - 1)), kb_.c32(c));
+  Value* groups = ir.CreateMul(groups_m, grid_n);
   run_specialised([&](bool, const TileVisit& visit) {
-    kb_.for_range(kb_.ctaid(0), tiles, kb_.nctaid(0), [&](Value* pid) {
-      Value *m0, *n0;
-      std::tie(m0, n0) = tile_origin(pid, grid_m, grid_n);
+    Value* rank = kb_.cluster_rank();
+    Value* cluster = ir.CreateUDiv(kb_.ctaid(0), kb_.c32(c));
+    Value* clusters = ir.CreateUDiv(kb_.nctaid(0), kb_.c32(c));
+    kb_.for_range(cluster, groups, clusters, [&](Value* pid) {
+      Value *group_m, *n_block;
+      std::tie(group_m, n_block) = tile_blocks(pid, groups_m, grid_n);
+      Value* m_block = ir.CreateAdd(ir.CreateMul(group_m, kb_.c32(c)), rank);
+      Value* m0 = ir.CreateMul(ir.CreateZExt(m_block, kb_.i64()), kb_.c64(tile_.bm));
+      Value* n0 = ir.CreateMul(ir.CreateZExt(n_block, kb_.i64()), kb_.c64(tile_.bn));
       visit(m0, n0, k_tiles, [&](const Fragment& f) { epilogue(m0, n0, f); });
     });
   });

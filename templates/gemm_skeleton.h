@@ -102,7 +102,9 @@ class GemmSkeleton {
   void run_specialised(const TileSchedule& schedule);
   // run_specialised over a (grid_m, grid_n) grid of tiles (i32 counts), each K = k_tiles deep:
   // persistent CTAs take tiles ctaid.x, ctaid.x + nctaid.x, ... in grouped order (tile_origin),
-  // and `epilogue` runs on each tile's fragment with the tile's origin (m0, n0), i64.
+  // and `epilogue` runs on each tile's fragment with the tile's origin (m0, n0), i64. Clustered
+  // tiles: each cluster takes groups of `cluster` tiles adjacent along M instead (the grid is
+  // launched in whole clusters).
   using TileEpilogue = std::function<void(llvm::Value* m0, llvm::Value* n0, const Fragment&)>;
   void run_persistent(llvm::Value* grid_m, llvm::Value* grid_n, llvm::Value* k_tiles, const TileEpilogue& epilogue);
   // The calling consumer thread's fragment rows and columns (wgmma tiles only).
@@ -119,6 +121,8 @@ class GemmSkeleton {
   std::pair<llvm::Value*, llvm::Value*> tile_origin();
   // The same for tile `pid` (i32) of a (grid_m, grid_n) grid, for kernels that loop over tiles.
   std::pair<llvm::Value*, llvm::Value*> tile_origin(llvm::Value* pid, llvm::Value* grid_m, llvm::Value* grid_n);
+  // The (M block, N block) of tile `pid`, i32, in the same grouped order.
+  std::pair<llvm::Value*, llvm::Value*> tile_blocks(llvm::Value* pid, llvm::Value* grid_m, llvm::Value* grid_n);
   static constexpr int kGroupRows = 16;
   // ceil(extent / tile) as i32, for an extent (i64) whose block count fits (the runtime checks).
   llvm::Value* blocks_for(llvm::Value* extent_i64, int tile);

@@ -6,7 +6,8 @@
 //          MN-major tile is one box per 64 rows of M (or N), each box BK rows of 128 bytes.
 //   staged the fp32 tile BM x (BN+1), overlapping the ring (written only after the last wgmma
 //          of the tile has read it);
-//   bars   full[stages], empty[stages] mbarriers (8 bytes each), after the larger of the two.
+//   bars   full[stages], empty[stages] and (ping-pong) order[2] mbarriers (8 bytes each), after
+//          the larger of the two.
 //
 // Roles: warpgroup 0 is the producer; its thread 0 waits for a free slot (empty barrier),
 // arms the full barrier with the slot's byte count and issues the TMA loads. Warpgroups 1..C
@@ -15,12 +16,28 @@
 // Phases: the k-th slice the CTA ever loads (a counter kept across tiles) uses slot k % stages
 // and completes phase (k / stages) of its full barrier.
 //
+// Clusters (TileConfig::cluster = 2, run() only): the pair of CTAs computes two tiles adjacent
+// along M that share their B tile; each CTA's producer loads its own A tile and half of B,
+// multicast into both CTAs' rings at the same offsets, completing bytes on both CTAs' full
+// barriers (each arms its own with the whole stage). A slot is refilled only once the consumers
+// of both CTAs have released it: every consumer warp arrives on the empty barrier of each CTA.
+//
+// Ping-pong (TileConfig::pingpong, run() only): each consumer warpgroup computes whole 64 x BN
+// tiles, the first consumer the schedule's tiles 0, 2, 4, ..., the second 1, 3, 5, .... The ring
+// still fills in schedule order, so the second's mainloop starts as the first's ends, and each
+// epilogue runs beside the other consumer's wgmma. A consumer's cursor skips the other's slices;
+// a slot is released by the four warps of the consumer that read it. A consumer starts a tile's
+// mainloop only after the other has waited for the last slice of the tile before (order
+// barriers): a full barrier is then at most one phase behind the slice a consumer waits for,
+// which a parity wait needs (the skipped slices would otherwise let it pass a phase early).
+//
 // Two forms. compute_tile(): every thread calls it per tile; the consumers write their
 // accumulators to the staged tile, which overlaps the ring, so a CTA barrier separates tiles
 // (grad_weight, grad_input). run(): warp-specialised for the whole kernel; the producer thread
 // walks the template's tile schedule issuing loads, running ahead into the next tile while the
 // consumers run the template's epilogue on their accumulators in registers (lse_forward,
 // dlogits_backward): no staged tile, no CTA barrier, setmaxnreg once.
+#include "compiler/errors.h"
 #include "templates/gemm_skeleton.h"
 
 namespace lfce {
@@ -50,7 +67,7 @@ Geometry geometry(const TileConfig& t, DType dtype) {
   g.ring_bytes = t.stages * g.stage_bytes;
   g.staged_bytes = t.bm * (t.bn + 1) * 4;
   g.bars_offset = (std::max(g.ring_bytes, g.staged_bytes) + 15) / 16 * 16;
-  g.bytes = g.bars_offset + 16 * t.stages;
+  g.bytes = g.bars_offset + 16 * t.stages + (t.pingpong ? 16 : 0);
   return g;
 }
 
@@ -65,15 +82,26 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
     kb_.if_then(ir.CreateICmpEQ(kb_.tid(), kb_.c32(0)), [&] {
       for (int s = 0; s < t_.stages; ++s) {
         kb_.mbarrier_init(full(kb_.c32(s)), 1);                   // the producer's expect_tx arrival
-        kb_.mbarrier_init(empty(kb_.c32(s)), 4 * t_.consumers);  // one arrival per consumer warp
+        // One arrival per warp of each consumer reading the slot, in each CTA of the cluster.
+        kb_.mbarrier_init(empty(kb_.c32(s)), 4 * (t_.pingpong ? 1 : t_.consumers) * t_.cluster);
       }
+      // Ping-pong order: consumer c waits on order[c], which the other consumer arrives on;
+      // the first consumer's first turn is given here.
+      if (t_.pingpong)
+        for (int c = 0; c < 2; ++c) kb_.mbarrier_init(order(c), 1);
       kb_.mbarrier_init_fence();
+      if (t_.pingpong) kb_.mbarrier_arrive(order(0));
     });
-    kb_.barrier();
+    if (t_.cluster > 1)
+      kb_.cluster_sync();  // the peers' barriers are initialised before any multicast or remote arrival
+    else
+      kb_.barrier();
   }
 
   void compute_tile(Value* m0, Value* n0, Value* k_tiles,
                     const std::function<Value*(Value*, Value*)>& staged) override {
+    if (t_.cluster > 1 || t_.pingpong)
+      throw InternalError("the staged wgmma form has no clusters or ping-pong (tile " + t_.text() + ")");
     auto& ir = kb_.ir();
     Value* counter_ptr = kb_.at(counter_, kb_.i32(), 0);
     Value* first = kb_.load(kb_.i32(), counter_ptr);
@@ -132,15 +160,46 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
           kb_.set_max_registers(true, consumer_registers());
           Value* consumer_index = ir.CreateSub(warpgroup, kb_.c32(1));
           Value* cursor = cursor_state("consumer_cursor", kb_.c32(0));
+          // Ping-pong: 0 on this consumer's tiles (the first consumer's turn comes first).
+          Value* turn = kb_.local_array(kb_.i32(), 2, "turn");  // and the parity of the next order wait
+          kb_.store(consumer_index, kb_.at(turn, kb_.i32(), 0));
+          kb_.store(kb_.c32(0), kb_.at(turn, kb_.i32(), 1));
           schedule(true, [&](Value*, Value*, Value* k_tiles, const FragmentEpilogue& epilogue) {
             kb_.warp_sync();  // the previous epilogue may have branched per lane
-            std::vector<Value*> acc = mainloop(consumer_index, cursor, k_tiles);
-            // The position is recomputed from an opaque thread index after the mainloop, so that
-            // what the epilogue derives from it (a column index per accumulator) is not hoisted
-            // out of the tile loop and held in registers through the mainloop.
-            epilogue(Fragment{position_of(kb_.opaque_i32(kb_.tid())), acc});
+            auto compute = [&] {
+              Value* order_me = nullptr;
+              if (t_.pingpong) {
+                Value* parity = kb_.load(kb_.i32(), kb_.at(turn, kb_.i32(), 1));
+                order_me = ir.CreateAdd(kb_.c32(order_offset()), ir.CreateMul(consumer_index, kb_.c32(8)));
+                kb_.mbarrier_wait(order_me, parity);
+                kb_.store(ir.CreateXor(parity, kb_.c32(1)), kb_.at(turn, kb_.i32(), 1));
+              }
+              std::vector<Value*> acc = mainloop(consumer_index, cursor, k_tiles);
+              if (t_.pingpong) {  // every slice of this tile has landed: the other consumer's turn
+                Value* order_other = ir.CreateSub(kb_.c32(2 * order_offset() + 8), order_me);
+                kb_.if_then(ir.CreateICmpEQ(ir.CreateAnd(kb_.tid(), kb_.c32(127)), kb_.c32(0)),
+                            [&] { kb_.mbarrier_arrive(order_other); });
+                kb_.warp_sync();
+              }
+              // The position is recomputed from an opaque thread index after the mainloop, so that
+              // what the epilogue derives from it (a column index per accumulator) is not hoisted
+              // out of the tile loop and held in registers through the mainloop.
+              epilogue(Fragment{position_of(kb_.opaque_i32(kb_.tid())), acc});
+            };
+            if (!t_.pingpong) {
+              compute();
+              return;
+            }
+            Value* mine = kb_.load(kb_.i32(), kb_.at(turn, kb_.i32(), 0));
+            kb_.if_then_else(ir.CreateICmpEQ(mine, kb_.c32(0)), compute, [&] { skip(cursor, k_tiles); });
+            kb_.store(ir.CreateXor(mine, kb_.c32(1)), kb_.at(turn, kb_.i32(), 0));
           });
         });
+    if (t_.cluster > 1) {
+      // No CTA exits while its peer may still arrive on its barriers (the last releases).
+      kb_.warp_sync();
+      kb_.cluster_sync();
+    }
   }
 
   FragmentPosition fragment_position() override { return position_of(kb_.tid()); }
@@ -149,10 +208,12 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
   FragmentPosition position_of(Value* tid) {
     auto& ir = kb_.ir();
     Value* lane = ir.CreateAnd(tid, kb_.c32(31));
-    Value* consumer = ir.CreateSub(ir.CreateLShr(tid, kb_.c32(7)), kb_.c32(1));
     Value* warp_in_group = ir.CreateAnd(ir.CreateLShr(tid, kb_.c32(5)), kb_.c32(3));
-    Value* row0 = ir.CreateAdd(ir.CreateMul(consumer, kb_.c32(64)),
-                               ir.CreateAdd(ir.CreateMul(warp_in_group, kb_.c32(16)), ir.CreateLShr(lane, kb_.c32(2))));
+    Value* row0 = ir.CreateAdd(ir.CreateMul(warp_in_group, kb_.c32(16)), ir.CreateLShr(lane, kb_.c32(2)));
+    if (!t_.pingpong) {  // consumer c owns rows [64c, 64c + 64) of the tile
+      Value* consumer = ir.CreateSub(ir.CreateLShr(tid, kb_.c32(7)), kb_.c32(1));
+      row0 = ir.CreateAdd(ir.CreateMul(consumer, kb_.c32(64)), row0);
+    }
     Value* quad_lane = ir.CreateAnd(lane, kb_.c32(3));
     return {{row0, ir.CreateAdd(row0, kb_.c32(8))}, ir.CreateMul(quad_lane, kb_.c32(2)), quad_lane};
   }
@@ -167,6 +228,8 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
     return state;
   }
 
+  int order_offset() const { return g_.bars_offset + 16 * t_.stages; }
+  Value* order(int c) { return kb_.c32(order_offset() + 8 * c); }
   Value* full(Value* slot) { return kb_.ir().CreateAdd(kb_.c32(g_.bars_offset), kb_.ir().CreateMul(slot, kb_.c32(8))); }
   Value* empty(Value* slot) {
     return kb_.ir().CreateAdd(kb_.c32(g_.bars_offset + 8 * t_.stages), kb_.ir().CreateMul(slot, kb_.c32(8)));
@@ -193,18 +256,34 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
   Value* a_base(Value* slot) { return kb_.ir().CreateMul(slot, kb_.c32(g_.stage_bytes)); }
   Value* b_base(Value* slot) { return kb_.ir().CreateAdd(a_base(slot), kb_.c32(g_.a_bytes)); }
 
-  // Loads operand tile rows [mn0, mn0 + rows) x K slice kt into `dst`.
-  void load(Value* map, Layout layout, int rows, Value* dst, Value* mn0, Value* kt, Value* bar) {
+  // Loads operand tile rows [mn0, mn0 + rows) x K slice kt into `dst`. With `rank` (i32, a
+  // CTA of the cluster), only that CTA's 1/cluster share of the rows, multicast to every CTA.
+  void load(Value* map, Layout layout, int rows, Value* dst, Value* mn0, Value* kt, Value* bar,
+            Value* rank = nullptr) {
     auto& ir = kb_.ir();
     Value* mn = ir.CreateTrunc(mn0, kb_.i32());
     Value* k = ir.CreateMul(kt, kb_.c32(t_.bk));
-    if (layout == Layout::KMajor) {  // one box {BK, rows}
-      kb_.tma_load_2d(dst, map, k, mn, bar);
+    const int parts = rank ? t_.cluster : 1;
+    Value* mask = ir.getInt16((1u << t_.cluster) - 1);
+    auto copy = [&](Value* to, Value* c0, Value* c1) {
+      if (rank)
+        kb_.tma_load_2d_multicast(to, map, c0, c1, bar, mask);
+      else
+        kb_.tma_load_2d(to, map, c0, c1, bar);
+    };
+    if (layout == Layout::KMajor) {  // one box {BK, rows / parts}: 128-byte rows, whole atoms
+      Value* first = rank ? ir.CreateMul(rank, kb_.c32(rows / parts)) : kb_.c32(0);
+      copy(ir.CreateAdd(dst, ir.CreateMul(first, kb_.c32(kSwizzleRow))), k, ir.CreateAdd(mn, first));
       return;
     }
-    for (int j = 0; j < rows / kBoxElems; ++j)  // boxes {64, BK}, one per 64 rows of M or N
-      kb_.tma_load_2d(ir.CreateAdd(dst, kb_.c32(j * t_.bk * kSwizzleRow)), map,
-                      ir.CreateAdd(mn, kb_.c32(j * kBoxElems)), k, bar);
+    // Boxes {64, BK}, one per 64 rows of M or N; this CTA's share of them.
+    const int boxes = rows / kBoxElems / parts;
+    Value* first_box = rank ? ir.CreateMul(rank, kb_.c32(boxes)) : kb_.c32(0);
+    for (int j = 0; j < boxes; ++j) {
+      Value* box = ir.CreateAdd(first_box, kb_.c32(j));
+      copy(ir.CreateAdd(dst, ir.CreateMul(box, kb_.c32(t_.bk * kSwizzleRow))),
+           ir.CreateAdd(mn, ir.CreateMul(box, kb_.c32(kBoxElems))), k);
+    }
   }
 
   // Issues the loads of one tile's k_tiles slices, from the slice `state` points at on.
@@ -213,6 +292,7 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
     k_tiles = at_least_one(k_tiles);
     Value* map_a = kb_.tensor_map("tma_a");
     Value* map_b = kb_.tensor_map("tma_b");
+    Value* rank = t_.cluster > 1 ? kb_.cluster_rank() : nullptr;  // B: this CTA's share, multicast
     kb_.for_range(kb_.c32(0), k_tiles, kb_.c32(1), [&](Value* kt) {
       Cursor c{kb_.load(kb_.i32(), kb_.at(state, kb_.i32(), 0)), kb_.load(kb_.i32(), kb_.at(state, kb_.i32(), 1))};
       // A fresh barrier counts as having completed the phase before its first: phase ^ 1
@@ -220,7 +300,7 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
       kb_.mbarrier_wait(empty(c.slot), ir.CreateXor(c.phase, kb_.c32(1)));
       kb_.mbarrier_arrive_expect_tx(full(c.slot), g_.stage_bytes);  // out-of-bounds zeros count too
       load(map_a, a_, t_.bm, a_base(c.slot), m0, kt, full(c.slot));
-      load(map_b, b_, t_.bn, b_base(c.slot), n0, kt, full(c.slot));
+      load(map_b, b_, t_.bn, b_base(c.slot), n0, kt, full(c.slot), rank);
       Cursor next = advance(c);
       kb_.store(next.slot, kb_.at(state, kb_.i32(), 0));
       kb_.store(next.phase, kb_.at(state, kb_.i32(), 1));
@@ -282,9 +362,11 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
     Value* tid = kb_.tid();
     Value* lane = ir.CreateAnd(tid, kb_.c32(31));
     Value* lane0 = ir.CreateICmpEQ(lane, kb_.c32(0));
-    // Consumer c's A rows start at 64c: in bytes, 64c rows (K-major) or box c (MN-major).
-    Value* a_row_bytes =
-        ir.CreateMul(consumer, kb_.c32(a_ == Layout::KMajor ? 64 * kSwizzleRow : t_.bk * kSwizzleRow));
+    // Consumer c's A rows start at 64c: in bytes, 64c rows (K-major) or box c (MN-major); a
+    // ping-pong consumer's tile is all of A.
+    Value* a_row_bytes = t_.pingpong ? kb_.c32(0)
+                                     : ir.CreateMul(consumer, kb_.c32(a_ == Layout::KMajor ? 64 * kSwizzleRow
+                                                                                           : t_.bk * kSwizzleRow));
     // state: slot and phase of the current slice, and the slot of the previous one (released
     // once its wgmma group has finished).
     kb_.wgmma_fence();
@@ -303,7 +385,7 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
       kb_.wgmma_commit();
       acc = kb_.wgmma_wait(1, acc);  // slice kt - 1's wgmma group has finished reading its slot
       save();
-      kb_.if_then(ir.CreateAnd(lane0, ir.CreateICmpSGT(kt, kb_.c32(0))), [&] { kb_.mbarrier_arrive(empty(previous)); });
+      kb_.if_then(ir.CreateAnd(lane0, ir.CreateICmpSGT(kt, kb_.c32(0))), [&] { release(previous); });
       kb_.warp_sync();  // converged for the next wgmma.fence
       Cursor next = advance(c);
       kb_.store(next.slot, kb_.at(state, kb_.i32(), 0));
@@ -313,9 +395,29 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
     restore();
     acc = kb_.wgmma_wait(0, acc);
     Value* last = kb_.load(kb_.i32(), kb_.at(state, kb_.i32(), 2));
-    kb_.if_then(ir.CreateAnd(lane0, ir.CreateICmpSGT(k_tiles, kb_.c32(0))), [&] { kb_.mbarrier_arrive(empty(last)); });
+    kb_.if_then(ir.CreateAnd(lane0, ir.CreateICmpSGT(k_tiles, kb_.c32(0))), [&] { release(last); });
     kb_.warp_sync();
     return acc;
+  }
+
+  // Moves a consumer's cursor past the other consumer's tile of k_tiles slices (ping-pong).
+  void skip(Value* state, Value* k_tiles) {
+    auto& ir = kb_.ir();
+    Value* slot = kb_.load(kb_.i32(), kb_.at(state, kb_.i32(), 0));
+    Value* phase = kb_.load(kb_.i32(), kb_.at(state, kb_.i32(), 1));
+    Value* total = ir.CreateAdd(slot, at_least_one(k_tiles));
+    kb_.store(slot_of(total), kb_.at(state, kb_.i32(), 0));
+    kb_.store(ir.CreateXor(phase, parity_of(total)), kb_.at(state, kb_.i32(), 1));
+  }
+
+  // A consumer warp's release of `slot`: on its own CTA's empty barrier, and on each peer's,
+  // whose producer multicasts into this CTA's ring too.
+  void release(Value* slot) {
+    if (t_.cluster == 1) {
+      kb_.mbarrier_arrive(empty(slot));
+      return;
+    }
+    for (int r = 0; r < t_.cluster; ++r) kb_.mbarrier_arrive_cluster(empty(slot), kb_.c32(r));
   }
 
   // Writes a consumer's accumulators to the staged tile.

@@ -140,6 +140,10 @@ static CUresult fake_cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsi
   ENTER("cuLaunchKernel");
   return CUDA_SUCCESS;
 }
+static CUresult fake_cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f, void** params, void** extra) {
+  ENTER("cuLaunchKernelEx");
+  return CUDA_SUCCESS;
+}
 static CUresult fake_cuGetErrorName(CUresult code, const char** name) {
   ENTER("cuGetErrorName");
   switch (code) {
@@ -247,7 +251,7 @@ static const struct EntryPoint kEntryPoints[] = {
     ENTRY(cuMemAlloc),       ENTRY(cuMemFree),           ENTRY(cuMemcpyHtoD),
     ENTRY(cuMemcpyDtoH),     ENTRY(cuEventCreate),       ENTRY(cuEventRecord),
     ENTRY(cuEventSynchronize), ENTRY(cuEventElapsedTime), ENTRY(cuEventDestroy),
-    ENTRY(cuTensorMapEncodeTiled),
+    ENTRY(cuTensorMapEncodeTiled), ENTRY(cuLaunchKernelEx),
 };
 
 FAKE_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** function, int version, cuuint64_t flags,

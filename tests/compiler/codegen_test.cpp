@@ -83,7 +83,8 @@ TEST(Codegen, RejectsTileOverSharedMemoryLimit) {
 }
 
 // sm_90a wgmma kernels: every GEMM kind with each tile the runtime picks by default (and the
-// narrower one Plan::tile can switch to; the gradient GEMMs also with the tuner's one-consumer tile), both 16-bit dtypes, with and without bias and for each
+// narrower one Plan::tile can switch to; the gradient GEMMs also with the tuner's one-consumer tile;
+// grad_input's ping-pong default; CTA pairs and ping-pong for each backward GEMM), both 16-bit dtypes, with and without bias and for each
 // reduction, assemble without spills, use TMA + wgmma, and contain no subroutine call: a call
 // (e.g. the IEEE fp32 division) makes the driver's JIT serialise every wgmma (H200, driver 580:
 // dlogits_backward ran at 0.61 of cuBLAS with one).
@@ -122,6 +123,12 @@ TEST_P(WgmmaCodegen, AssemblesWithoutSpillsOrCalls) {
   // 16- and 64-bit integer division and remainder are subroutine calls in SASS too (LLVM narrows
   // an i32 division to 16 bits when it can bound both operands).
   EXPECT_FALSE(std::regex_search(k.ptx, std::regex(R"(\b(div|rem)\.[us](16|64)\b)"))) << "a 16/64-bit integer division";
+  // CTA pairs: B multicast to both CTAs, releases on both CTAs' barriers, and a cluster barrier
+  // after the barriers' initialisation and before any CTA exits.
+  const bool cluster = c.tile.cluster > 1;
+  EXPECT_EQ(k.ptx.find("multicast::cluster") != std::string::npos, cluster);
+  EXPECT_EQ(k.ptx.find("mapa.shared::cluster") != std::string::npos, cluster);
+  EXPECT_EQ(k.ptx.find("barrier.cluster.arrive") != std::string::npos, cluster);
   testing_ptxas::expect_assembles_without_spills(k.ptx, Arch::SM90A);
 }
 
@@ -136,8 +143,20 @@ std::vector<WgmmaCase> wgmma_cases() {
         cases.push_back({KernelKind::DlogitsBackward, dtype, bias, reduction, wide4});
       }
       for (KernelKind kind : {KernelKind::GradWeight, KernelKind::GradInput})
-        for (const TileConfig& tile : {wide3, narrow, one_consumer}) cases.push_back({kind, dtype, false, reduction, tile});
+        for (const TileConfig& tile : {wide4, wide3, narrow, one_consumer}) cases.push_back({kind, dtype, false, reduction, tile});
+      TileConfig pingpong{64, 256, 64, 1, 1, 4, 2};  // the default grad_input tile
+      pingpong.pingpong = true;
+      cases.push_back({KernelKind::GradInput, dtype, false, reduction, pingpong});
     }
+  // CTA pairs (TileConfig::cluster) and ping-pong consumers: each backward GEMM, both B layouts
+  // (K-major in dlogits).
+  TileConfig pingpong{64, 256, 64, 1, 1, 5, 2}, pingpong_pair{64, 128, 64, 1, 1, 4, 2, 2};
+  pingpong.pingpong = pingpong_pair.pingpong = true;
+  for (TileConfig tile : {wide4, narrow, pingpong, pingpong_pair}) {
+    if (!tile.pingpong) tile.cluster = 2;
+    for (KernelKind kind : {KernelKind::DlogitsBackward, KernelKind::GradWeight, KernelKind::GradInput})
+      cases.push_back({kind, DType::BF16, kind == KernelKind::DlogitsBackward, Reduction::Mean, tile});
+  }
   return cases;
 }
 

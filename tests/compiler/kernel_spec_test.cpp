@@ -54,6 +54,49 @@ TEST(KernelSpec, WgmmaTileTextRoundTrips) {
     EXPECT_NE(spec_error([&] { TileConfig::parse(bad); }).find(bad), std::string::npos) << bad;
 }
 
+TEST(KernelSpec, ClusterAndPingPongTileTextsRoundTrip) {
+  for (const char* text : {"128x256x64/wg2/s4/c2", "64x256x64/wg2/s5/pp", "64x128x64/wg2/s4/c2/pp"}) {
+    const TileConfig t = TileConfig::parse(text);
+    EXPECT_EQ(t.text(), text);
+    EXPECT_EQ(t.threads(), 384) << text;
+  }
+  EXPECT_EQ(TileConfig::parse("128x256x64/wg2/s4/c2").cluster, 2);
+  EXPECT_TRUE(TileConfig::parse("64x256x64/wg2/s5/pp").pingpong);
+  EXPECT_FALSE(TileConfig::parse("128x256x64/wg2/s4/c2") == TileConfig::parse("128x256x64/wg2/s4"));
+  // Suffixes only after a wgmma tile, cluster before ping-pong, one digit of cluster.
+  for (const char* bad : {"128x128x64/2x4/s3/c2", "128x128x64/2x4/s3/pp", "64x256x64/wg2/s5/pp/c2",
+                          "128x256x64/wg2/s4/c", "128x256x64/wg2/s4/c12", "128x256x64/wg2/s4/x2", "64x256x64/wg2/s5/ppp"})
+    EXPECT_NE(spec_error([&] { TileConfig::parse(bad); }).find(bad), std::string::npos) << bad;
+}
+
+TEST(KernelSpec, ValidateNamesWhatClustersAndPingPongNeed) {
+  auto error_of = [&](KernelKind kind, TileConfig tile) {
+    KernelSpec s = sample();
+    s.kind = kind;
+    s.arch = Arch::SM90A;
+    s.dtype = DType::BF16;
+    s.tile = tile;
+    return spec_error([&] { s.validate(); });
+  };
+  auto pingpong = [](TileConfig t) {
+    t.pingpong = true;
+    return t;
+  };
+  EXPECT_EQ(error_of(KernelKind::GradWeight, {128, 256, 64, 1, 1, 4, 2, 2}), "no error");
+  EXPECT_EQ(error_of(KernelKind::GradInput, pingpong({64, 256, 64, 1, 1, 5, 2})), "no error");
+  EXPECT_NE(error_of(KernelKind::LseForward, {128, 256, 64, 1, 1, 4, 2, 2}).find("not lse_forward"), std::string::npos);
+  EXPECT_NE(error_of(KernelKind::LseForward, pingpong({64, 256, 64, 1, 1, 5, 2})).find("not lse_forward"),
+            std::string::npos);
+  EXPECT_NE(error_of(KernelKind::GradWeight, {128, 192, 64, 1, 1, 4, 2, 2}).find("multiple of 128, got 192"),
+            std::string::npos);
+  EXPECT_NE(error_of(KernelKind::GradWeight, pingpong({128, 256, 64, 1, 1, 4, 2})).find("BM = 64"), std::string::npos);
+  EXPECT_NE(error_of(KernelKind::GradWeight, pingpong({64, 256, 64, 1, 1, 4, 1})).find("two consumers"),
+            std::string::npos);
+  EXPECT_NE(error_of(KernelKind::GradWeight, {128, 256, 64, 1, 1, 4, 2, 3}).find("cluster"), std::string::npos);
+  EXPECT_NE(error_of(KernelKind::GradWeight, {128, 128, 64, 2, 4, 3, 0, 2}).find("need a wgmma tile"),
+            std::string::npos);
+}
+
 TEST(KernelSpec, ValidateNamesWhatAWgmmaTileNeeds) {
   KernelSpec s = sample();
   s.arch = Arch::SM90A;
@@ -76,7 +119,7 @@ TEST(KernelSpec, ValidateNamesWhatAWgmmaTileNeeds) {
 
 TEST(KernelSpec, EveryFieldChangesTheKey) {
   KernelSpec base = sample();
-  std::vector<KernelSpec> variants(12, base);
+  std::vector<KernelSpec> variants(14, base);
   variants[0].kind = KernelKind::GradInput;
   variants[1].vocab += 1;
   variants[2].hidden += 8;
@@ -89,6 +132,8 @@ TEST(KernelSpec, EveryFieldChangesTheKey) {
   variants[9].arch = Arch::SM90A;
   variants[10].tile.stages = 2;
   variants[11].tile.bk = 32;
+  variants[12].tile.cluster = 2;
+  variants[13].tile.pingpong = true;
   std::set<std::string> texts{base.text()};
   for (const KernelSpec& v : variants) {
     EXPECT_NE(v, base);
