@@ -97,6 +97,9 @@ void ProblemOptions::add_to(CLI::App& app) {
   app.add_option("--budget-mib", budget_mib, "backward workspace budget in MiB (0: 256)")
       ->check(integer_in(0, kMaxBudgetMib))
       ->capture_default_str();
+  // The range is the library's to check (lfce_check_problem names the value).
+  app.add_option("--softcap", softcap, "logit softcap c: the softmax sees c*tanh(z/c) (Gemma 2: 30; 0: none)")
+      ->capture_default_str();
 }
 
 lfce_problem ProblemOptions::problem(int64_t vocab, int64_t hidden) const {
@@ -112,6 +115,7 @@ lfce_problem ProblemOptions::problem(int64_t vocab, int64_t hidden) const {
   p.ignore_index = ignore_index;
   p.chunk_size = chunk;
   p.workspace_budget = budget_mib << 20;
+  p.softcap = softcap;
   return p;
 }
 

@@ -35,6 +35,7 @@ enum SpecField : uint32_t {
   kFieldReduction = 1u << 6,
   kFieldBias = 1u << 7,
   kFieldTile = 1u << 8,
+  kFieldSoftcap = 1u << 9,
 };
 inline constexpr uint32_t kAllSpecFields = (1u << 9) - 1;
 
@@ -68,13 +69,13 @@ inline constexpr KernelKindInfo kKernelKinds[] = {
     // kind, name, gemm, backward, chunked, bias_only, a, b, smem_per_row, smem_bytes, thread_per_row,
     // reads, unscales_dz[, adds_target_term]
     {KernelKind::LseForward, "lse_forward", true, false, false, false, Layout::KMajor, Layout::KMajor, 16, 0, true,
-     kGemmFields | kFieldVocab | kFieldTargets | kFieldBias, false},
+     kGemmFields | kFieldVocab | kFieldTargets | kFieldBias | kFieldSoftcap, false},
     {KernelKind::LseCombine, "lse_combine", false, false, false, false, Layout::KMajor, Layout::KMajor, 0, 0, false,
      kFieldVocab | kFieldTargets, false},
     {KernelKind::LossReduce, "loss_reduce", false, false, false, false, Layout::KMajor, Layout::KMajor, 0, 8192, false,
      kFieldTargets | kFieldReduction, false},
     {KernelKind::DlogitsBackward, "dlogits_backward", true, true, true, false, Layout::KMajor, Layout::KMajor, 16, 0,
-     true, kGemmFields | kFieldMode | kFieldTargets | kFieldReduction | kFieldBias, false},
+     true, kGemmFields | kFieldMode | kFieldTargets | kFieldReduction | kFieldBias | kFieldSoftcap, false},
     {KernelKind::GradWeight, "grad_weight", true, true, true, false, Layout::KMajor, Layout::MNMajor, 0, 0, false,
      kGemmFields, true},
     {KernelKind::GradInput, "grad_input", true, true, true, false, Layout::MNMajor, Layout::MNMajor, 0, 0, false,

@@ -2,6 +2,7 @@
 
 #include <array>
 #include <charconv>
+#include <cstdlib>
 #include <map>
 #include <sstream>
 #include <utility>
@@ -9,6 +10,12 @@
 #include "compiler/errors.h"
 
 namespace lfce {
+std::string float_text(float value) {
+  char buffer[32];
+  auto [end, error] = std::to_chars(buffer, buffer + sizeof buffer, value);
+  return error == std::errc() ? std::string(buffer, end) : std::string("?");
+}
+
 namespace {
 
 template <typename E>
@@ -117,6 +124,7 @@ std::string KernelSpec::text() const {
       << ";mode=" << mode_name(mode) << ";dtype=" << dtype_name(dtype)
       << ";targets=" << name_of(kIndexTypes, targets) << ";reduction=" << reduction_name(reduction)
       << ";bias=" << (bias ? 1 : 0) << ";arch=" << arch_name(arch) << ";tile=" << tile.text();
+  if (softcap != 0.f) out << ";softcap=" << float_text(softcap);
   return out.str();
 }
 
@@ -164,6 +172,13 @@ KernelSpec KernelSpec::parse(std::string_view text) {
   } catch (const SpecError& e) {
     throw SpecError(std::string("KernelSpec field 'tile': ") + e.what());
   }
+  if (fields.count("softcap")) {
+    const std::string text = take("softcap");
+    char* end = nullptr;
+    spec.softcap = std::strtof(text.c_str(), &end);
+    if (text.empty() || *end != '\0' || float_text(spec.softcap) != text)
+      throw SpecError("KernelSpec field 'softcap' must be a float in canonical form, got '" + text + "'");
+  }
   if (!fields.empty()) throw SpecError("KernelSpec has unknown field '" + fields.begin()->first + "'");
   return spec;
 }
@@ -199,6 +214,9 @@ void KernelSpec::validate() const {
   bounded(vocab, "vocab", size_floor(kFieldVocab), kMaxVocab);
   bounded(hidden, "hidden", size_floor(kFieldHidden), kMaxHidden);
   bounded(chunk, "chunk", size_floor(kFieldChunk), kMaxChunk);
+  if (!(softcap >= 0.f && softcap <= kMaxSoftcap))  // also NaN
+    fail("softcap = " + float_text(softcap) + " is outside 0 (none) .. " + float_text(kMaxSoftcap));
+  if (softcap != 0.f && !(reads & kFieldSoftcap)) fail("softcap is set on a kernel that reads no logits");
   if (!info.gemm) return;
   const ArchInfo& limits = arch_info(arch);
   const TileConfig& t = tile;
@@ -291,6 +309,7 @@ KernelSpec KernelSpec::normalised() const {
   if (reads & kFieldReduction) out.reduction = reduction;
   if (reads & kFieldBias) out.bias = bias;
   if (reads & kFieldTile) out.tile = tile;
+  if (reads & kFieldSoftcap) out.softcap = softcap;
   return out;
 }
 

@@ -83,6 +83,9 @@ struct TileConfig {
   bool operator<(const TileConfig& o) const { return tie() < o.tie(); }
 };
 
+// The shortest text that reads back as the same float ("30", "0.5", "nan").
+std::string float_text(float value);
+
 class KernelSpec {
  public:
   KernelKind kind = KernelKind::LseForward;
@@ -96,10 +99,14 @@ class KernelSpec {
   bool bias = false;
   Arch arch = Arch::SM90A;
   TileConfig tile;
+  // Logit softcap c (Gemma 2): each logit z (bias included) becomes c·tanh(z / c) before the
+  // softmax; 0 = none. A constant of the generated code (kernels differ per value).
+  float softcap = 0.f;
+  static constexpr float kMaxSoftcap = 1e6f;
 
   // Canonical text, e.g.
   // "lse_forward;V=128256;H=4096;chunk=0;mode=recompute;dtype=bf16;targets=i64;reduction=mean;
-  //  bias=0;arch=sm_90a;tile=128x128x64/2x4/s3"
+  //  bias=0;arch=sm_90a;tile=128x128x64/2x4/s3", then ";softcap=30" where there is one"
   std::string text() const;
   static KernelSpec parse(std::string_view text);  // throws SpecError naming the bad field
   // Throws SpecError if the spec cannot be generated (sizes and their limits above, tile
@@ -115,7 +122,7 @@ class KernelSpec {
   KernelSpec normalised() const;
 
   auto tie() const {
-    return std::tie(kind, vocab, hidden, chunk, mode, dtype, targets, reduction, bias, arch, tile);
+    return std::tie(kind, vocab, hidden, chunk, mode, dtype, targets, reduction, bias, arch, tile, softcap);
   }
   bool operator==(const KernelSpec& o) const { return tie() == o.tie(); }
   bool operator!=(const KernelSpec& o) const { return !(*this == o); }

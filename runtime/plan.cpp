@@ -109,7 +109,10 @@ Problem problem_from_c(const lfce_problem* c) {
   p.bias = c->has_bias == 1;
   p.reduction = checked_enum<Reduction>(c->reduction, 3, "reduction", "LFCE_REDUCTION_MEAN, _SUM or _NONE");
   p.mode = checked_enum<Mode>(c->mode, 2, "mode", "LFCE_MODE_RECOMPUTE or _EAGER");
-  if (c->reserved != 0) throw SpecError("lfce_problem.reserved must be 0, got " + std::to_string(c->reserved));
+  // NaN fails both comparisons.
+  if (!(c->softcap >= 0.f && c->softcap <= KernelSpec::kMaxSoftcap))
+    throw SpecError("lfce_problem.softcap must be 0 (none) or a positive cap up to 1e6, got " + float_text(c->softcap));
+  p.softcap = c->softcap;
   p.ignore_index = c->ignore_index;
   p.chunk_size = c->chunk_size;
   if (c->workspace_budget < 0)
@@ -224,6 +227,7 @@ KernelSpec problem_spec(KernelKind kind, const Problem& p, Arch arch) {
   s.targets = p.targets;
   s.reduction = p.reduction;
   s.bias = p.bias;
+  if (kind_info(kind).reads & kFieldSoftcap) s.softcap = p.softcap;
   s.arch = arch;
   return s;
 }

@@ -22,6 +22,7 @@ struct Problem {
   int64_t ignore_index = -100;
   int64_t chunk_size = 0;
   int64_t workspace_budget = 0;
+  float softcap = 0.f;  // KernelSpec::softcap (0 = none); shares the uncapped problem's tuning
 };
 
 // The most tokens a problem may have: grid x = ceil(N / BM) stays within CUDA's 2^31 - 1 CTAs.

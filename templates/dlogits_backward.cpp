@@ -68,9 +68,13 @@ KernelShape build_dlogits_backward(llvm::Module& module, const KernelSpec& spec)
     Value *rounded, *exact, *hit;
   };
   // hit: the element is the row's target.
+  // z: the logit with the bias; with a softcap, the softmax's input is the capped logit and the
+  // chain rule multiplies by its slope.
   auto dz_of = [&](Value* z, const RowConstants& row, Value* hit) {
+    z = capped_logit(kb, spec, z);
     Value* p = kb.exp(ir.CreateFSub(z, row.lse));
     Value* dz = ir.CreateFMul(row.g, ir.CreateFSub(p, ir.CreateSelect(hit, kb.cf(1.f), kb.cf(0.f))));
+    if (Value* slope = softcap_slope(kb, spec, z)) dz = ir.CreateFMul(dz, slope);
     // g = 0 (ignored or padding rows) gives an exact 0 even where z or LSE is not finite.
     dz = ir.CreateSelect(ir.CreateFCmpOEQ(row.g, kb.cf(0.f)), kb.cf(0.f), dz);
     Value* rounded = kb.from_f32(dz, elem);

@@ -1,5 +1,6 @@
-// lse_forward: logits tiles z = x·Wᵀ (+ b) over K = H, reduced in the epilogue to each row's
-// running (max, Σ exp) and the target logit. The logits never reach global memory.
+// lse_forward: logits tiles z = x·Wᵀ (+ b) over K = H (with a softcap c, c·tanh(z / c)), reduced
+// in the epilogue to each row's running (max, Σ exp) and the target logit. The logits never
+// reach global memory.
 //
 // Grid (row groups G, splits S): CTA (g, s) takes the row blocks g, g + G, g + 2G, ... in turn
 // and, for each, the s-th contiguous share of the vocabulary tiles: the grid fills the GPU
@@ -83,7 +84,8 @@ void lse_forward_specialised(KernelBuilder& kb, const KernelSpec& spec, GemmSkel
           for (int h = 0; h < 2; ++h) {
             std::vector<Value*> z(cols);
             for (int q = 0; q < cols; ++q)
-              z[q] = ir.CreateSelect(valid[q], ir.CreateFAdd(f.at(q / 2, h, q % 2), bias[q]), neg_inf(kb));
+              z[q] = ir.CreateSelect(valid[q], capped_logit(kb, spec, ir.CreateFAdd(f.at(q / 2, h, q % 2), bias[q])),
+                                     neg_inf(kb));
             Value* old_max = kb.load(kb.f32(), kb.at(stats, kb.f32(), 2 * h));
             Value* old_sum = kb.load(kb.f32(), kb.at(stats, kb.f32(), 2 * h + 1));
             Value* new_max = kb.fmax(old_max, tree(z, [&](Value* a, Value* b) { return kb.fmax(a, b); }));
@@ -109,7 +111,7 @@ void lse_forward_specialised(KernelBuilder& kb, const KernelSpec& spec, GemmSkel
               for (int j = 0; j < f.blocks(); ++j)
                 logit = ir.CreateSelect(ir.CreateICmpEQ(block, kb.c32(j)),
                                         ir.CreateSelect(odd, f.at(j, h, 1), f.at(j, h, 0)), logit);
-              logit = ir.CreateFAdd(logit, load_bias(kb, spec, kb.arg("bias"), target));
+              logit = capped_logit(kb, spec, ir.CreateFAdd(logit, load_bias(kb, spec, kb.arg("bias"), target)));
               kb.store(logit, kb.gep(kb.arg("target_logit"), kb.f32(), row_of(m0, h)));
             });
           }
@@ -214,7 +216,7 @@ KernelShape build_lse_forward(llvm::Module& module, const KernelSpec& spec) {
           valid[q] = ir.CreateICmpSLT(v, vocab);
           Value* logit = ir.CreateFAdd(kb.load(kb.f32(), gemm.staged(r, c)),
                                        load_bias(kb, spec, kb.arg("bias"), ir.CreateSelect(valid[q], v, kb.c64(0))));
-          z[q] = ir.CreateSelect(valid[q], logit, neg_inf(kb));
+          z[q] = ir.CreateSelect(valid[q], capped_logit(kb, spec, logit), neg_inf(kb));
           zmax = kb.fmax(zmax, z[q]);
         }
         zmax = kb.warp_max(zmax);
@@ -237,7 +239,8 @@ KernelShape build_lse_forward(llvm::Module& module, const KernelSpec& spec) {
                                         ir.CreateICmpSLT(target, vocab));
           kb.if_then(in_tile, [&] {
             Value* c = ir.CreateTrunc(ir.CreateSub(target, n0), kb.i32());
-            Value* logit = ir.CreateFAdd(kb.load(kb.f32(), gemm.staged(r, c)), load_bias(kb, spec, kb.arg("bias"), target));
+            Value* logit = capped_logit(
+                kb, spec, ir.CreateFAdd(kb.load(kb.f32(), gemm.staged(r, c)), load_bias(kb, spec, kb.arg("bias"), target)));
             Value* m = ir.CreateAdd(m0, ir.CreateZExt(r, kb.i64()));
             kb.store(logit, kb.gep(kb.arg("target_logit"), kb.f32(), m));
           });

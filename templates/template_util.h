@@ -32,6 +32,28 @@ inline llvm::Value* load_bias(KernelBuilder& kb, const KernelSpec& spec, llvm::V
   return kb.to_f32(kb.load(e, kb.gep(bias, e, v)));
 }
 
+// The logit the softmax sees: c·tanh(z / c) with the spec's softcap c (Gemma 2), else z itself
+// (no code). tanh(x) = sign(x)·(1 − 2 / (e^{2|x|} + 1)): ex2.approx and div.full, no
+// subroutine call (which would serialise a wgmma kernel), absolute error a few fp32 ulps;
+// tanh.approx.f32's 2^-11 relative error would show in the loss.
+inline llvm::Value* capped_logit(KernelBuilder& kb, const KernelSpec& spec, llvm::Value* z) {
+  if (spec.softcap == 0.f) return z;
+  auto& ir = kb.ir();
+  llvm::Value* x = ir.CreateFMul(z, kb.cf(1.f / spec.softcap));
+  llvm::Value* ax = ir.CreateIntrinsic(llvm::Intrinsic::fabs, {kb.f32()}, {x});
+  llvm::Value* e = kb.exp(ir.CreateFMul(ax, kb.cf(2.f)));
+  llvm::Value* t = ir.CreateFSub(kb.cf(1.f), kb.div_full(kb.cf(2.f), ir.CreateFAdd(e, kb.cf(1.f))));
+  t = ir.CreateIntrinsic(llvm::Intrinsic::copysign, {kb.f32()}, {t, x});
+  return ir.CreateFMul(t, kb.cf(spec.softcap));
+}
+// d capped / dz at a capped logit: 1 − (capped / c)², or 1 (no code) without a softcap.
+inline llvm::Value* softcap_slope(KernelBuilder& kb, const KernelSpec& spec, llvm::Value* capped) {
+  if (spec.softcap == 0.f) return nullptr;
+  auto& ir = kb.ir();
+  llvm::Value* t = ir.CreateFMul(capped, kb.cf(1.f / spec.softcap));
+  return ir.CreateFSub(kb.cf(1.f), ir.CreateFMul(t, t));
+}
+
 // The power of two that dz is multiplied by before it is rounded to the dtype, and divided by
 // (exactly) in the fp32 epilogues of the kernels that consume it (grad_weight, grad_input,
 // grad_bias). fp16's smallest normal is 6.1e-5: with mean reduction dz = g·p with g = 1/N

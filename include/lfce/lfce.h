@@ -25,7 +25,7 @@ extern "C" {
  * function in this header. Bump it whenever one of them changes; a binding compares its own
  * copy with lfce_abi_version() when it loads the library, so a stale library is an error at
  * load time instead of corrupted arguments. */
-#define LFCE_ABI_VERSION 3
+#define LFCE_ABI_VERSION 4
 
 typedef enum lfce_status {
   LFCE_OK = 0,
@@ -63,7 +63,8 @@ typedef struct lfce_problem {
   int32_t has_bias;         /* 0 or 1 */
   int32_t reduction;        /* lfce_reduction */
   int32_t mode;             /* lfce_mode */
-  int32_t reserved;         /* must be 0 */
+  float softcap;            /* logit softcap c (Gemma 2: 30): the softmax sees c * tanh(z / c) of each
+                               logit z (bias included), with the chain rule in the backward; 0 = none */
   int64_t ignore_index;     /* targets equal to this contribute no loss and no gradient */
   int64_t chunk_size;       /* vocabulary chunk of the backward, <= 2^20 (larger than V: V);
                                0 = derive from workspace_budget (also at most 2^20) */

@@ -55,6 +55,21 @@ def real(name, value, *, minimum):
     return number
 
 
+def softcap(value):
+    """A logit softcap: None (none) or a finite number in (0, 1e6], as a float."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"softcap must be None or a number, got {type(value).__name__} {value!r}")
+    try:
+        number = float(value)
+    except OverflowError:
+        number = math.inf
+    if not 0 < number <= 1e6:  # NaN fails too
+        raise ValueError(f"softcap must be None (no cap) or a number in (0, 1e6], got {value!r}")
+    return number
+
+
 def flag(name, value):
     """``value`` as 0 or 1; only a bool is accepted, so a string such as "no" is not True."""
     if not isinstance(value, bool):

@@ -30,7 +30,7 @@ __all__ = [
 ]
 
 # LFCE_ABI_VERSION of the lfce.h this file mirrors: bump both together.
-ABI_VERSION = 3
+ABI_VERSION = 4
 
 # lfce_status
 OK = 0
@@ -85,7 +85,7 @@ class Problem(ctypes.Structure):
         ("has_bias", ctypes.c_int32),
         ("reduction", ctypes.c_int32),
         ("mode", ctypes.c_int32),
-        ("reserved", ctypes.c_int32),
+        ("softcap", ctypes.c_float),
         ("ignore_index", ctypes.c_int64),
         ("chunk_size", ctypes.c_int64),
         ("workspace_budget", ctypes.c_int64),
@@ -365,8 +365,9 @@ def check(status):
 
 def make_problem(tokens, hidden, vocab, dtype, target_dtype=INDEX_INT64, has_bias=False,
                  reduction=REDUCTION_MEAN, mode=MODE_RECOMPUTE, ignore_index=-100,
-                 chunk_size=None, workspace_budget=None):
-    """Fill an lfce_problem; None for chunk_size / workspace_budget means the library's default.
+                 chunk_size=None, workspace_budget=None, softcap=None):
+    """Fill an lfce_problem; None for chunk_size / workspace_budget means the library's default,
+    None for softcap no softcap (the library checks its range).
 
     Every field is checked to fit its C type (ctypes would wrap it silently); whether the
     values make a valid problem is the library's check (lfce_check_problem).
@@ -377,7 +378,7 @@ def make_problem(tokens, hidden, vocab, dtype, target_dtype=INDEX_INT64, has_bia
     fields = {name: _check.integer(name, value) for name, value in wide.items()}
     fields.update((name, _check.integer(name, value, minimum=_check.INT32_MIN, maximum=_check.INT32_MAX))
                   for name, value in narrow.items())
-    return Problem(has_bias=int(bool(has_bias)), reserved=0, **fields)
+    return Problem(has_bias=int(bool(has_bias)), softcap=float(softcap or 0.0), **fields)
 
 
 def forward_workspace_size(problem):

@@ -50,6 +50,7 @@ _F32 = torch.float32
 # The operators' schemas are inferred from these annotations (at run time: no string annotations).
 OptionalTensor = Optional[Tensor]
 OptionalInt = Optional[int]
+OptionalFloat = Optional[float]
 
 
 # --- the real implementations (ctypes) --------------------------------------------------------
@@ -90,12 +91,12 @@ def _eager(mode, reduction):
     return mode == "eager" and reduction != "none"
 
 
-def _problem(hidden, weight, bias, targets, ignore_index, reduction, mode, chunk_size, workspace_budget):
+def _problem(hidden, weight, bias, targets, ignore_index, reduction, mode, chunk_size, workspace_budget, softcap):
     return _lib.make_problem(
         hidden.shape[0], hidden.shape[1], weight.shape[0], DTYPES[hidden.dtype],
         target_dtype=INDEX_DTYPES[targets.dtype], has_bias=bias is not None,
         reduction=_lib.REDUCTIONS[reduction], mode=_lib.MODES[mode], ignore_index=ignore_index,
-        chunk_size=chunk_size, workspace_budget=workspace_budget)
+        chunk_size=chunk_size, workspace_budget=workspace_budget, softcap=softcap)
 
 
 # Problems whose kernels this process has loaded, per device and pass: the only ones a CUDA graph
@@ -151,13 +152,13 @@ def _or_empty(grads, like):
 
 def _forward_impl(hidden: Tensor, weight: Tensor, bias: OptionalTensor, targets: Tensor, ignore_index: int,
                   reduction: str, mode: str, chunk_size: OptionalInt, workspace_budget: OptionalInt,
-                  need_hidden: bool, need_weight: bool, need_bias: bool) -> tuple[Tensor, Tensor, Tensor, Tensor,
-                                                                                   Tensor, Tensor]:
+                  softcap: OptionalFloat, need_hidden: bool, need_weight: bool,
+                  need_bias: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     hidden, weight = _rows_aligned(hidden), _rows_aligned(weight)
     bias, targets = _aligned(bias), _aligned(targets)
     eager = _eager(mode, reduction)
     problem = _problem(hidden, weight, bias, targets, ignore_index, reduction, "eager" if eager else "recompute",
-                       chunk_size, workspace_budget)
+                       chunk_size, workspace_budget, softcap)
     wanted = (need_hidden, need_weight, need_bias) if eager else (False, False, False)
     device = hidden.device
     key = _key(problem, device, "forward", wanted)
@@ -186,12 +187,12 @@ def _forward_impl(hidden: Tensor, weight: Tensor, bias: OptionalTensor, targets:
 
 def _backward_impl(hidden: Tensor, weight: Tensor, bias: OptionalTensor, targets: Tensor, lse: Tensor,
                    valid_count: Tensor, grad_loss: Tensor, ignore_index: int, reduction: str,
-                   chunk_size: OptionalInt, workspace_budget: OptionalInt, need_hidden: bool,
-                   need_weight: bool, need_bias: bool) -> tuple[Tensor, Tensor, Tensor]:
+                   chunk_size: OptionalInt, workspace_budget: OptionalInt, softcap: OptionalFloat,
+                   need_hidden: bool, need_weight: bool, need_bias: bool) -> tuple[Tensor, Tensor, Tensor]:
     hidden, weight = _rows_aligned(hidden), _rows_aligned(weight)
     bias, targets, grad_loss = (_aligned(t) for t in (bias, targets, grad_loss))
     problem = _problem(hidden, weight, bias, targets, ignore_index, reduction, "recompute", chunk_size,
-                       workspace_budget)
+                       workspace_budget, softcap)
     wanted = (need_hidden, need_weight, need_bias)
     key = _key(problem, hidden.device, "backward", wanted)
     _require_loaded(key, problem, "backward")
@@ -209,7 +210,7 @@ def _empty_unless(wanted, like):
 
 
 def _forward_fake(hidden, weight, bias, targets, ignore_index, reduction, mode, chunk_size, workspace_budget,
-                  need_hidden, need_weight, need_bias):
+                  softcap, need_hidden, need_weight, need_bias):
     n = hidden.shape[0]
     eager = _eager(mode, reduction)
     loss = hidden.new_empty((n,) if reduction == "none" else (), dtype=_F32)
@@ -219,7 +220,7 @@ def _forward_fake(hidden, weight, bias, targets, ignore_index, reduction, mode, 
 
 
 def _backward_fake(hidden, weight, bias, targets, lse, valid_count, grad_loss, ignore_index, reduction, chunk_size,
-                   workspace_budget, need_hidden, need_weight, need_bias):
+                   workspace_budget, softcap, need_hidden, need_weight, need_bias):
     grad_bias = _empty_unless(need_bias, bias) if bias is not None else hidden.new_empty(0)
     return _empty_unless(need_hidden, hidden), _empty_unless(need_weight, weight), grad_bias
 
@@ -227,14 +228,14 @@ def _backward_fake(hidden, weight, bias, targets, lse, valid_count, grad_loss, i
 # --- autograd ---------------------------------------------------------------------------------
 
 def _setup_context(ctx, inputs, output):
-    hidden, weight, bias, targets, ignore_index, reduction, mode, chunk_size, workspace_budget = inputs[:9]
+    hidden, weight, bias, targets, ignore_index, reduction, mode, chunk_size, workspace_budget, softcap = inputs[:10]
     _, lse, valid_count, grad_hidden, grad_weight, grad_bias = output
-    ctx.options = (ignore_index, reduction, chunk_size, workspace_budget)
+    ctx.options = (ignore_index, reduction, chunk_size, workspace_budget, softcap)
     ctx.eager = _eager(mode, reduction)
     ctx.has_bias = bias is not None
     if ctx.eager:
         # Only the gradients of inputs that required one at forward time were computed.
-        ctx.computed = inputs[9:12]
+        ctx.computed = inputs[10:13]
         ctx.save_for_backward(grad_hidden, grad_weight, grad_bias)
     else:
         ctx.save_for_backward(hidden, weight, bias, targets, lse, valid_count)
@@ -260,7 +261,7 @@ def _backward_rule(ctx, grad_loss, *unused):
             grads = backward_op(hidden, weight, bias, targets, lse, valid_count, grad_loss, *ctx.options,
                                 need_hidden, need_weight, need_bias)
             grads = tuple(g if need else None for g, need in zip(grads, (need_hidden, need_weight, need_bias)))
-    return grads + (None,) * 9
+    return grads + (None,) * 10
 
 
 # --- registration (once per process) ----------------------------------------------------------

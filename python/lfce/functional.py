@@ -57,8 +57,9 @@ def _log_once(level, message, *args):
 
 
 def validate_options(ignore_index=-100, reduction="mean", mode="recompute", chunk_size=None,
-                     workspace_budget=None):
+                     workspace_budget=None, softcap=None):
     """Check the non-tensor options; raise ValueError/TypeError naming the bad value."""
+    _check.softcap(softcap)
     _check.integer("ignore_index", ignore_index)
     _check.choice("reduction", reduction, _lib.REDUCTIONS)
     _check.choice("mode", mode, _lib.MODES)
@@ -139,7 +140,7 @@ def _autocast(tensors):
 
 
 def linear_cross_entropy(hidden, weight, targets, bias=None, *, ignore_index=-100, reduction="mean",
-                         mode="recompute", chunk_size=None, workspace_budget=None):
+                         mode="recompute", chunk_size=None, workspace_budget=None, softcap=None):
     """Cross-entropy of ``hidden @ weight.T + bias`` against ``targets``, fused.
 
     Same result as ``F.cross_entropy(F.linear(hidden, weight, bias).flatten(0, -2),
@@ -158,6 +159,9 @@ def linear_cross_entropy(hidden, weight, targets, bias=None, *, ignore_index=-10
             gradients in the forward and hold them; "none" reduction falls back to recompute).
         chunk_size: vocabulary chunk width of the backward; None derives it from the budget.
         workspace_budget: bytes for the backward's logit-gradient chunk; None means 256 MiB.
+        softcap: logit softcap c (Gemma 2's final_logit_softcapping, e.g. 30.0): the softmax is
+            taken over ``c * tanh(z / c)`` of the logits z (bias included), with the chain rule
+            in the backward; None for none.
 
     Returns:
         The loss in fp32: 0-dim for mean/sum, shape hidden.shape[:-1] for none. Gradients are
@@ -170,7 +174,8 @@ def linear_cross_entropy(hidden, weight, targets, bias=None, *, ignore_index=-10
         TypeError / ValueError naming the bad argument; lfce.CompileError if a kernel
         fails to compile; lfce.CudaError if the driver fails.
     """
-    validate_options(ignore_index, reduction, mode, chunk_size, workspace_budget)
+    validate_options(ignore_index, reduction, mode, chunk_size, workspace_budget, softcap)
+    softcap = _check.softcap(softcap)
     hidden, weight, bias = _autocast((hidden, weight, bias))
     N, H, _ = _validate_tensors(hidden, weight, targets, bias)
     batch_shape = hidden.shape[:-1]
@@ -185,7 +190,8 @@ def linear_cross_entropy(hidden, weight, targets, bias=None, *, ignore_index=-10
     # off); eager mode computes only those (none when grad mode is off).
     wanted = tuple(torch.is_grad_enabled() and t is not None and t.requires_grad for t in (hidden, weight, bias))
     options = [None if v is None else operator.index(v) for v in (ignore_index, chunk_size, workspace_budget)]
-    loss = _ops.forward(hidden, weight, bias, targets, options[0], reduction, mode, *options[1:], *wanted)[0]
+    loss = _ops.forward(hidden, weight, bias, targets, options[0], reduction, mode, *options[1:], softcap,
+                        *wanted)[0]
     if reduction == "none":
         loss = loss.reshape(batch_shape)
     return loss

@@ -17,13 +17,14 @@ class LinearCrossEntropyLoss(torch.nn.Module):
         loss = loss_fn(hidden_states, model.lm_head.weight, labels)
 
     Args: see :func:`lfce.linear_cross_entropy` (ignore_index, reduction, mode,
-    chunk_size, workspace_budget).
+    chunk_size, workspace_budget, softcap).
     """
 
     def __init__(self, *, ignore_index=-100, reduction="mean", mode="recompute", chunk_size=None,
-                 workspace_budget=None):
+                 workspace_budget=None, softcap=None):
         super().__init__()
-        validate_options(ignore_index, reduction, mode, chunk_size, workspace_budget)
+        validate_options(ignore_index, reduction, mode, chunk_size, workspace_budget, softcap)
+        self.softcap = softcap
         self.ignore_index = ignore_index
         self.reduction = reduction
         self.mode = mode
@@ -35,6 +36,7 @@ class LinearCrossEntropyLoss(torch.nn.Module):
         return linear_cross_entropy(
             hidden, weight, targets, bias, ignore_index=self.ignore_index, reduction=self.reduction,
             mode=self.mode, chunk_size=self.chunk_size, workspace_budget=self.workspace_budget,
+            softcap=self.softcap,
         )
 
     def extra_repr(self):
@@ -43,4 +45,6 @@ class LinearCrossEntropyLoss(torch.nn.Module):
             options.append(f"chunk_size={self.chunk_size!r}")
         if self.workspace_budget is not None:
             options.append(f"workspace_budget={self.workspace_budget!r}")
+        if self.softcap is not None:
+            options.append(f"softcap={self.softcap!r}")
         return ", ".join(options)

@@ -63,6 +63,18 @@ case $test in
     expect_error "sm_70" "$lfce" compile --vocab 100 --hidden 16 --arch sm_70 -o "$work/x" ;;
   compile_names_bad_dtype)
     expect_error "fp8" "$lfce" compile --vocab 100 --hidden 16 --dtype fp8 ;;
+  compile_softcap_changes_only_the_logit_kernels)
+    "$lfce" compile --vocab 50257 --hidden 2304 -o "$work/plain" >/dev/null || fail "compile"
+    "$lfce" compile --vocab 50257 --hidden 2304 --softcap 30 -o "$work/capped" >/dev/null || fail "compile --softcap 30"
+    for k in lse_forward dlogits_backward; do
+      cmp -s "$work/plain/$k.ptx" "$work/capped/$k.ptx" && fail "$k.ptx is the same with --softcap 30"
+      grep -q "softcap=30" "$work/capped/$k.json" || fail "$k.json does not name the softcap"
+    done
+    for k in grad_weight grad_input lse_combine loss_reduce; do
+      cmp -s "$work/plain/$k.ptx" "$work/capped/$k.ptx" || fail "$k.ptx changed with --softcap 30"
+    done
+    expect_status 2 "softcap.*-1" "$lfce" compile --vocab 100 --hidden 16 --softcap -1 -o "$work/x"
+    expect_status 2 "softcap.*nan" "$lfce" compile --vocab 100 --hidden 16 --softcap nan -o "$work/x" ;;
   every_command_has_help)
     for cmd in "" compile precompile tune cache "cache ls" "cache info" "cache verify" "cache clear"; do
       # shellcheck disable=SC2086

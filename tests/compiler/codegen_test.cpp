@@ -71,6 +71,30 @@ std::vector<Case> all_cases() {
 
 INSTANTIATE_TEST_SUITE_P(AllTemplates, Codegen, testing::ValuesIn(all_cases()), case_name);
 
+// The softcap is code only in the kernels that see logits, only when set: it changes their PTX
+// (no call, no spill: tanh from ex2 and div.full), and the plain kernels stay as they were.
+TEST(Codegen, SoftcapChangesOnlyTheLogitKernelsAndAssemblesWithoutCallsOrSpills) {
+  if (!testing_ptxas::have_ptxas()) GTEST_SKIP() << "ptxas not found at configure time (install the CUDA toolkit)";
+  for (Arch arch : {Arch::SM80, Arch::SM90A})
+    for (DType dtype : {DType::BF16, DType::FP32})
+      for (bool bias : {false, true})
+        for (KernelKind kind : {KernelKind::LseForward, KernelKind::DlogitsBackward}) {
+          KernelSpec plain = spec_for({kind, dtype, arch, bias});  // fp32: its mma.sync-free tile
+          if (arch == Arch::SM90A && dtype != DType::FP32)  // the default wgmma tiles
+            plain.tile = kind == KernelKind::LseForward ? TileConfig{128, 128, 64, 1, 1, 4, 2}
+                                                        : TileConfig{128, 256, 64, 1, 1, 4, 2};
+          KernelSpec capped = plain;
+          capped.softcap = 30.f;
+          const std::string what = capped.text();
+          GeneratedKernel k = generate_kernel(capped);
+          EXPECT_NE(k.ptx, generate_kernel(plain).ptx) << what;
+          EXPECT_NE(k.ptx.find("ex2.approx"), std::string::npos) << what;
+          EXPECT_FALSE(std::regex_search(k.ptx, std::regex(R"(\bcall(\.uni)?\b)"))) << what;
+          EXPECT_EQ(k.ptx.find(".local"), std::string::npos) << what;
+          testing_ptxas::expect_assembles_without_spills(k.ptx, arch);
+        }
+}
+
 TEST(Codegen, RejectsTileOverSharedMemoryLimit) {
   KernelSpec s = spec_for({KernelKind::LseForward, DType::BF16, Arch::SM80, false});
   s.tile = TileConfig{256, 256, 64, 2, 4, 4};

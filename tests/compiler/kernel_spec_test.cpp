@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <limits>
 #include <set>
 #include <string>
 
@@ -52,6 +53,41 @@ TEST(KernelSpec, WgmmaTileTextRoundTrips) {
   EXPECT_EQ(TileConfig::parse("64x128x64/wg1/s4").ctas_per_sm(), 2);
   for (const char* bad : {"128x256x64/wg/s4", "128x256x64/wgx/s4", "128x256x64/wg0/s4", "128x256x64/wg2/s4x"})
     EXPECT_NE(spec_error([&] { TileConfig::parse(bad); }).find(bad), std::string::npos) << bad;
+}
+
+TEST(KernelSpec, SoftcapIsPartOfTheTextOnlyWhenSet) {
+  KernelSpec s = sample();
+  EXPECT_EQ(s.text().find("softcap"), std::string::npos);  // keys of uncapped kernels unchanged
+  for (float cap : {30.f, 0.5f, 3.1415927f}) {
+    s.softcap = cap;
+    EXPECT_NE(s.text().find(";softcap="), std::string::npos);
+    EXPECT_EQ(KernelSpec::parse(s.text()), s) << s.text();
+    EXPECT_NO_THROW(s.validate());
+  }
+  s.softcap = 30.f;
+  std::string text = s.text();
+  for (const char* bad : {"softcap=30.0", "softcap=abc", "softcap=", "softcap=30x"}) {
+    std::string t = text.substr(0, text.find("softcap=")) + bad;
+    EXPECT_NE(spec_error([&] { KernelSpec::parse(t); }).find("softcap"), std::string::npos) << t;
+  }
+  for (float cap : {-1.f, 2e6f, std::numeric_limits<float>::quiet_NaN()}) {
+    s.softcap = cap;
+    EXPECT_NE(spec_error([&] { s.validate(); }).find("softcap = "), std::string::npos) << cap;
+  }
+}
+
+TEST(KernelSpec, SoftcapIsReadOnlyByTheKernelsThatSeeLogits) {
+  KernelSpec s = sample();
+  s.softcap = 30.f;
+  for (KernelKind kind : {KernelKind::LseForward, KernelKind::DlogitsBackward}) {
+    s.kind = kind;
+    EXPECT_EQ(s.normalised().softcap, 30.f) << kind_name(kind);
+  }
+  for (KernelKind kind : {KernelKind::GradWeight, KernelKind::GradInput, KernelKind::LseCombine}) {
+    s.kind = kind;
+    EXPECT_EQ(s.normalised().softcap, 0.f) << kind_name(kind);
+    EXPECT_NE(spec_error([&] { s.validate(); }).find("reads no logits"), std::string::npos) << kind_name(kind);
+  }
 }
 
 TEST(KernelSpec, ClusterAndPingPongTileTextsRoundTrip) {
@@ -119,7 +155,7 @@ TEST(KernelSpec, ValidateNamesWhatAWgmmaTileNeeds) {
 
 TEST(KernelSpec, EveryFieldChangesTheKey) {
   KernelSpec base = sample();
-  std::vector<KernelSpec> variants(14, base);
+  std::vector<KernelSpec> variants(15, base);
   variants[0].kind = KernelKind::GradInput;
   variants[1].vocab += 1;
   variants[2].hidden += 8;
@@ -134,6 +170,7 @@ TEST(KernelSpec, EveryFieldChangesTheKey) {
   variants[11].tile.bk = 32;
   variants[12].tile.cluster = 2;
   variants[13].tile.pingpong = true;
+  variants[14].softcap = 30.f;
   std::set<std::string> texts{base.text()};
   for (const KernelSpec& v : variants) {
     EXPECT_NE(v, base);

@@ -63,6 +63,16 @@ def test_ignore_index_too_wide_for_int64_is_named():
         lfce.linear_cross_entropy(*inputs(), ignore_index=2**63)
 
 
+@pytest.mark.parametrize("value, exception", [
+    (0, ValueError), (-1.0, ValueError), (float("nan"), ValueError), (float("inf"), ValueError), (2e6, ValueError),
+    ("30", TypeError), (True, TypeError)], ids=["zero", "negative", "nan", "inf", "huge", "str", "bool"])
+def test_bad_softcap_is_named(value, exception):
+    with raises(exception, "softcap", repr(value)):
+        lfce.linear_cross_entropy(*inputs(), softcap=value)
+    with raises(exception, "softcap", repr(value)):
+        lfce.LinearCrossEntropyLoss(softcap=value)
+
+
 def test_bool_chunk_size_is_named():
     with raises(TypeError, "chunk_size", "True"):
         lfce.linear_cross_entropy(*inputs(), chunk_size=True)
@@ -175,11 +185,19 @@ def test_library_names_hidden_above_the_limit():
 
 
 @pytest.mark.lib
-def test_library_names_nonzero_reserved_field():
+@pytest.mark.parametrize("value", [-1.0, float("nan"), float("inf"), 2e6])
+def test_library_names_a_bad_softcap(value):
     p = problem()
-    p.reserved = 1
-    with raises(ValueError, "reserved"):
+    p.softcap = value
+    with raises(ValueError, "lfce_problem.softcap", "got"):
         check_problem(p)
+
+
+@pytest.mark.lib
+def test_library_accepts_a_softcap():
+    p = problem()
+    p.softcap = 30.0
+    check_problem(p)
 
 
 @pytest.mark.lib

@@ -60,7 +60,7 @@ def cpu_inputs():
 
 
 @pytest.mark.parametrize("option, value", [
-    ("ce_weight", torch.ones(10)), ("lse_square_scale", 1e-4), ("label_smoothing", 0.1), ("softcap", 30.0),
+    ("ce_weight", torch.ones(10)), ("lse_square_scale", 1e-4), ("label_smoothing", 0.1),
     ("return_z_loss", True), ("accum_dtype", torch.bfloat16), ("use_token_scaling", True),
     ("return_token_accuracy", True), ("return_predicted_tokens", True)])
 def test_liger_functional_names_an_option_lfce_lacks(option, value):
@@ -78,10 +78,16 @@ def test_liger_accepts_fp32_accumulation_which_lfce_always_uses():
     liger.LigerFusedLinearCrossEntropyLoss(accum_dtype=torch.float32)
 
 
-def test_cce_names_softcap_which_lfce_lacks():
+@pytest.mark.parametrize("call", [
+    lambda x, w, y, cap: cce.linear_cross_entropy(x, w, y, softcap=cap),
+    lambda x, w, y, cap: liger.liger_fused_linear_cross_entropy(x, w, y, softcap=cap),
+    lambda x, w, y, cap: liger.LigerFusedLinearCrossEntropyLoss(softcap=cap)(w, x, y)], ids=["cce", "liger", "module"])
+def test_softcap_reaches_lfces_own_checks(call):
     x, w, y = cpu_inputs()
-    with pytest.raises(NotImplementedError, match="Cut Cross-Entropy's option softcap=20.0"):
-        cce.linear_cross_entropy(x, w, y, softcap=20.0)
+    with pytest.raises(ValueError, match="softcap must be None .* got -1.0"):
+        call(x, w, y, -1.0)
+    with pytest.raises(ValueError, match="CUDA tensors only"):  # accepted: the device check answers
+        call(x, w, y, 20.0)
 
 
 def test_cce_names_a_shift_other_than_one():

@@ -98,7 +98,7 @@ def test_compiled_model_matches_eager_execution_and_compiles_once_for_two_token_
 def test_opcheck_passes_for_the_forward(mode, reduction):
     x, w, b, y = make_inputs(70, 128, 1000, BF16, bias=True)
     args = (x.requires_grad_(), w.requires_grad_(), b.requires_grad_(), y, -100, reduction, mode, None, None,
-            True, True, True)
+            None, True, True, True)
     torch.library.opcheck(torch.ops.lfce.forward.default, args)
 
 
@@ -107,10 +107,10 @@ def test_opcheck_passes_for_the_forward(mode, reduction):
 def test_opcheck_passes_for_the_backward(reduction, wanted):
     x, w, b, y = make_inputs(70, 128, 1000, BF16, bias=True)
     _, lse, count, *_ = torch.ops.lfce.forward(x, w, b, y, -100, reduction, "recompute", None, None,
-                                               False, False, False)
+                                               None, False, False, False)
     grad = torch.rand(70 if reduction == "none" else 1, device="cuda") + 0.5
     torch.library.opcheck(torch.ops.lfce.backward.default,
-                          (x, w, b, y, lse, count, grad, -100, reduction, None, None, *wanted))
+                          (x, w, b, y, lse, count, grad, -100, reduction, None, None, None, *wanted))
 
 
 # --- loss dtype -----------------------------------------------------------------------------------

@@ -54,7 +54,8 @@ def _grads(hidden, weight, bias, targets, lse, count, grad_loss, ignore_index, r
 
 
 def _forward_cpu(hidden, weight, bias, targets, ignore_index, reduction, mode, chunk_size, workspace_budget,
-                 need_hidden, need_weight, need_bias):
+                 softcap, need_hidden, need_weight, need_bias):
+    assert softcap is None, "the CPU model has no softcap"
     logits = _logits(hidden, weight, bias)
     lse = logits.logsumexp(-1)
     valid = targets != ignore_index
@@ -69,7 +70,8 @@ def _forward_cpu(hidden, weight, bias, targets, ignore_index, reduction, mode, c
 
 
 def _backward_cpu(hidden, weight, bias, targets, lse, valid_count, grad_loss, ignore_index, reduction, chunk_size,
-                  workspace_budget, need_hidden, need_weight, need_bias):
+                  workspace_budget, softcap, need_hidden, need_weight, need_bias):
+    assert softcap is None, "the CPU model has no softcap"
     return _grads(hidden, weight, bias, targets, lse, valid_count, grad_loss, ignore_index, reduction,
                   (need_hidden, need_weight, need_bias))
 
@@ -135,9 +137,9 @@ def fake_call(reduction, mode, wanted, bias, dtype=BF16, n=7, h=64, v=100):
         w = torch.empty(v, h, dtype=dtype)
         b = torch.empty(v, dtype=dtype) if bias else None
         y = torch.empty(n, dtype=torch.int64)
-        out = torch.ops.lfce.forward(x, w, b, y, -100, reduction, mode, None, None, *wanted)
+        out = torch.ops.lfce.forward(x, w, b, y, -100, reduction, mode, None, None, None, *wanted)
         back = torch.ops.lfce.backward(x, w, b, y, out[1], out[2], torch.empty(n if reduction == "none" else 1),
-                                       -100, reduction, None, None, *wanted)
+                                       -100, reduction, None, None, None, *wanted)
     return [(tuple(t.shape), t.dtype) for t in out], [(tuple(t.shape), t.dtype) for t in back]
 
 
@@ -182,13 +184,13 @@ def test_operators_are_defined_once_per_process():
 @pytest.mark.parametrize("mode", ["recompute", "eager"])
 def test_opcheck_passes_with_the_reference_kernel(on_cpu, mode, reduction):
     x, w, b, y = inputs(6, bias=True)
-    args = (x, w, b, y, -100, reduction, mode, None, None, True, True, True)
+    args = (x, w, b, y, -100, reduction, mode, None, None, None, True, True, True)
     torch.library.opcheck(torch.ops.lfce.forward.default, args)
     fwd = torch.ops.lfce.forward(*(a.detach() if isinstance(a, torch.Tensor) else a for a in args))
     grad = torch.ones(6 if reduction == "none" else 1)
     torch.library.opcheck(torch.ops.lfce.backward.default,
                           (x.detach(), w.detach(), b.detach(), y, fwd[1], fwd[2], grad, -100, reduction, None, None,
-                           True, False, True))
+                           None, True, False, True))
 
 
 @pytest.mark.parametrize("reduction", REDUCTIONS)

@@ -7,7 +7,7 @@ position for causal language modelling: token i is scored against target i + 1, 
 position against nothing; with "none" the loss has shape targets[..., 1:]). ``filter_eps``
 (CCE's gradient filtering, an approximation) is accepted and has no effect: lfce computes exact
 gradients. ``impl`` picks one of CCE's implementations; every one computes this loss, which lfce
-computes. Not implemented yet: softcap (NotImplementedError unless None). The loss is fp32.
+computes, softcap included. The loss is fp32.
 """
 
 import enum
@@ -15,7 +15,6 @@ import enum
 import torch.nn.functional as F
 
 from ..functional import linear_cross_entropy as _lfce_linear_cross_entropy
-from . import unsupported
 
 __all__ = ["LinearCrossEntropyImpl", "linear_cross_entropy"]
 
@@ -41,7 +40,6 @@ def linear_cross_entropy(
     impl=LinearCrossEntropyImpl.CCE,
 ):
     """Cross-entropy of ``e @ c.T`` against ``targets`` (CCE's argument names: e [..., D], c [V, D])."""
-    unsupported("Cut Cross-Entropy", "softcap", softcap, None)
     if not isinstance(impl, (str, enum.Enum)):
         raise TypeError(f"impl must be a str or LinearCrossEntropyImpl, got {type(impl).__name__} {impl!r}")
     if shift not in (False, True):
@@ -51,5 +49,5 @@ def linear_cross_entropy(
         # Score position i against target i + 1 without slicing e (a copy): the last position
         # gets ignore_index, and is cut off a "none" loss.
         targets = F.pad(targets[..., 1:], (0, 1), value=ignore_index)
-    loss = _lfce_linear_cross_entropy(e, c, targets, ignore_index=ignore_index, reduction=reduction)
+    loss = _lfce_linear_cross_entropy(e, c, targets, ignore_index=ignore_index, reduction=reduction, softcap=softcap)
     return loss[..., :-1] if shift and reduction == "none" else loss

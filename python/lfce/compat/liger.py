@@ -4,11 +4,11 @@
 of ``liger_kernel.transformers`` (0.8): names, order and defaults. Note the module's forward takes
 the weight first: ``loss_fn(lm_head.weight, hidden, targets)``.
 
-Supported: ignore_index, reduction ("mean", "sum", "none"), bias; accum_dtype None or
+Supported: ignore_index, reduction ("mean", "sum", "none"), bias, softcap; accum_dtype None or
 torch.float32 (lfce always accumulates in fp32); chunk_mem_const is a memory knob of Liger's and
 changes no result (lfce sizes its own chunks: see workspace_budget). Not implemented yet, and a
 NotImplementedError naming the option unless left at its default: ce_weight, lse_square_scale
-(z-loss), label_smoothing, softcap, return_z_loss, use_token_scaling, return_token_accuracy,
+(z-loss), label_smoothing, return_z_loss, use_token_scaling, return_token_accuracy,
 return_predicted_tokens. The loss is fp32.
 """
 
@@ -27,7 +27,6 @@ def _check_options(ce_weight, lse_square_scale, label_smoothing, softcap, return
     unsupported(_PACKAGE, "ce_weight", ce_weight, None)
     unsupported(_PACKAGE, "lse_square_scale", lse_square_scale, 0.0)
     unsupported(_PACKAGE, "label_smoothing", label_smoothing, 0.0)
-    unsupported(_PACKAGE, "softcap", softcap, None)
     unsupported(_PACKAGE, "return_z_loss", return_z_loss, False)
     if accum_dtype is not None and accum_dtype != torch.float32:
         unsupported(_PACKAGE, "accum_dtype", accum_dtype, None)
@@ -57,7 +56,8 @@ def liger_fused_linear_cross_entropy(
     """Cross-entropy of ``input @ weight.T + bias`` against ``target`` (Liger-Kernel's functional form)."""
     _check_options(ce_weight, lse_square_scale, label_smoothing, softcap, return_z_loss, accum_dtype,
                    use_token_scaling, return_token_accuracy, return_predicted_tokens)
-    return linear_cross_entropy(input, weight, target, bias, ignore_index=ignore_index, reduction=reduction)
+    return linear_cross_entropy(input, weight, target, bias, ignore_index=ignore_index, reduction=reduction,
+                                softcap=softcap)
 
 
 class LigerFusedLinearCrossEntropyLoss(torch.nn.Module):
@@ -96,4 +96,4 @@ class LigerFusedLinearCrossEntropyLoss(torch.nn.Module):
 
     def forward(self, lin_weight, _input, target, bias=None):
         return linear_cross_entropy(_input, lin_weight, target, bias, ignore_index=self.ignore_index,
-                                    reduction=self.reduction)
+                                    reduction=self.reduction, softcap=self.softcap)
