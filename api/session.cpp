@@ -11,14 +11,8 @@
 namespace lfce::api {
 namespace {
 
-// Every field of the problem: two problems with the same text run the same plan.
-std::string problem_key(const runtime::Problem& p) {
-  return std::to_string(p.tokens) + "," + std::to_string(p.hidden) + "," + std::to_string(p.vocab) + "," +
-         std::string(dtype_name(p.dtype)) + "," + (p.targets == IndexType::I64 ? "i64" : "i32") + "," +
-         (p.bias ? "bias" : "nobias") + "," + std::string(reduction_name(p.reduction)) + "," +
-         std::string(mode_name(p.mode)) + "," + std::to_string(p.ignore_index) + "," + std::to_string(p.chunk_size) +
-         "," + std::to_string(p.workspace_budget);
-}
+// Every field of the problem (runtime::problem_text): two problems with the same text run the same plan.
+std::string problem_key(const runtime::Problem& p) { return runtime::problem_text(p); }
 
 }  // namespace
 

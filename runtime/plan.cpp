@@ -96,6 +96,14 @@ TileConfig Tuning::tile(KernelKind kind, DType dtype) const {
   return it == tiles.end() ? default_tile(kind, dtype) : it->second;
 }
 
+std::string problem_text(const Problem& p) {
+  return std::to_string(p.tokens) + "," + std::to_string(p.hidden) + "," + std::to_string(p.vocab) + "," +
+         std::string(dtype_name(p.dtype)) + "," + (p.targets == IndexType::I64 ? "i64" : "i32") + "," +
+         (p.bias ? "bias" : "nobias") + "," + std::string(reduction_name(p.reduction)) + "," +
+         std::string(mode_name(p.mode)) + "," + std::to_string(p.ignore_index) + "," + std::to_string(p.chunk_size) +
+         "," + std::to_string(p.workspace_budget) + ",softcap=" + float_text(p.softcap);
+}
+
 Problem problem_from_c(const lfce_problem* c) {
   if (!c) throw SpecError("lfce_problem pointer is NULL");
   Problem p;

@@ -33,6 +33,10 @@ constexpr int64_t kMaxTokens = (int64_t{1} << 31) - 1;
 // default tile, not normalised (Plan::spec completes it; tuning keys normalise it).
 KernelSpec problem_spec(KernelKind kind, const Problem& problem, Arch arch);
 
+// Every field of `problem`, as text: the key under which the api layer caches a problem's plan
+// and tuning (a field missing here would hand one problem another's kernels).
+std::string problem_text(const Problem& problem);
+
 // Converts and validates the C struct; throws SpecError naming the first bad field.
 Problem problem_from_c(const lfce_problem* problem);
 // Throws SpecError naming the first size of `problem` outside its range (N, H, V, chunk,

@@ -65,7 +65,7 @@ def test_softcap_matches_an_fp64_reference(mode, reduction, dtype, bias, record_
     assert_gradients_match(ours, ref, dtype, reduction, record_error)
     # The cap matters here: the uncapped answer is far outside the tolerances.
     plain = reference(x, w, b, y, reduction, grad)
-    assert rel_l2(plain[0], ref[0]) > 100 * LOSS[dtype].rel_l2
+    assert rel_l2(plain[0], ref[0]) > 10 * LOSS[dtype].rel_l2
     assert rel_l2(plain[1], ref[1]) > 10 * GRAD[dtype].rel_l2
 
 

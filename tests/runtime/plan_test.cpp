@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <set>
 #include <string>
 
 #include "compiler/errors.h"
@@ -56,6 +57,29 @@ TEST(Plan, ExplicitChunkIsUsedAndClampedToVocab) {
   EXPECT_EQ(Plan(problem_from_c(&p), Arch::SM80).chunk(), 1000);
   p.chunk_size = kMaxChunk;
   EXPECT_EQ(Plan(problem_from_c(&p), Arch::SM80).chunk(), 128256);
+}
+
+// The api layer caches plans under problem_text: a field missing from it would hand a problem
+// the plan (and kernels) of another that differs only there, e.g. a softcap's.
+TEST(Plan, EveryProblemFieldChangesTheProblemText) {
+  const Problem base = problem(llama3(8192));
+  std::vector<Problem> variants(13, base);
+  variants[0].tokens += 1;
+  variants[1].hidden += 8;
+  variants[2].vocab += 1;
+  variants[3].dtype = DType::FP16;
+  variants[4].targets = IndexType::I32;
+  variants[5].bias = !base.bias;
+  variants[6].reduction = Reduction::Sum;
+  variants[7].mode = Mode::Eager;
+  variants[8].ignore_index = 0;
+  variants[9].chunk_size = 4096;
+  variants[10].workspace_budget += 1;
+  variants[11].softcap = 30.f;
+  variants[12].softcap = 30.000002f;  // the next float: the text is exact
+  std::set<std::string> texts{problem_text(base)};
+  for (const Problem& v : variants) texts.insert(problem_text(v));
+  EXPECT_EQ(texts.size(), variants.size() + 1);
 }
 
 TEST(Plan, SingleChunkNeedsNoGradInputAccumulator) {
