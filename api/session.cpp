@@ -9,12 +9,6 @@
 #include "runtime/tuning_store.h"
 
 namespace lfce::api {
-namespace {
-
-// Every field of the problem (runtime::problem_text): two problems with the same text run the same plan.
-std::string problem_key(const runtime::Problem& p) { return runtime::problem_text(p); }
-
-}  // namespace
 
 Session& Session::get() {
   static Session* session = new Session(runtime::Options::from_env());  // leaked: used at exit
@@ -59,7 +53,7 @@ void Session::set_cache_dir(const std::string& dir) {
 runtime::Tuning Session::tuning(const runtime::Problem& problem, Arch arch, const runtime::DeviceLimits& limits) {
   const std::string dir = cache_dir();
   const std::string key = dir + "|" + std::string(arch_name(arch)) + "|" + std::to_string(limits.smem_per_block) +
-                          "|" + std::to_string(limits.sm_count) + "|" + problem_key(problem);
+                          "|" + std::to_string(limits.sm_count) + "|" + runtime::problem_text(problem);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (auto it = tunings_.find(key); it != tunings_.end()) return it->second;
@@ -71,7 +65,7 @@ runtime::Tuning Session::tuning(const runtime::Problem& problem, Arch arch, cons
 }
 
 runtime::Plan Session::plan(const runtime::Problem& problem, int device) {
-  const std::string key = cache_dir() + "|" + std::to_string(device) + "|" + problem_key(problem);
+  const std::string key = cache_dir() + "|" + std::to_string(device) + "|" + runtime::problem_text(problem);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (auto it = plans_.find(key); it != plans_.end()) return it->second;

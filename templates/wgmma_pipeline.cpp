@@ -161,9 +161,12 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
           Value* consumer_index = ir.CreateSub(warpgroup, kb_.c32(1));
           Value* cursor = cursor_state("consumer_cursor", kb_.c32(0));
           // Ping-pong: 0 on this consumer's tiles (the first consumer's turn comes first).
-          Value* turn = kb_.local_array(kb_.i32(), 2, "turn");  // and the parity of the next order wait
-          kb_.store(consumer_index, kb_.at(turn, kb_.i32(), 0));
-          kb_.store(kb_.c32(0), kb_.at(turn, kb_.i32(), 1));
+          Value* turn = nullptr;  // and the parity of the next order wait
+          if (t_.pingpong) {
+            turn = kb_.local_array(kb_.i32(), 2, "turn");
+            kb_.store(consumer_index, kb_.at(turn, kb_.i32(), 0));
+            kb_.store(kb_.c32(0), kb_.at(turn, kb_.i32(), 1));
+          }
           schedule(true, [&](Value*, Value*, Value* k_tiles, const FragmentEpilogue& epilogue) {
             kb_.warp_sync();  // the previous epilogue may have branched per lane
             auto compute = [&] {

@@ -42,14 +42,19 @@ def _bound(limit):
     return str(limit)
 
 
+def _number(name, value, what="a number"):
+    """``value`` as a float (inf when too large for one); bool and str are TypeErrors."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be {what}, got {type(value).__name__} {value!r}")
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf
+
+
 def real(name, value, *, minimum):
     """``value`` as a finite float >= minimum; bool and str are TypeErrors."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
-    try:
-        number = float(value)
-    except OverflowError:
-        number = math.inf
+    number = _number(name, value)
     if not math.isfinite(number) or number < minimum:
         raise ValueError(f"{name} must be a finite number >= {minimum}, got {value!r}")
     return number
@@ -59,12 +64,7 @@ def softcap(value):
     """A logit softcap: None (none) or a finite number in (0, 1e6], as a float."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"softcap must be None or a number, got {type(value).__name__} {value!r}")
-    try:
-        number = float(value)
-    except OverflowError:
-        number = math.inf
+    number = _number("softcap", value, "None or a number")
     if not 0 < number <= 1e6:  # NaN fails too
         raise ValueError(f"softcap must be None (no cap) or a number in (0, 1e6], got {value!r}")
     return number

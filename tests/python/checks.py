@@ -314,17 +314,32 @@ def peaked_inputs(n, h, v, dtype, seed=0, device="cuda"):
 
 # --- references -----------------------------------------------------------------------------
 
-def reference(x, w, b, y, reduction, grad, ignore_index=-100):
-    """fp64 loss and gradients of F.cross_entropy(F.linear(x, w, b), y) through autograd."""
+def reference(x, w, b, y, reduction, grad, ignore_index=-100, softcap=None):
+    """fp64 loss and gradients of F.cross_entropy(F.linear(x, w, b), y) through autograd; with a
+    softcap c, of F.cross_entropy(c * tanh(F.linear(x, w, b) / c), y)."""
     x64 = x.detach().double().requires_grad_()
     w64 = w.detach().double().requires_grad_()
     b64 = None if b is None else b.detach().double().requires_grad_()
     logits = F.linear(x64.reshape(-1, x64.shape[-1]), w64, b64)
+    if softcap is not None:
+        logits = softcap * torch.tanh(logits / softcap)
     loss = F.cross_entropy(logits, y.reshape(-1).long(), ignore_index=ignore_index, reduction=reduction)
     if reduction == "none":
         loss = loss.reshape(y.shape)
     loss.backward(grad.double())
     return loss.detach(), x64.grad, w64.grad, None if b is None else b64.grad
+
+
+def run_lfce(x, w, b, y, reduction, grad, **options):
+    """lfce loss and gradients for leaf copies of the inputs."""
+    import lfce  # here: the CPU tests of these helpers need no library
+
+    x = x.detach().clone().requires_grad_()
+    w = w.detach().clone().requires_grad_()
+    b = None if b is None else b.detach().clone().requires_grad_()
+    loss = lfce.linear_cross_entropy(x, w, y, b, reduction=reduction, **options)
+    loss.backward(grad)
+    return loss.detach(), x.grad, w.grad, None if b is None else b.grad
 
 
 def chunked_reference(x, w, b, y, reduction, grad, ignore_index=-100, tokens_per_chunk=1024,

@@ -30,6 +30,7 @@ from checks import (
     make_inputs,
     peaked_inputs,
     reference,
+    run_lfce,
     upstream,
 )
 
@@ -56,16 +57,6 @@ def shape_id(shape):
 
 def dtype_id(dtype):
     return str(dtype).replace("torch.", "")
-
-
-def run_lfce(x, w, b, y, reduction, grad, **options):
-    """lfce loss and gradients for leaf copies of the inputs."""
-    x = x.detach().clone().requires_grad_()
-    w = w.detach().clone().requires_grad_()
-    b = None if b is None else b.detach().clone().requires_grad_()
-    loss = lfce.linear_cross_entropy(x, w, y, b, reduction=reduction, **options)
-    loss.backward(grad)
-    return loss.detach(), x.grad, w.grad, None if b is None else b.grad
 
 
 def check_case(record, n, h, v, bias, dtype, reduction, mode, ignore="some", **options):

@@ -1,5 +1,5 @@
-"""The logit softcap (Gemma 2): lfce against an fp64 reference written here, independently of
-the kernels: F.cross_entropy of c * tanh(z / c) through autograd.
+"""The logit softcap (Gemma 2): lfce against an fp64 reference independent of the kernels:
+F.cross_entropy of c * tanh(z / c) through autograd (checks.reference with softcap=c).
 
 The cap is small (c = 3 against logits of std 2.5), so most logits are bent and an ignored
 softcap, or a backward without the chain rule, fails by far more than the tolerance (checked in
@@ -9,7 +9,6 @@ covers both forms of the sm_90a forward epilogue (registers without a bias, stag
 
 import pytest
 import torch
-import torch.nn.functional as F
 from checks import (
     GRAD,
     LOSS,
@@ -17,6 +16,7 @@ from checks import (
     assert_gradients_match,
     make_inputs,
     reference,
+    run_lfce,
     upstream,
 )
 
@@ -25,27 +25,6 @@ import lfce
 pytestmark = pytest.mark.gpu
 
 CAP = 3.0
-
-
-def capped_reference(x, w, b, y, reduction, grad, cap, ignore_index=-100):
-    """fp64 loss and gradients of F.cross_entropy(c * tanh(F.linear(x, w, b) / c), y)."""
-    x64 = x.detach().double().requires_grad_()
-    w64 = w.detach().double().requires_grad_()
-    b64 = None if b is None else b.detach().double().requires_grad_()
-    z = F.linear(x64, w64, b64)
-    z = cap * torch.tanh(z / cap)
-    loss = F.cross_entropy(z, y.long(), ignore_index=ignore_index, reduction=reduction)
-    loss.backward(grad.double())
-    return loss.detach(), x64.grad, w64.grad, None if b is None else b64.grad
-
-
-def run(x, w, b, y, reduction, grad, **options):
-    x = x.detach().clone().requires_grad_()
-    w = w.detach().clone().requires_grad_()
-    b = None if b is None else b.detach().clone().requires_grad_()
-    loss = lfce.linear_cross_entropy(x, w, y, b, reduction=reduction, **options)
-    loss.backward(grad)
-    return loss.detach(), x.grad, w.grad, None if b is None else b.grad
 
 
 def rel_l2(a, b):
@@ -60,8 +39,8 @@ def rel_l2(a, b):
 def test_softcap_matches_an_fp64_reference(mode, reduction, dtype, bias, record_error):
     x, w, b, y = make_inputs(300, 512, 64007, dtype, bias=bias)
     grad = upstream(reduction, y.shape, dtype)
-    ours = run(x, w, b, y, reduction, grad, mode=mode, softcap=CAP)
-    ref = capped_reference(x, w, b, y, reduction, grad, CAP)
+    ours = run_lfce(x, w, b, y, reduction, grad, mode=mode, softcap=CAP)
+    ref = reference(x, w, b, y, reduction, grad, softcap=CAP)
     assert_gradients_match(ours, ref, dtype, reduction, record_error)
     # The cap matters here: the uncapped answer is far outside the tolerances.
     plain = reference(x, w, b, y, reduction, grad)
@@ -72,8 +51,8 @@ def test_softcap_matches_an_fp64_reference(mode, reduction, dtype, bias, record_
 def test_softcap_at_a_large_vocabulary(record_error):
     x, w, b, y = make_inputs(128, 256, 256000, torch.bfloat16, bias=False)
     grad = upstream("mean", (), torch.bfloat16)
-    ours = run(x, w, b, y, "mean", grad, softcap=30.0)
-    ref = capped_reference(x, w, b, y, "mean", grad, 30.0)
+    ours = run_lfce(x, w, b, y, "mean", grad, softcap=30.0)
+    ref = reference(x, w, b, y, "mean", grad, softcap=30.0)
     assert_gradients_match(ours, ref, torch.bfloat16, "mean", record_error)
 
 
@@ -83,11 +62,11 @@ def test_softcap_is_deterministic_and_independent_of_the_vocab_chunk(mode):
     (each row is computed whole inside one chunk) and grad_hidden within fp32 reassociation."""
     x, w, b, y = make_inputs(64, 2304, 151937, torch.bfloat16, bias=True)
     grad = upstream("mean", (), torch.bfloat16)
-    first = run(x, w, b, y, "mean", grad, mode=mode, softcap=CAP)
-    again = run(x, w, b, y, "mean", grad, mode=mode, softcap=CAP)
+    first = run_lfce(x, w, b, y, "mean", grad, mode=mode, softcap=CAP)
+    again = run_lfce(x, w, b, y, "mean", grad, mode=mode, softcap=CAP)
     for name, a, e in zip(("loss", "grad_hidden", "grad_weight", "grad_bias"), again, first):
         assert_bitwise_equal(name, a, e)
-    chunked = run(x, w, b, y, "mean", grad, mode=mode, softcap=CAP, chunk_size=256)
+    chunked = run_lfce(x, w, b, y, "mean", grad, mode=mode, softcap=CAP, chunk_size=256)
     assert_bitwise_equal("loss", chunked[0], first[0])
     assert_bitwise_equal("grad_weight", chunked[2], first[2])
     assert_bitwise_equal("grad_bias", chunked[3], first[3])
