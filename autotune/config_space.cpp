@@ -32,22 +32,23 @@ Axes default_axes(DType dtype) {
 }
 
 // sm_90a, 16-bit: the TMA + wgmma pipeline's axes (BM = 64 x consumer warpgroups, BK = 64),
-// and for the persistent backward GEMMs, ping-pong consumers (BM = 64 each) and CTA pairs
+// and for the persistent backward GEMMs, ping-pong consumers (BM = 64 or 128 each) and CTA pairs
 // multicasting B (BN a multiple of 128; slower than single CTAs on the H200 so far: only the
 // small space, which the GPU tests verify, has one).
 std::vector<TileConfig> wgmma_tiles(KernelKind kind, bool small) {
   const bool backward = kind != KernelKind::LseForward;
-  auto pingpong = [](int bn, int stages, int cluster = 1) {
-    TileConfig t{64, bn, 64, 1, 1, stages, 2, cluster};
+  auto pingpong = [](int bn, int stages, int cluster = 1, int bm = 64) {
+    TileConfig t{bm, bn, 64, 1, 1, stages, 2, cluster};
     t.pingpong = true;
     return t;
   };
-  if (small) {  // two consumers sharing a CTA, one consumer with two CTAs per SM, a CTA pair, ping-pong
+  if (small) {  // two consumers sharing a CTA, one consumer with two CTAs per SM, a CTA pair, ping-pongs
     std::vector<TileConfig> out = {{128, 128, 64, 1, 1, 3, 2}, {64, 128, 64, 1, 1, 4, 1}};
     if (backward) {
       out.push_back({128, 128, 64, 1, 1, 4, 2, 2});
       out.push_back(pingpong(128, 4));
       out.push_back(pingpong(128, 4, 2));
+      if (kind != KernelKind::DlogitsBackward) out.push_back(pingpong(128, 4, 1, 128));
     }
     return out;
   }
@@ -59,6 +60,11 @@ std::vector<TileConfig> wgmma_tiles(KernelKind kind, bool small) {
     for (int stages : {4, 5}) out.push_back(pingpong(256, stages));
     for (int stages : {5, 6, 7}) out.push_back(pingpong(192, stages));
     for (int stages : {6, 8}) out.push_back(pingpong(128, stages));
+    // Two m64 blocks per consumer: a fifth less operand traffic per FLOP than 64 x 256. Not for
+    // dlogits_backward: its epilogue over four rows spilled 80-160 bytes under the driver's JIT
+    // (H200, driver 580; ptxas 13.0 allocates it without spills).
+    if (kind != KernelKind::DlogitsBackward)
+      for (int stages : {4, 5, 6}) out.push_back(pingpong(128, stages, 1, 128));
   }
   return out;
 }
@@ -144,9 +150,9 @@ Candidate candidate_of(KernelKind kind, const Problem& problem, const Tuning& tu
 }
 
 int estimated_registers(const TileConfig& t, DType dtype) {
-  // wgmma: each consumer thread holds BN/2 accumulators of its warpgroup's 64 x BN; operands
+  // wgmma: each consumer thread holds BN/2 accumulators per m64 block of its rows; operands
   // stay in shared memory (descriptors), and setmaxnreg gives the consumers the producer's share.
-  if (t.wgmma()) return t.bn / 2 + kRegisterOverhead;
+  if (t.wgmma()) return t.accumulators() + kRegisterOverhead;
   const int threads = std::max(t.threads(), 1);
   const int accumulators = t.bm * t.bn / threads;  // fp32, one register each
   int fragments;

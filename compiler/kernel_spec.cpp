@@ -227,21 +227,27 @@ void KernelSpec::validate() const {
   }
   if (t.wgmma()) {
     // TMA boxes and wgmma descriptors of the 128-byte-swizzled layout: BK = 64 16-bit elements
-    // (one 128-byte row), each consumer warpgroup owns 64 rows (m64 instructions), BN in whole
-    // 64-element boxes up to wgmma's N = 256.
+    // (one 128-byte row), each consumer warpgroup owns whole m64 blocks of rows (64 x consumers
+    // rows in all, or a 64- or 128-row tile of its own with ping-pong), BN in whole 64-element
+    // boxes up to wgmma's N = 256.
     if (arch != Arch::SM90A) fail("the wgmma mainloop (tile " + t.text() + ") needs arch sm_90a");
     if (dtype == DType::FP32) fail("the wgmma mainloop (tile " + t.text() + ") takes bf16 or fp16, not fp32");
     if (t.bk != 64) fail("wgmma tiles need BK = 64 (one 128-byte swizzled row), got " + std::to_string(t.bk));
     if (t.pingpong) {
       if (kind == KernelKind::LseForward)
         fail("tile " + t.text() + ": ping-pong serves the persistent backward GEMMs, not lse_forward");
-      if (t.consumers != 2 || t.bm != 64)
-        fail("ping-pong tiles need two consumers and BM = 64 (each consumer's own tile), got " + t.text());
+      if (t.consumers != 2 || (t.bm != 64 && t.bm != 128))
+        fail("ping-pong tiles need two consumers and BM = 64 or 128 (each consumer's own tile), got " + t.text());
     } else if (t.bm != 64 * t.consumers) {
       fail("wgmma tiles need BM = 64 x consumers = " + std::to_string(64 * t.consumers) + ", got " +
            std::to_string(t.bm));
     }
     if (t.bn % 64 != 0 || t.bn > 256) fail("wgmma tiles need BN a multiple of 64 up to 256, got " + std::to_string(t.bn));
+    // Every consumer thread holds its m64 blocks' accumulators through the mainloop (the
+    // register file gives a consumer at most 240 per thread, and the epilogue needs its own).
+    if (t.accumulators() > TileConfig::kMaxAccumulators)
+      fail("tile " + t.text() + " gives each consumer thread " + std::to_string(t.accumulators()) +
+           " fp32 accumulators, over " + std::to_string(TileConfig::kMaxAccumulators) + " (BM / 64 per consumer x BN / 2)");
     if (t.stages < 2) fail("wgmma tiles need at least 2 stages, got " + std::to_string(t.stages));
     if (t.warps_m != 1 || t.warps_n != 1) fail("wgmma tiles have warps 1x1 (the warpgroups are fixed), got " + t.text());
     if (t.cluster > 1) {

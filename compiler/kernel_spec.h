@@ -3,6 +3,7 @@
 // The number of tokens N is never part of it: N is a run-time argument of every kernel.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -54,6 +55,8 @@ struct TileConfig {
   static constexpr int kMaxStages = 8;
   static constexpr int kMaxConsumers = 2;
   static constexpr int kMaxCluster = 2;
+  // fp32 accumulators a wgmma consumer thread may hold (m64nN: N/2 per m64 block).
+  static constexpr int kMaxAccumulators = 128;
 
   int bm = 128, bn = 128, bk = 64;
   int warps_m = 2, warps_n = 4;
@@ -63,11 +66,16 @@ struct TileConfig {
   // computes two tiles adjacent along M, and each CTA loads half of their shared B tile into
   // both (TMA multicast), halving B's traffic from L2.
   int cluster = 1;
-  // Ping-pong (wgmma tiles with two consumers, BM = 64): each consumer warpgroup computes whole
-  // 64 x BN tiles of its own, alternate tiles of the CTA's schedule, so one's epilogue runs
+  // Ping-pong (wgmma tiles with two consumers, BM = 64 or 128): each consumer warpgroup computes
+  // whole BM x BN tiles of its own, alternate tiles of the CTA's schedule, so one's epilogue runs
   // while the other's wgmma keep the tensor cores busy.
   bool pingpong = false;
   bool wgmma() const { return consumers > 0; }
+  // wgmma tiles: the rows one consumer warpgroup computes (all BM with ping-pong, else its
+  // BM / consumers share), in m64 blocks, and the fp32 accumulators each of its threads holds.
+  int consumer_rows() const { return pingpong ? bm : bm / std::max(consumers, 1); }
+  int m_blocks() const { return consumer_rows() / 64; }
+  int accumulators() const { return m_blocks() * bn / 2; }
   // CTAs the kernel is built to share an SM with (ptxas budgets registers for it): two for
   // one-consumer wgmma tiles, so that one CTA's epilogue overlaps the other's mainloop.
   int ctas_per_sm() const { return wgmma() && consumers == 1 ? 2 : 1; }

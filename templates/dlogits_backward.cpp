@@ -92,10 +92,10 @@ KernelShape build_dlogits_backward(llvm::Module& module, const KernelSpec& spec)
     // producer loads the next tile while the consumers finish this one).
     gemm.run_persistent(gemm.blocks_for(n, t.bm), gemm.blocks_for(v_len, t.bn), k_tiles,
                         [&](Value* m0, Value* n0, const Fragment& f) {
-      Value* m[2];
-      RowConstants row[2];
-      Value* target_col[2];
-      for (int h = 0; h < 2; ++h) {
+      const int rows = f.rows();
+      std::vector<Value*> m(rows), target_col(rows);
+      std::vector<RowConstants> row(rows);
+      for (int h = 0; h < rows; ++h) {
         m[h] = f.row_at(kb, m0, h);
         row[h] = row_constants(m[h]);
         // The row's target as this thread's column offset (col0 + 8j + e), -1 unless it is in
@@ -108,39 +108,44 @@ KernelShape build_dlogits_backward(llvm::Module& module, const KernelSpec& spec)
         Value* mine = ir.CreateAnd(ir.CreateICmpSLT(m[h], n), ir.CreateAnd(in_tile, ir.CreateICmpSLT(rel, kb.c64(t.bn))));
         target_col[h] = ir.CreateSelect(mine, ir.CreateTrunc(rel, kb.i32()), kb.c32(-1));
       }
-      // dzᵀ has tokens contiguous, and this thread's two rows are 8 apart; the lane four away
-      // (lane ^ 4) holds the rows one below (upper = 1) or above. One shuffle per column gives
-      // each of the pair two adjacent tokens to store as one 4-byte pair: the lower lane rows
-      // (r, r + 1), the upper one (r + 8, r + 9), r even (ld is a multiple of 8, so a pair is
-      // wholly inside or outside [0, ld)). Half the stores of one element each.
+      // dzᵀ has tokens contiguous, and this thread's two rows of an m64 block are 8 apart; the
+      // lane four away (lane ^ 4) holds the rows one below (upper = 1) or above. One shuffle per
+      // column and block gives each of the pair two adjacent tokens to store as one 4-byte pair:
+      // the lower lane rows (r, r + 1), the upper one (r + 8, r + 9), r even (ld is a multiple
+      // of 8, so a pair is wholly inside or outside [0, ld)). Half the stores of one element each.
       Value* upper = ir.CreateICmpNE(ir.CreateAnd(f.pos.row[0], kb.c32(1)), kb.c32(0));
-      Value* pair_row = ir.CreateSelect(upper, ir.CreateSub(m[1], kb.c64(1)), m[0]);
-      Value* pair_in_rows = ir.CreateICmpSLT(pair_row, ld);
+      std::vector<Value*> pair_row(rows / 2), pair_in_rows(rows / 2);
+      for (int i = 0; i < rows / 2; ++i) {
+        pair_row[i] = ir.CreateSelect(upper, ir.CreateSub(m[2 * i + 1], kb.c64(1)), m[2 * i]);
+        pair_in_rows[i] = ir.CreateICmpSLT(pair_row[i], ld);
+      }
       llvm::Type* bits = ir.getIntNTy(16);
       auto exchange = [&](Value* value) {  // a 16-bit value from lane ^ 4, through an f32 shuffle
         Value* wide = ir.CreateBitCast(ir.CreateZExt(ir.CreateBitCast(value, bits), kb.i32()), kb.f32());
         Value* got = ir.CreateBitCast(kb.shfl_xor(wide, 4), kb.i32());
         return ir.CreateBitCast(ir.CreateTrunc(got, bits), elem);
       };
-      // Column by column (q = 2j + e of this thread), both rows: few values live at once.
+      // Column by column (q = 2j + e of this thread), all rows: few values live at once.
       for (int q = 0; q < 2 * f.blocks(); ++q) {
         Value* v = f.col_at(kb, n0, q / 2, q % 2);
         Value* in_cols = ir.CreateICmpSLT(v, v_len);
         Value* vocab_index = ir.CreateAdd(v_begin, v);
         Value* bias = load_bias(kb, spec, kb.arg("bias"), ir.CreateSelect(in_cols, vocab_index, v_begin));
         Value* column = kb.gep(kb.arg("dz"), elem, ir.CreateMul(v, ld));
-        Dz dz[2];
-        for (int h = 0; h < 2; ++h)
-          dz[h] = dz_of(ir.CreateFAdd(f.at(q / 2, h, q % 2), bias), row[h],
-                        ir.CreateICmpEQ(target_col[h], kb.c32(8 * (q / 2) + q % 2)));
-        // The lower lane sends its second row, the upper one its first.
-        Value* got = exchange(ir.CreateSelect(upper, dz[0].rounded, dz[1].rounded));
-        Value* pair = llvm::PoisonValue::get(llvm::FixedVectorType::get(elem, 2));
-        pair = ir.CreateInsertElement(pair, ir.CreateSelect(upper, got, dz[0].rounded), uint64_t{0});
-        pair = ir.CreateInsertElement(pair, ir.CreateSelect(upper, dz[1].rounded, got), uint64_t{1});
-        kb.if_then(ir.CreateAnd(pair_in_rows, in_cols), [&] { kb.store(pair, kb.gep(column, elem, pair_row)); });
-        if (compensate)
-          for (int h = 0; h < 2; ++h) kb.if_then(dz[h].hit, [&] { store_residual(m[h], dz[h]); });
+        for (int i = 0; i < rows / 2; ++i) {
+          Dz dz[2];
+          for (int h = 0; h < 2; ++h)
+            dz[h] = dz_of(ir.CreateFAdd(f.at(q / 2, 2 * i + h, q % 2), bias), row[2 * i + h],
+                          ir.CreateICmpEQ(target_col[2 * i + h], kb.c32(8 * (q / 2) + q % 2)));
+          // The lower lane sends its second row, the upper one its first.
+          Value* got = exchange(ir.CreateSelect(upper, dz[0].rounded, dz[1].rounded));
+          Value* pair = llvm::PoisonValue::get(llvm::FixedVectorType::get(elem, 2));
+          pair = ir.CreateInsertElement(pair, ir.CreateSelect(upper, got, dz[0].rounded), uint64_t{0});
+          pair = ir.CreateInsertElement(pair, ir.CreateSelect(upper, dz[1].rounded, got), uint64_t{1});
+          kb.if_then(ir.CreateAnd(pair_in_rows[i], in_cols), [&] { kb.store(pair, kb.gep(column, elem, pair_row[i])); });
+          if (compensate)
+            for (int h = 0; h < 2; ++h) kb.if_then(dz[h].hit, [&] { store_residual(m[2 * i + h], dz[h]); });
+        }
       }
     });
     kb.finish();

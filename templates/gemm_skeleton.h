@@ -21,6 +21,7 @@
 #include <memory>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "compiler/kernel_builder.h"
 #include "compiler/kernel_spec.h"
@@ -43,19 +44,23 @@ struct GemmOperand {
 class Mainloop;
 class WgmmaPipeline;
 
-// One consumer thread's share of a wgmma accumulator tile (the m64nNk16 fragment layout): tile
-// rows row[0] and row[1] = row[0] + 8 and, in each n8 block j, columns col0 + 8j and
-// col0 + 8j + 1; the four lanes of a quad (lane / 4 equal) hold the same two rows.
+// One consumer thread's share of a wgmma accumulator tile (the m64nNk16 fragment layout), per
+// m64 block i of the consumer's rows: tile rows row[2i] and row[2i + 1] = row[2i] + 8 and, in
+// each n8 block j, columns col0 + 8j and col0 + 8j + 1; the four lanes of a quad (lane / 4
+// equal) hold the same rows. Rows 2i and 2i + 1 are 64i apart from rows 0 and 1.
 struct FragmentPosition {
-  llvm::Value* row[2];  // i32, within the tile
-  llvm::Value* col0;    // i32: 2 · (lane % 4)
-  llvm::Value* quad_lane;  // i32: lane % 4
+  std::vector<llvm::Value*> row;  // i32, within the tile: two per m64 block
+  llvm::Value* col0;              // i32: 2 · (lane % 4)
+  llvm::Value* quad_lane;         // i32: lane % 4
 };
 struct Fragment {
   FragmentPosition pos;
-  std::vector<llvm::Value*> acc;  // acc[4j + 2h + e]: row[h], column col0 + 8j + e
-  int blocks() const { return static_cast<int>(acc.size() / 4); }
-  llvm::Value* at(int j, int h, int e) const { return acc[4 * j + 2 * h + e]; }
+  // m64 block i's accumulators, then block i + 1's: acc[4·blocks()·i + 4j + 2h' + e] is row
+  // row[2i + h'], column col0 + 8j + e.
+  std::vector<llvm::Value*> acc;
+  int rows() const { return static_cast<int>(pos.row.size()); }
+  int blocks() const { return static_cast<int>(acc.size()) / (2 * rows()); }  // n8 blocks
+  llvm::Value* at(int j, int h, int e) const { return acc[4 * blocks() * (h / 2) + 4 * j + 2 * (h % 2) + e]; }
   // Row row[h] and column col0 + 8j + e of a tile at (m0, n0), as i64 indices of the output.
   llvm::Value* row_at(KernelBuilder& kb, llvm::Value* m0, int h) const {
     return kb.ir().CreateAdd(m0, kb.ir().CreateZExt(pos.row[h], kb.i64()));

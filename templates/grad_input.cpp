@@ -101,7 +101,7 @@ KernelShape build_grad_input(llvm::Module& module, const KernelSpec& spec) {
       // A branch per row rather than per element keeps the target term out of the registers
       // of rows without it (a term per accumulator, selected in, spilled under the driver's JIT).
       auto epilogue = [&](bool accumulate, bool final) {
-        for (int h = 0; h < 2; ++h) {
+        for (int h = 0; h < f.rows(); ++h) {
           if (!compensate) {
             row_epilogue(h, accumulate, final, nullptr);
             continue;

@@ -34,7 +34,7 @@ KernelShape build_grad_weight(llvm::Module& module, const KernelSpec& spec) {
     // multiples, so H is even and every pair is whole and 4-byte aligned).
     gemm.run_persistent(gemm.blocks_for(v_len, t.bm), gemm.blocks_for(hidden, t.bn), gemm.k_tiles_for(ld),
                         [&](Value* m0, Value* n0, const Fragment& f) {
-      for (int h = 0; h < 2; ++h) {
+      for (int h = 0; h < f.rows(); ++h) {
         Value* v = f.row_at(kb, m0, h);
         Value* row = kb.gep(kb.arg("grad_weight"), elem, ir.CreateMul(ir.CreateAdd(kb.arg("v_begin"), v), hidden));
         Value* in_rows = ir.CreateICmpSLT(v, v_len);

@@ -8,6 +8,7 @@
 // being read at once, so that they stay in L2 while the S shares of W stream past them.
 // Output: per-(split, row) partial max and sum-exp ([splits, N] each), and target_logit[N]
 // written by the one CTA whose tiles hold the target. lse_combine finishes the rows.
+#include "compiler/errors.h"
 #include "templates/gemm_skeleton.h"
 #include "templates/template_util.h"
 #include "templates/templates.h"
@@ -48,6 +49,7 @@ void lse_forward_specialised(KernelBuilder& kb, const KernelSpec& spec, GemmSkel
                              Value* tile_begin, Value* tile_end, Value* k_tiles,
                              const std::function<Value*(Value*)>& partial_index) {
   const TileConfig& t = spec.tile;
+  if (t.m_blocks() != 1) throw InternalError("lse_forward keeps the statistics of one m64 block (tile " + t.text() + ")");
   auto& ir = kb.ir();
   Value* n = kb.arg("n");
   Value* vocab = kb.c64(spec.vocab);

@@ -11,8 +11,9 @@
 //
 // Roles: warpgroup 0 is the producer; its thread 0 waits for a free slot (empty barrier),
 // arms the full barrier with the slot's byte count and issues the TMA loads. Warpgroups 1..C
-// are consumers: each waits for a full slot, issues BK/16 wgmma.m64nBNk16 on its 64 rows,
-// keeps one wgmma group in flight, and releases the previous slot (one arrival per warp).
+// are consumers: each waits for a full slot, issues BK/16 wgmma.m64nBNk16 per m64 block of its
+// rows (TileConfig::consumer_rows), keeps one wgmma group in flight, and releases the previous
+// slot (one arrival per warp).
 // Phases: the k-th slice the CTA ever loads (a counter kept across tiles) uses slot k % stages
 // and completes phase (k / stages) of its full barrier.
 //
@@ -22,8 +23,8 @@
 // barriers (each arms its own with the whole stage). A slot is refilled only once the consumers
 // of both CTAs have released it: every consumer warp arrives on the empty barrier of each CTA.
 //
-// Ping-pong (TileConfig::pingpong, run() only): each consumer warpgroup computes whole 64 x BN
-// tiles, the first consumer the schedule's tiles 0, 2, 4, ..., the second 1, 3, 5, .... The ring
+// Ping-pong (TileConfig::pingpong, run() only): each consumer warpgroup computes whole BM x BN
+// tiles (one or two m64 blocks), the first consumer the schedule's tiles 0, 2, 4, ..., the second 1, 3, 5, .... The ring
 // still fills in schedule order, so the second's mainloop starts as the first's ends, and each
 // epilogue runs beside the other consumer's wgmma. A consumer's cursor skips the other's slices;
 // a slot is released by the four warps of the consumer that read it. A consumer starts a tile's
@@ -213,12 +214,15 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
     Value* lane = ir.CreateAnd(tid, kb_.c32(31));
     Value* warp_in_group = ir.CreateAnd(ir.CreateLShr(tid, kb_.c32(5)), kb_.c32(3));
     Value* row0 = ir.CreateAdd(ir.CreateMul(warp_in_group, kb_.c32(16)), ir.CreateLShr(lane, kb_.c32(2)));
-    if (!t_.pingpong) {  // consumer c owns rows [64c, 64c + 64) of the tile
+    if (!t_.pingpong) {  // consumer c owns rows [c·R, c·R + R) of the tile, R = consumer_rows()
       Value* consumer = ir.CreateSub(ir.CreateLShr(tid, kb_.c32(7)), kb_.c32(1));
-      row0 = ir.CreateAdd(ir.CreateMul(consumer, kb_.c32(64)), row0);
+      row0 = ir.CreateAdd(ir.CreateMul(consumer, kb_.c32(t_.consumer_rows())), row0);
     }
     Value* quad_lane = ir.CreateAnd(lane, kb_.c32(3));
-    return {{row0, ir.CreateAdd(row0, kb_.c32(8))}, ir.CreateMul(quad_lane, kb_.c32(2)), quad_lane};
+    std::vector<Value*> rows;
+    for (int i = 0; i < t_.m_blocks(); ++i)
+      for (int h = 0; h < 2; ++h) rows.push_back(i + h == 0 ? row0 : ir.CreateAdd(row0, kb_.c32(64 * i + 8 * h)));
+    return {rows, ir.CreateMul(quad_lane, kb_.c32(2)), quad_lane};
   }
 
   // A per-thread (slot, phase, previous slot) cursor, starting at slice `first`.
@@ -352,7 +356,7 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
   std::vector<Value*> mainloop(Value* consumer, Value* state, Value* k_tiles) {
     auto& ir = kb_.ir();
     k_tiles = at_least_one(k_tiles);
-    const int count = t_.bn / 2;
+    const int count = t_.accumulators(), per_block = t_.bn / 2;
     Value* acc_array = kb_.local_array(kb_.f32(), count, "acc");
     std::vector<Value*> acc(count, kb_.cf(0.f));
     auto save = [&] {
@@ -365,11 +369,10 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
     Value* tid = kb_.tid();
     Value* lane = ir.CreateAnd(tid, kb_.c32(31));
     Value* lane0 = ir.CreateICmpEQ(lane, kb_.c32(0));
-    // Consumer c's A rows start at 64c: in bytes, 64c rows (K-major) or box c (MN-major); a
-    // ping-pong consumer's tile is all of A.
-    Value* a_row_bytes = t_.pingpong ? kb_.c32(0)
-                                     : ir.CreateMul(consumer, kb_.c32(a_ == Layout::KMajor ? 64 * kSwizzleRow
-                                                                                           : t_.bk * kSwizzleRow));
+    // m64 block b of A starts at 64b rows (K-major) or at box b (MN-major); consumer c's first
+    // block is c · m_blocks (a ping-pong consumer's tile is all of A).
+    const int block_bytes = a_ == Layout::KMajor ? 64 * kSwizzleRow : t_.bk * kSwizzleRow;
+    Value* a_row_bytes = t_.pingpong ? kb_.c32(0) : ir.CreateMul(consumer, kb_.c32(t_.m_blocks() * block_bytes));
     // state: slot and phase of the current slice, and the slot of the previous one (released
     // once its wgmma group has finished).
     kb_.wgmma_fence();
@@ -379,12 +382,20 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
       kb_.mbarrier_wait(full(c.slot), c.phase);
       restore();
       kb_.wgmma_fence();
-      Value* desc_a = operand_descriptor(a_, ir.CreateAdd(a_base(c.slot), a_row_bytes));
+      std::vector<Value*> desc_a(t_.m_blocks());
+      for (int i = 0; i < t_.m_blocks(); ++i) {
+        Value* rows = i == 0 ? a_row_bytes : ir.CreateAdd(a_row_bytes, kb_.c32(i * block_bytes));
+        desc_a[i] = operand_descriptor(a_, ir.CreateAdd(a_base(c.slot), rows));
+      }
       Value* desc_b = operand_descriptor(b_, b_base(c.slot));
       for (int ks = 0; ks < t_.bk / 16; ++ks)
-        acc = kb_.wgmma_m64k16(bf16_, t_.bn, ir.CreateAdd(desc_a, kb_.c64(k_step(a_, ks))),
-                               ir.CreateAdd(desc_b, kb_.c64(k_step(b_, ks))), acc, a_ == Layout::MNMajor,
-                               b_ == Layout::MNMajor);
+        for (int i = 0; i < t_.m_blocks(); ++i) {  // the blocks share the k16 step's B
+          std::vector<Value*> block(acc.begin() + i * per_block, acc.begin() + (i + 1) * per_block);
+          block = kb_.wgmma_m64k16(bf16_, t_.bn, ir.CreateAdd(desc_a[i], kb_.c64(k_step(a_, ks))),
+                                   ir.CreateAdd(desc_b, kb_.c64(k_step(b_, ks))), block, a_ == Layout::MNMajor,
+                                   b_ == Layout::MNMajor);
+          std::copy(block.begin(), block.end(), acc.begin() + i * per_block);
+        }
       kb_.wgmma_commit();
       acc = kb_.wgmma_wait(1, acc);  // slice kt - 1's wgmma group has finished reading its slot
       save();
@@ -426,7 +437,7 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
   // Writes a consumer's accumulators to the staged tile.
   void stage(const std::vector<Value*>& acc, const std::function<Value*(Value*, Value*)>& staged) {
     auto& ir = kb_.ir();
-    const int count = t_.bn / 2;
+    const int count = t_.accumulators(), per_block = t_.bn / 2;
     // Every consumer has finished reading the ring before any writes the overlapping staged tile.
     // The producer's threads join this barrier too (they are done by then): with all threads of
     // the CTA counted, compute-sanitizer's racecheck follows it (it reported every staged read
@@ -439,9 +450,10 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
     // hoist the 128 constant-offset addresses out of a template's tile loop either.
     FragmentPosition pos = fragment_position();
     Value* base = kb_.opaque(staged(pos.row[0], pos.col0));
-    for (int i = 0; i < count; ++i) {
-      const int offset = (((i % 4) / 2) * 8 * (t_.bn + 1) + (i / 4) * 8 + i % 2) * 4;
-      kb_.store(acc[i], ir.CreateConstGEP1_32(ir.getInt8Ty(), base, offset));
+    for (int a = 0; a < count; ++a) {
+      const int block = a / per_block, i = a % per_block;  // m64 block, then as in one block
+      const int offset = ((64 * block + ((i % 4) / 2) * 8) * (t_.bn + 1) + (i / 4) * 8 + i % 2) * 4;
+      kb_.store(acc[a], ir.CreateConstGEP1_32(ir.getInt8Ty(), base, offset));
     }
   }
 

@@ -174,13 +174,19 @@ std::vector<WgmmaCase> wgmma_cases() {
     }
   // CTA pairs (TileConfig::cluster) and ping-pong consumers: each backward GEMM, both B layouts
   // (K-major in dlogits).
-  TileConfig pingpong{64, 256, 64, 1, 1, 5, 2}, pingpong_pair{64, 128, 64, 1, 1, 4, 2, 2};
-  pingpong.pingpong = pingpong_pair.pingpong = true;
+  // 128 x 128 ping-pong: two m64 blocks per consumer, in both dtypes and reductions.
+  TileConfig pingpong{64, 256, 64, 1, 1, 5, 2}, pingpong_pair{64, 128, 64, 1, 1, 4, 2, 2},
+      pingpong_tall{128, 128, 64, 1, 1, 5, 2};
+  pingpong.pingpong = pingpong_pair.pingpong = pingpong_tall.pingpong = true;
   for (TileConfig tile : {wide4, narrow, pingpong, pingpong_pair}) {
     if (!tile.pingpong) tile.cluster = 2;
     for (KernelKind kind : {KernelKind::DlogitsBackward, KernelKind::GradWeight, KernelKind::GradInput})
       cases.push_back({kind, DType::BF16, kind == KernelKind::DlogitsBackward, Reduction::Mean, tile});
   }
+  for (DType dtype : {DType::BF16, DType::FP16})
+    for (Reduction reduction : {Reduction::Mean, Reduction::None})
+      for (KernelKind kind : {KernelKind::DlogitsBackward, KernelKind::GradWeight, KernelKind::GradInput})
+        cases.push_back({kind, dtype, kind == KernelKind::DlogitsBackward, reduction, pingpong_tall});
   return cases;
 }
 

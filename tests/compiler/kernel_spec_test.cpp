@@ -125,7 +125,12 @@ TEST(KernelSpec, ValidateNamesWhatClustersAndPingPongNeed) {
             std::string::npos);
   EXPECT_NE(error_of(KernelKind::GradWeight, {128, 192, 64, 1, 1, 4, 2, 2}).find("multiple of 128, got 192"),
             std::string::npos);
-  EXPECT_NE(error_of(KernelKind::GradWeight, pingpong({128, 256, 64, 1, 1, 4, 2})).find("BM = 64"), std::string::npos);
+  EXPECT_EQ(error_of(KernelKind::DlogitsBackward, pingpong({128, 128, 64, 1, 1, 5, 2})), "no error");
+  EXPECT_NE(error_of(KernelKind::GradWeight, pingpong({192, 128, 64, 1, 1, 4, 2})).find("BM = 64 or 128"),
+            std::string::npos);
+  // Two m64 blocks of 128 columns each are 128 accumulators per thread; of 256, twice that.
+  EXPECT_NE(error_of(KernelKind::GradWeight, pingpong({128, 256, 64, 1, 1, 4, 2})).find("256 fp32 accumulators, over 128"),
+            std::string::npos);
   EXPECT_NE(error_of(KernelKind::GradWeight, pingpong({64, 256, 64, 1, 1, 4, 1})).find("two consumers"),
             std::string::npos);
   EXPECT_NE(error_of(KernelKind::GradWeight, {128, 256, 64, 1, 1, 4, 2, 3}).find("cluster"), std::string::npos);
