@@ -94,19 +94,6 @@ std::vector<int64_t> chunk_choices(const Problem& problem, bool small) {
   return out;
 }
 
-// The widest chunk, at most the budget's and at least half of it, a multiple of 128 and of BN,
-// whose tiles fill whole waves of a persistent wgmma launch (ceil(N / BM) x chunk / BN a multiple
-// of the SM count, one CTA per SM), or 0: every launch otherwise ends in a partial wave (llama3-8b
-// at N = 8192, 128 x 256 tiles: 4096 tiles of a 16384 chunk on 132 SMs, 31.03 waves; 8448 makes 16).
-int64_t whole_wave_chunk(const Problem& problem, const TileConfig& tile, int64_t sm_count) {
-  const int64_t budget = budget_chunk(problem);
-  if (!tile.wgmma() || tile.cluster > 1 || sm_count < 1 || problem.chunk_size > 0 || budget >= problem.vocab) return 0;
-  const int64_t row_blocks = (problem.tokens + tile.bm - 1) / tile.bm;
-  for (int64_t chunk = budget / tile.bn * tile.bn; chunk >= budget / 2; chunk -= tile.bn)
-    if (chunk % 128 == 0 && (row_blocks * (chunk / tile.bn)) % sm_count == 0) return chunk;
-  return 0;
-}
-
 // CTA targets of the forward: one, two and four per SM of the device.
 std::vector<int64_t> ctas_choices(bool small, int64_t sm_count) {
   std::vector<int64_t> out;
@@ -124,15 +111,10 @@ std::vector<Candidate> cross(KernelKind kind, const Problem& problem, const std:
   std::vector<int64_t> chunks =
       kind == KernelKind::DlogitsBackward ? chunk_choices(problem, small) : std::vector<int64_t>{0};
   std::vector<Candidate> out;
-  for (size_t i = 0; i < tiles.size(); ++i) {
+  for (size_t i = 0; i < tiles.size(); ++i)
     for (size_t f = 0; f < ctas.size(); ++f)
       for (size_t c = 0; c < chunks.size(); ++c)
         if (!small || i == 0 || (f == 0 && c == 0)) out.push_back(Candidate{kind, tiles[i], ctas[f], chunks[c]});
-    if (kind != KernelKind::DlogitsBackward || small) continue;
-    const int64_t whole = whole_wave_chunk(problem, tiles[i], sm_count);
-    if (whole > 0 && std::find(chunks.begin(), chunks.end(), whole) == chunks.end())
-      out.push_back(Candidate{kind, tiles[i], 0, whole});
-  }
   return out;
 }
 
