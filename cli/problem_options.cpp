@@ -100,6 +100,10 @@ void ProblemOptions::add_to(CLI::App& app) {
   // The range is the library's to check (lfce_check_problem names the value).
   app.add_option("--softcap", softcap, "logit softcap c: the softmax sees c*tanh(z/c) (Gemma 2: 30; 0: none)")
       ->capture_default_str();
+  app.add_option("--temperature", temperature, "temperature T: the softmax sees the (capped) logits / T (1: none)")
+      ->capture_default_str();
+  app.add_option("--z-loss-scale", z_loss_scale, "z-loss s: each token's loss gains s*LSE^2 (PaLM: 1e-4; 0: none)")
+      ->capture_default_str();
 }
 
 lfce_problem ProblemOptions::problem(int64_t vocab, int64_t hidden) const {
@@ -116,6 +120,8 @@ lfce_problem ProblemOptions::problem(int64_t vocab, int64_t hidden) const {
   p.chunk_size = chunk;
   p.workspace_budget = budget_mib << 20;
   p.softcap = softcap;
+  p.temperature = temperature;
+  p.z_loss_scale = z_loss_scale;
   return p;
 }
 

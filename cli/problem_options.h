@@ -19,10 +19,13 @@ struct ProblemOptions {
   bool bias = false;
   int64_t chunk = 0;
   int64_t budget_mib = 0;
-  float softcap = 0.f;  // 0: none
+  float softcap = 0.f;       // 0: none
+  float temperature = 1.f;   // 1: none
+  float z_loss_scale = 0.f;  // 0: none
   int64_t ignore_index = -100;
 
-  // Adds --tokens, --dtype, --mode, --reduction, --targets, --bias, --chunk, --budget-mib, --softcap.
+  // Adds --tokens, --dtype, --mode, --reduction, --targets, --bias, --chunk, --budget-mib, --softcap,
+  // --temperature, --z-loss-scale.
   void add_to(CLI::App& app);
   lfce_problem problem(int64_t vocab, int64_t hidden) const;
 };

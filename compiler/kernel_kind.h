@@ -36,8 +36,10 @@ enum SpecField : uint32_t {
   kFieldBias = 1u << 7,
   kFieldTile = 1u << 8,
   kFieldSoftcap = 1u << 9,
+  kFieldTemperature = 1u << 10,
+  kFieldZLoss = 1u << 11,
 };
-inline constexpr uint32_t kAllSpecFields = (1u << 9) - 1;
+inline constexpr uint32_t kAllSpecFields = (1u << 12) - 1;
 
 struct KernelKindInfo {
   KernelKind kind;
@@ -65,17 +67,20 @@ struct KernelKindInfo {
 // (load_target: targets; load_bias: bias, dtype; elem_type: dtype; GemmSkeleton: tile, dtype).
 // No kind reads the chunk: a chunk's offset and length are run-time arguments (v_begin, v_len).
 inline constexpr uint32_t kGemmFields = kFieldHidden | kFieldDType | kFieldTile;
+// The options that map each logit before the softmax: read wherever logits are.
+inline constexpr uint32_t kLogitMapFields = kFieldSoftcap | kFieldTemperature;
 inline constexpr KernelKindInfo kKernelKinds[] = {
     // kind, name, gemm, backward, chunked, bias_only, a, b, smem_per_row, smem_bytes, thread_per_row,
     // reads, unscales_dz[, adds_target_term]
     {KernelKind::LseForward, "lse_forward", true, false, false, false, Layout::KMajor, Layout::KMajor, 16, 0, true,
-     kGemmFields | kFieldVocab | kFieldTargets | kFieldBias | kFieldSoftcap, false},
+     kGemmFields | kFieldVocab | kFieldTargets | kFieldBias | kLogitMapFields, false},
     {KernelKind::LseCombine, "lse_combine", false, false, false, false, Layout::KMajor, Layout::KMajor, 0, 0, false,
-     kFieldVocab | kFieldTargets, false},
+     kFieldVocab | kFieldTargets | kFieldZLoss, false},
     {KernelKind::LossReduce, "loss_reduce", false, false, false, false, Layout::KMajor, Layout::KMajor, 0, 8192, false,
      kFieldTargets | kFieldReduction, false},
     {KernelKind::DlogitsBackward, "dlogits_backward", true, true, true, false, Layout::KMajor, Layout::KMajor, 16, 0,
-     true, kGemmFields | kFieldMode | kFieldTargets | kFieldReduction | kFieldBias | kFieldSoftcap, false},
+     true, kGemmFields | kFieldMode | kFieldTargets | kFieldReduction | kFieldBias | kLogitMapFields | kFieldZLoss,
+     false},
     {KernelKind::GradWeight, "grad_weight", true, true, true, false, Layout::KMajor, Layout::MNMajor, 0, 0, false,
      kGemmFields, true},
     {KernelKind::GradInput, "grad_input", true, true, true, false, Layout::MNMajor, Layout::MNMajor, 0, 0, false,

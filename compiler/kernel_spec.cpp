@@ -125,6 +125,8 @@ std::string KernelSpec::text() const {
       << ";targets=" << name_of(kIndexTypes, targets) << ";reduction=" << reduction_name(reduction)
       << ";bias=" << (bias ? 1 : 0) << ";arch=" << arch_name(arch) << ";tile=" << tile.text();
   if (softcap != 0.f) out << ";softcap=" << float_text(softcap);
+  if (temperature != 1.f) out << ";temperature=" << float_text(temperature);
+  if (z_loss_scale != 0.f) out << ";z_loss_scale=" << float_text(z_loss_scale);
   return out.str();
 }
 
@@ -172,13 +174,20 @@ KernelSpec KernelSpec::parse(std::string_view text) {
   } catch (const SpecError& e) {
     throw SpecError(std::string("KernelSpec field 'tile': ") + e.what());
   }
-  if (fields.count("softcap")) {
-    const std::string text = take("softcap");
+  // Optional fields, present only where they are not the default (the value in `value`).
+  auto take_float = [&](const char* name, float& value) {
+    if (!fields.count(name)) return;
+    const std::string text = take(name);
+    const float none = value;
     char* end = nullptr;
-    spec.softcap = std::strtof(text.c_str(), &end);
-    if (text.empty() || *end != '\0' || float_text(spec.softcap) != text)
-      throw SpecError("KernelSpec field 'softcap' must be a float in canonical form, got '" + text + "'");
-  }
+    value = std::strtof(text.c_str(), &end);
+    if (text.empty() || *end != '\0' || float_text(value) != text || value == none)
+      throw SpecError(std::string("KernelSpec field '") + name + "' must be a float in canonical form other than " +
+                      float_text(none) + " (none: no field), got '" + text + "'");
+  };
+  take_float("softcap", spec.softcap);
+  take_float("temperature", spec.temperature);
+  take_float("z_loss_scale", spec.z_loss_scale);
   if (!fields.empty()) throw SpecError("KernelSpec has unknown field '" + fields.begin()->first + "'");
   return spec;
 }
@@ -214,9 +223,17 @@ void KernelSpec::validate() const {
   bounded(vocab, "vocab", size_floor(kFieldVocab), kMaxVocab);
   bounded(hidden, "hidden", size_floor(kFieldHidden), kMaxHidden);
   bounded(chunk, "chunk", size_floor(kFieldChunk), kMaxChunk);
-  if (!(softcap >= 0.f && softcap <= kMaxSoftcap))  // also NaN
-    fail("softcap = " + float_text(softcap) + " is outside 0 (none) .. " + float_text(kMaxSoftcap));
-  if (softcap != 0.f && !(reads & kFieldSoftcap)) fail("softcap is set on a kernel that reads no logits");
+  // The loss options: in range (a NaN fails both comparisons), and set only where they are code.
+  auto option = [&](float value, const char* name, float lowest, float limit, float none, uint32_t field,
+                    const char* unread) {
+    if (!(value >= lowest && value <= limit))
+      fail(std::string(name) + " = " + float_text(value) + " is outside " + float_text(lowest) + " .. " +
+           float_text(limit) + " (" + float_text(none) + ": none)");
+    if (value != none && !(reads & field)) fail(std::string(name) + " is set on a kernel that " + unread);
+  };
+  option(softcap, "softcap", 0.f, kMaxSoftcap, 0.f, kFieldSoftcap, "reads no logits");
+  option(temperature, "temperature", kMinTemperature, kMaxTemperature, 1.f, kFieldTemperature, "reads no logits");
+  option(z_loss_scale, "z_loss_scale", 0.f, kMaxZLossScale, 0.f, kFieldZLoss, "computes neither the loss nor dz");
   if (!info.gemm) return;
   const ArchInfo& limits = arch_info(arch);
   const TileConfig& t = tile;
@@ -316,6 +333,8 @@ KernelSpec KernelSpec::normalised() const {
   if (reads & kFieldBias) out.bias = bias;
   if (reads & kFieldTile) out.tile = tile;
   if (reads & kFieldSoftcap) out.softcap = softcap;
+  if (reads & kFieldTemperature) out.temperature = temperature;
+  if (reads & kFieldZLoss) out.z_loss_scale = z_loss_scale;
   return out;
 }
 

@@ -111,10 +111,19 @@ class KernelSpec {
   // softmax; 0 = none. A constant of the generated code (kernels differ per value).
   float softcap = 0.f;
   static constexpr float kMaxSoftcap = 1e6f;
+  // Temperature T: the softmax sees each logit (capped first, where there is a softcap) divided
+  // by T, and the loss is LSE(z / T) − z_y / T; 1 = none. A constant of the code.
+  float temperature = 1.f;
+  static constexpr float kMinTemperature = 1e-6f, kMaxTemperature = 1e6f;
+  // z-loss scale s (PaLM's auxiliary loss, Liger-Kernel's lse_square_scale): each counted
+  // token's loss gains s·LSE², its logits' gradient 2s·LSE·softmax; 0 = none. A constant.
+  float z_loss_scale = 0.f;
+  static constexpr float kMaxZLossScale = 1e6f;
 
   // Canonical text, e.g.
   // "lse_forward;V=128256;H=4096;chunk=0;mode=recompute;dtype=bf16;targets=i64;reduction=mean;
-  //  bias=0;arch=sm_90a;tile=128x128x64/2x4/s3", then ";softcap=30" where there is one"
+  //  bias=0;arch=sm_90a;tile=128x128x64/2x4/s3", then ";softcap=30", ";temperature=0.7" and
+  //  ";z_loss_scale=1e-04" where they are not the defaults (none)
   std::string text() const;
   static KernelSpec parse(std::string_view text);  // throws SpecError naming the bad field
   // Throws SpecError if the spec cannot be generated (sizes and their limits above, tile
@@ -130,7 +139,8 @@ class KernelSpec {
   KernelSpec normalised() const;
 
   auto tie() const {
-    return std::tie(kind, vocab, hidden, chunk, mode, dtype, targets, reduction, bias, arch, tile, softcap);
+    return std::tie(kind, vocab, hidden, chunk, mode, dtype, targets, reduction, bias, arch, tile, softcap, temperature,
+                    z_loss_scale);
   }
   bool operator==(const KernelSpec& o) const { return tie() == o.tie(); }
   bool operator!=(const KernelSpec& o) const { return !(*this == o); }

@@ -101,7 +101,8 @@ std::string problem_text(const Problem& p) {
          std::string(dtype_name(p.dtype)) + "," + (p.targets == IndexType::I64 ? "i64" : "i32") + "," +
          (p.bias ? "bias" : "nobias") + "," + std::string(reduction_name(p.reduction)) + "," +
          std::string(mode_name(p.mode)) + "," + std::to_string(p.ignore_index) + "," + std::to_string(p.chunk_size) +
-         "," + std::to_string(p.workspace_budget) + ",softcap=" + float_text(p.softcap);
+         "," + std::to_string(p.workspace_budget) + ",softcap=" + float_text(p.softcap) +
+         ",temperature=" + float_text(p.temperature) + ",z_loss_scale=" + float_text(p.z_loss_scale);
 }
 
 Problem problem_from_c(const lfce_problem* c) {
@@ -121,6 +122,16 @@ Problem problem_from_c(const lfce_problem* c) {
   if (!(c->softcap >= 0.f && c->softcap <= KernelSpec::kMaxSoftcap))
     throw SpecError("lfce_problem.softcap must be 0 (none) or a positive cap up to 1e6, got " + float_text(c->softcap));
   p.softcap = c->softcap;
+  // 0 is a zero-initialised struct's temperature: none, as 1.
+  const float t = c->temperature == 0.f ? 1.f : c->temperature;
+  if (!(t >= KernelSpec::kMinTemperature && t <= KernelSpec::kMaxTemperature))
+    throw SpecError("lfce_problem.temperature must be 0 or 1 (none) or a temperature in [1e-6, 1e6], got " +
+                    float_text(c->temperature));
+  p.temperature = t;
+  if (!(c->z_loss_scale >= 0.f && c->z_loss_scale <= KernelSpec::kMaxZLossScale))
+    throw SpecError("lfce_problem.z_loss_scale must be 0 (none) or a positive scale up to 1e6, got " +
+                    float_text(c->z_loss_scale));
+  p.z_loss_scale = c->z_loss_scale;
   p.ignore_index = c->ignore_index;
   p.chunk_size = c->chunk_size;
   if (c->workspace_budget < 0)
@@ -149,6 +160,11 @@ void check_problem(const Problem& p) {
                     std::to_string(kMaxChunk) + " (2^20), the largest lfce accepts");
   if (p.workspace_budget < 0)
     throw SpecError("lfce_problem.workspace_budget must be >= 0, got " + std::to_string(p.workspace_budget));
+  // fp16 dz is scaled to |g·scale| < 2^15 (template_util.h, dz_scale); the temperature multiplies
+  // dz by up to 1 / T, so T <= 0.5 could reach fp16's largest finite value, 65504.
+  if (p.dtype == DType::FP16 && p.temperature <= 0.5f)
+    throw SpecError("lfce_problem.temperature = " + float_text(p.temperature) +
+                    " with fp16: dz (up to 1 / T times its bound) could overflow fp16; use T > 0.5, bf16 or fp32");
 }
 
 Plan::Plan(const Problem& problem, Arch arch, const Tuning& tuning, const DeviceLimits& limits)
@@ -235,7 +251,10 @@ KernelSpec problem_spec(KernelKind kind, const Problem& p, Arch arch) {
   s.targets = p.targets;
   s.reduction = p.reduction;
   s.bias = p.bias;
-  if (kind_info(kind).reads & kFieldSoftcap) s.softcap = p.softcap;
+  const uint32_t reads = kind_info(kind).reads;
+  if (reads & kFieldSoftcap) s.softcap = p.softcap;
+  if (reads & kFieldTemperature) s.temperature = p.temperature;
+  if (reads & kFieldZLoss) s.z_loss_scale = p.z_loss_scale;
   s.arch = arch;
   return s;
 }

@@ -22,7 +22,11 @@ struct Problem {
   int64_t ignore_index = -100;
   int64_t chunk_size = 0;
   int64_t workspace_budget = 0;
-  float softcap = 0.f;  // KernelSpec::softcap (0 = none); shares the uncapped problem's tuning
+  // The loss options (KernelSpec's fields of the same names); a problem shares the tuning of
+  // the same problem without them.
+  float softcap = 0.f;       // 0 = none
+  float temperature = 1.f;   // 1 = none (the C struct's 0 also means none)
+  float z_loss_scale = 0.f;  // 0 = none
 };
 
 // The most tokens a problem may have: grid x = ceil(N / BM) stays within CUDA's 2^31 - 1 CTAs.

@@ -1,7 +1,9 @@
 // dlogits_backward: recomputes one vocabulary chunk's logits tile z = x·W[chunk]ᵀ (+ b) and
 // writes dz = g_i · (softmax(z_i) − onehot(y_i)) = g_i · (exp(z − LSE_i) − [v = y_i]) to the
-// chunk workspace, stored transposed as dzᵀ [chunk, ld] (tokens contiguous) for the two GEMMs
-// that consume it. The softmax is taken in fp32 registers; only dz is rounded to the dtype.
+// chunk workspace (with the loss options: the softmax of the capped, scaled logits u, its
+// values times 1 + 2s·LSE_i for the z-loss, dz times du/dz; template_util.h), stored transposed
+// as dzᵀ [chunk, ld] (tokens contiguous) for the two GEMMs that consume it. The softmax is taken
+// in fp32 registers; only dz is rounded to the dtype.
 //
 // g_i: 0 for ignored tokens; otherwise the upstream gradient (grad_loss[0] for mean/sum,
 // grad_loss[i] for none; 1 in eager mode, where it is applied later), divided by the valid
@@ -68,13 +70,15 @@ KernelShape build_dlogits_backward(llvm::Module& module, const KernelSpec& spec)
     Value *rounded, *exact, *hit;
   };
   // hit: the element is the row's target.
-  // z: the logit with the bias; with a softcap, the softmax's input is the capped logit and the
-  // chain rule multiplies by its slope.
+  // z: the logit with the bias; with a softcap or a temperature, the softmax's input is the
+  // capped (and scaled) logit and the chain rule multiplies by its slope. The z-loss scales the
+  // row's softmax by 1 + 2s·LSE (a per-row constant: LLVM computes it once per row).
   auto dz_of = [&](Value* z, const RowConstants& row, Value* hit) {
     z = capped_logit(kb, spec, z);
     Value* p = kb.exp(ir.CreateFSub(z, row.lse));
+    if (Value* factor = z_loss_factor(kb, spec, row.lse)) p = ir.CreateFMul(p, factor);
     Value* dz = ir.CreateFMul(row.g, ir.CreateFSub(p, ir.CreateSelect(hit, kb.cf(1.f), kb.cf(0.f))));
-    if (Value* slope = softcap_slope(kb, spec, z)) dz = ir.CreateFMul(dz, slope);
+    if (Value* slope = capped_logit_slope(kb, spec, z)) dz = ir.CreateFMul(dz, slope);
     // g = 0 (ignored or padding rows) gives an exact 0 even where z or LSE is not finite.
     dz = ir.CreateSelect(ir.CreateFCmpOEQ(row.g, kb.cf(0.f)), kb.cf(0.f), dz);
     Value* rounded = kb.from_f32(dz, elem);

@@ -1,6 +1,7 @@
 // lse_combine: one thread per token merges the per-split (max, Σ exp) partials of
-// lse_forward into LSE_i and the per-token loss ℓ_i = LSE_i − z_{i,y_i} (0 when y_i is
-// ignore_index; NaN when y_i is outside [0, V), so a bad target is loud, not silent).
+// lse_forward into LSE_i and the per-token loss ℓ_i = LSE_i − z_{i,y_i}, plus the z-loss
+// s·LSE_i² where the spec has one (0 when y_i is ignore_index; NaN when y_i is outside [0, V),
+// so a bad target is loud, not silent). LSE and z_y are those of the logits the softmax sees.
 #include "templates/template_util.h"
 #include "templates/templates.h"
 
@@ -54,7 +55,9 @@ KernelShape build_lse_combine(llvm::Module& module, const KernelSpec& spec) {
               in_range,
               [&] {
                 Value* z = kb.load(kb.f32(), kb.gep(kb.arg("target_logit"), kb.f32(), m));
-                kb.store(ir.CreateFSub(lse, z), loss_slot);
+                Value* loss = ir.CreateFSub(lse, z);
+                if (Value* z_loss = z_loss_term(kb, spec, lse)) loss = ir.CreateFAdd(loss, z_loss);
+                kb.store(loss, loss_slot);
               },
               [&] { kb.store(llvm::ConstantFP::getNaN(kb.f32()), loss_slot); });
         });

@@ -1,6 +1,6 @@
-// lse_forward: logits tiles z = x·Wᵀ (+ b) over K = H (with a softcap c, c·tanh(z / c)), reduced
-// in the epilogue to each row's running (max, Σ exp) and the target logit. The logits never
-// reach global memory.
+// lse_forward: logits tiles z = x·Wᵀ (+ b) over K = H (with a softcap c, c·tanh(z / c); with a
+// temperature T, that / T: template_util.h's capped_logit), reduced in the epilogue to each
+// row's running (max, Σ exp) and the target logit. The logits never reach global memory.
 //
 // Grid (row groups G, splits S): CTA (g, s) takes the row blocks g, g + G, g + 2G, ... in turn
 // and, for each, the s-th contiguous share of the vocabulary tiles: the grid fills the GPU

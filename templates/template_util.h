@@ -32,26 +32,50 @@ inline llvm::Value* load_bias(KernelBuilder& kb, const KernelSpec& spec, llvm::V
   return kb.to_f32(kb.load(e, kb.gep(bias, e, v)));
 }
 
-// The logit the softmax sees: c·tanh(z / c) with the spec's softcap c (Gemma 2), else z itself
-// (no code). tanh(x) = sign(x)·(1 − 2 / (e^{2|x|} + 1)): ex2.approx and div.full, no
-// subroutine call (which would serialise a wgmma kernel), absolute error a few fp32 ulps;
-// tanh.approx.f32's 2^-11 relative error would show in the loss.
+// The logit the softmax sees: c·tanh(z / c) with the spec's softcap c (Gemma 2), then divided by
+// the temperature T (the cap applies to the model's own logit, as Gemma 2 defines it; sampling
+// and RL recipes divide what the model returns); z itself (no code) with neither.
+// tanh(x) = sign(x)·(1 − 2 / (e^{2|x|} + 1)): ex2.approx and div.full, no subroutine call
+// (which would serialise a wgmma kernel), absolute error a few fp32 ulps; tanh.approx.f32's
+// 2^-11 relative error would show in the loss. T enters as one multiplication by c / T (by 1 / T
+// without a cap).
 inline llvm::Value* capped_logit(KernelBuilder& kb, const KernelSpec& spec, llvm::Value* z) {
-  if (spec.softcap == 0.f) return z;
   auto& ir = kb.ir();
+  const float inverse_t = 1.f / spec.temperature;
+  if (spec.softcap == 0.f)
+    return spec.temperature == 1.f ? z : ir.CreateFMul(z, kb.cf(inverse_t));
   llvm::Value* x = ir.CreateFMul(z, kb.cf(1.f / spec.softcap));
   llvm::Value* ax = ir.CreateIntrinsic(llvm::Intrinsic::fabs, {kb.f32()}, {x});
   llvm::Value* e = kb.exp(ir.CreateFMul(ax, kb.cf(2.f)));
   llvm::Value* t = ir.CreateFSub(kb.cf(1.f), kb.div_full(kb.cf(2.f), ir.CreateFAdd(e, kb.cf(1.f))));
   t = ir.CreateIntrinsic(llvm::Intrinsic::copysign, {kb.f32()}, {t, x});
-  return ir.CreateFMul(t, kb.cf(spec.softcap));
+  return ir.CreateFMul(t, kb.cf(spec.temperature == 1.f ? spec.softcap : spec.softcap * inverse_t));
 }
-// d capped / dz at a capped logit: 1 − (capped / c)², or 1 (no code) without a softcap.
-inline llvm::Value* softcap_slope(KernelBuilder& kb, const KernelSpec& spec, llvm::Value* capped) {
-  if (spec.softcap == 0.f) return nullptr;
+// d (the softmax's logit) / dz at its value u = capped_logit(z): (1 − (u·T / c)²) / T, the cap's
+// slope 1 − tanh² times 1 / T; 1 / T without a cap; nullptr (1, no code) with neither.
+inline llvm::Value* capped_logit_slope(KernelBuilder& kb, const KernelSpec& spec, llvm::Value* u) {
   auto& ir = kb.ir();
-  llvm::Value* t = ir.CreateFMul(capped, kb.cf(1.f / spec.softcap));
-  return ir.CreateFSub(kb.cf(1.f), ir.CreateFMul(t, t));
+  const float inverse_t = 1.f / spec.temperature;
+  if (spec.softcap == 0.f) return spec.temperature == 1.f ? nullptr : kb.cf(inverse_t);
+  llvm::Value* t = ir.CreateFMul(u, kb.cf(spec.temperature / spec.softcap));
+  llvm::Value* slope = ir.CreateFSub(kb.cf(1.f), ir.CreateFMul(t, t));
+  return spec.temperature == 1.f ? slope : ir.CreateFMul(slope, kb.cf(inverse_t));
+}
+
+// The z-loss (PaLM; Liger-Kernel's lse_square_scale) of a token whose LSE is `lse`: s·LSE², or
+// nullptr (no code) when the spec's z_loss_scale s is 0. LSE is the one of the logits the
+// softmax sees (after softcap and temperature).
+inline llvm::Value* z_loss_term(KernelBuilder& kb, const KernelSpec& spec, llvm::Value* lse) {
+  if (spec.z_loss_scale == 0.f) return nullptr;
+  auto& ir = kb.ir();
+  return ir.CreateFMul(kb.cf(spec.z_loss_scale), ir.CreateFMul(lse, lse));
+}
+// Its gradient joins the softmax's: d(s·LSE²)/du_v = 2s·LSE·p_v, so dz = g·(p·(1 + 2s·LSE) −
+// onehot) (times the slope). The row's factor 1 + 2s·LSE, or nullptr (no code) without z-loss.
+inline llvm::Value* z_loss_factor(KernelBuilder& kb, const KernelSpec& spec, llvm::Value* lse) {
+  if (spec.z_loss_scale == 0.f) return nullptr;
+  auto& ir = kb.ir();
+  return ir.CreateFAdd(kb.cf(1.f), ir.CreateFMul(kb.cf(2.f * spec.z_loss_scale), lse));
 }
 
 // The power of two that dz is multiplied by before it is rounded to the dtype, and divided by

@@ -25,7 +25,7 @@ extern "C" {
  * function in this header. Bump it whenever one of them changes; a binding compares its own
  * copy with lfce_abi_version() when it loads the library, so a stale library is an error at
  * load time instead of corrupted arguments. */
-#define LFCE_ABI_VERSION 4
+#define LFCE_ABI_VERSION 5
 
 typedef enum lfce_status {
   LFCE_OK = 0,
@@ -65,6 +65,10 @@ typedef struct lfce_problem {
   int32_t mode;             /* lfce_mode */
   float softcap;            /* logit softcap c (Gemma 2: 30): the softmax sees c * tanh(z / c) of each
                                logit z (bias included), with the chain rule in the backward; 0 = none */
+  float temperature;        /* T in [1e-6, 1e6]: the softmax sees each logit (capped first, with a softcap)
+                               divided by T, and the loss is LSE(z / T) - z_y / T; 0 or 1 = none */
+  float z_loss_scale;       /* s in [0, 1e6]: each counted token's loss gains s * LSE^2 (PaLM's z-loss;
+                               LSE of the logits the softmax sees), with its gradient; 0 = none */
   int64_t ignore_index;     /* targets equal to this contribute no loss and no gradient */
   int64_t chunk_size;       /* vocabulary chunk of the backward, <= 2^20 (larger than V: V);
                                0 = derive from workspace_budget (also at most 2^20) */
@@ -76,8 +80,9 @@ typedef struct lfce_forward_args {
   const void* weight;
   const void* bias;      /* NULL unless has_bias */
   const void* targets;
-  float* lse;            /* [tokens] out: log-sum-exp of each row (saved for the backward) */
-  float* token_loss;     /* [tokens] out: per-token loss, 0 for ignored tokens */
+  float* lse;            /* [tokens] out: log-sum-exp of each row (saved for the backward), of the
+                            logits the softmax sees (after softcap and temperature) */
+  float* token_loss;     /* [tokens] out: per-token loss (z-loss included), 0 for ignored tokens */
   float* loss;           /* [1] out: the reduced loss (mean or sum); may be NULL for reduction none */
   float* valid_count;    /* [1] out: number of targets != ignore_index */
   void* workspace;       /* lfce_forward_workspace_size() bytes, 256-byte aligned */

@@ -60,14 +60,29 @@ def real(name, value, *, minimum):
     return number
 
 
-def softcap(value):
-    """A logit softcap: None (none) or a finite number in (0, 1e6], as a float."""
+def _option(name, value, none, inside, bounds):
+    """A loss option: ``none`` for None, else ``value`` as a float for which ``inside`` holds."""
     if value is None:
-        return None
-    number = _number("softcap", value, "None or a number")
-    if not 0 < number <= 1e6:  # NaN fails too
-        raise ValueError(f"softcap must be None (no cap) or a number in (0, 1e6], got {value!r}")
+        return none
+    number = _number(name, value, "None or a number")
+    if not inside(number):  # NaN fails too
+        raise ValueError(f"{name} must be None or a number in {bounds}, got {value!r}")
     return number
+
+
+def softcap(value):
+    """A logit softcap: None (none) or a number in (0, 1e6], as a float."""
+    return _option("softcap", value, None, lambda c: 0 < c <= 1e6, "(0, 1e6] (None: no cap)")
+
+
+def temperature(value, name="temperature"):
+    """A softmax temperature: None or 1 (none), or a number in [1e-6, 1e6], as a float."""
+    return _option(name, value, 1.0, lambda t: 1e-6 <= t <= 1e6, "[1e-6, 1e6] (None or 1: none)")
+
+
+def z_loss_scale(value, name="z_loss_scale"):
+    """A z-loss scale: None or 0 (none), or a number in [0, 1e6], as a float."""
+    return _option(name, value, 0.0, lambda s: 0 <= s <= 1e6, "[0, 1e6] (None or 0: none)")
 
 
 def flag(name, value):

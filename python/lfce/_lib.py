@@ -30,7 +30,7 @@ __all__ = [
 ]
 
 # LFCE_ABI_VERSION of the lfce.h this file mirrors: bump both together.
-ABI_VERSION = 4
+ABI_VERSION = 5
 
 # lfce_status
 OK = 0
@@ -86,6 +86,8 @@ class Problem(ctypes.Structure):
         ("reduction", ctypes.c_int32),
         ("mode", ctypes.c_int32),
         ("softcap", ctypes.c_float),
+        ("temperature", ctypes.c_float),
+        ("z_loss_scale", ctypes.c_float),
         ("ignore_index", ctypes.c_int64),
         ("chunk_size", ctypes.c_int64),
         ("workspace_budget", ctypes.c_int64),
@@ -365,9 +367,10 @@ def check(status):
 
 def make_problem(tokens, hidden, vocab, dtype, target_dtype=INDEX_INT64, has_bias=False,
                  reduction=REDUCTION_MEAN, mode=MODE_RECOMPUTE, ignore_index=-100,
-                 chunk_size=None, workspace_budget=None, softcap=None):
+                 chunk_size=None, workspace_budget=None, softcap=None, temperature=1.0, z_loss_scale=0.0):
     """Fill an lfce_problem; None for chunk_size / workspace_budget means the library's default,
-    None for softcap no softcap (the library checks its range).
+    None for softcap no softcap; temperature 1 and z_loss_scale 0 are none (the library checks
+    the ranges of the three).
 
     Every field is checked to fit its C type (ctypes would wrap it silently); whether the
     values make a valid problem is the library's check (lfce_check_problem).
@@ -378,7 +381,8 @@ def make_problem(tokens, hidden, vocab, dtype, target_dtype=INDEX_INT64, has_bia
     fields = {name: _check.integer(name, value) for name, value in wide.items()}
     fields.update((name, _check.integer(name, value, minimum=_check.INT32_MIN, maximum=_check.INT32_MAX))
                   for name, value in narrow.items())
-    return Problem(has_bias=int(bool(has_bias)), softcap=float(softcap or 0.0), **fields)
+    return Problem(has_bias=int(bool(has_bias)), softcap=float(softcap or 0.0), temperature=float(temperature),
+                   z_loss_scale=float(z_loss_scale), **fields)
 
 
 def forward_workspace_size(problem):

@@ -7,7 +7,8 @@ so a new N needs no recompilation), and the ctypes calls into liblfce.so run onl
 implementations, on CUDA tensors. The autograd formula is registered on ``lfce::forward``.
 
     lfce::forward(hidden [N, H], weight [V, H], bias [V]?, targets [N], ignore_index, reduction,
-                  mode, chunk_size?, workspace_budget?, need_hidden, need_weight, need_bias)
+                  mode, chunk_size?, workspace_budget?, softcap?, temperature, z_loss_scale,
+                  need_hidden, need_weight, need_bias)
         -> (loss, lse [N], valid_count [1], grad_hidden, grad_weight, grad_bias)
 
     loss is fp32: 0-dim for "mean" / "sum", [N] for "none". In mode "eager" the gradients (for an
@@ -16,8 +17,8 @@ implementations, on CUDA tensors. The autograd formula is registered on ``lfce::
     not computed is an empty tensor of shape [0] (an operator returns no None).
 
     lfce::backward(hidden, weight, bias?, targets, lse, valid_count, grad_loss (fp32, [1] or [N]),
-                   ignore_index, reduction, chunk_size?, workspace_budget?, need_hidden,
-                   need_weight, need_bias)
+                   ignore_index, reduction, chunk_size?, workspace_budget?, softcap?, temperature,
+                   z_loss_scale, need_hidden, need_weight, need_bias)
         -> (grad_hidden, grad_weight, grad_bias), each [0] when not needed
 
 A gradient not needed is never allocated and its kernel never runs (a NULL pointer in the C API).
@@ -91,12 +92,14 @@ def _eager(mode, reduction):
     return mode == "eager" and reduction != "none"
 
 
-def _problem(hidden, weight, bias, targets, ignore_index, reduction, mode, chunk_size, workspace_budget, softcap):
+def _problem(hidden, weight, bias, targets, ignore_index, reduction, mode, chunk_size, workspace_budget, softcap,
+             temperature, z_loss_scale):
     return _lib.make_problem(
         hidden.shape[0], hidden.shape[1], weight.shape[0], DTYPES[hidden.dtype],
         target_dtype=INDEX_DTYPES[targets.dtype], has_bias=bias is not None,
         reduction=_lib.REDUCTIONS[reduction], mode=_lib.MODES[mode], ignore_index=ignore_index,
-        chunk_size=chunk_size, workspace_budget=workspace_budget, softcap=softcap)
+        chunk_size=chunk_size, workspace_budget=workspace_budget, softcap=softcap, temperature=temperature,
+        z_loss_scale=z_loss_scale)
 
 
 # Problems whose kernels this process has loaded, per device and pass: the only ones a CUDA graph
@@ -152,13 +155,13 @@ def _or_empty(grads, like):
 
 def _forward_impl(hidden: Tensor, weight: Tensor, bias: OptionalTensor, targets: Tensor, ignore_index: int,
                   reduction: str, mode: str, chunk_size: OptionalInt, workspace_budget: OptionalInt,
-                  softcap: OptionalFloat, need_hidden: bool, need_weight: bool,
-                  need_bias: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+                  softcap: OptionalFloat, temperature: float, z_loss_scale: float, need_hidden: bool,
+                  need_weight: bool, need_bias: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     hidden, weight = _rows_aligned(hidden), _rows_aligned(weight)
     bias, targets = _aligned(bias), _aligned(targets)
     eager = _eager(mode, reduction)
     problem = _problem(hidden, weight, bias, targets, ignore_index, reduction, "eager" if eager else "recompute",
-                       chunk_size, workspace_budget, softcap)
+                       chunk_size, workspace_budget, softcap, temperature, z_loss_scale)
     wanted = (need_hidden, need_weight, need_bias) if eager else (False, False, False)
     device = hidden.device
     key = _key(problem, device, "forward", wanted)
@@ -188,11 +191,12 @@ def _forward_impl(hidden: Tensor, weight: Tensor, bias: OptionalTensor, targets:
 def _backward_impl(hidden: Tensor, weight: Tensor, bias: OptionalTensor, targets: Tensor, lse: Tensor,
                    valid_count: Tensor, grad_loss: Tensor, ignore_index: int, reduction: str,
                    chunk_size: OptionalInt, workspace_budget: OptionalInt, softcap: OptionalFloat,
-                   need_hidden: bool, need_weight: bool, need_bias: bool) -> tuple[Tensor, Tensor, Tensor]:
+                   temperature: float, z_loss_scale: float, need_hidden: bool, need_weight: bool,
+                   need_bias: bool) -> tuple[Tensor, Tensor, Tensor]:
     hidden, weight = _rows_aligned(hidden), _rows_aligned(weight)
     bias, targets, grad_loss = (_aligned(t) for t in (bias, targets, grad_loss))
     problem = _problem(hidden, weight, bias, targets, ignore_index, reduction, "recompute", chunk_size,
-                       workspace_budget, softcap)
+                       workspace_budget, softcap, temperature, z_loss_scale)
     wanted = (need_hidden, need_weight, need_bias)
     key = _key(problem, hidden.device, "backward", wanted)
     _require_loaded(key, problem, "backward")
@@ -210,7 +214,7 @@ def _empty_unless(wanted, like):
 
 
 def _forward_fake(hidden, weight, bias, targets, ignore_index, reduction, mode, chunk_size, workspace_budget,
-                  softcap, need_hidden, need_weight, need_bias):
+                  softcap, temperature, z_loss_scale, need_hidden, need_weight, need_bias):
     n = hidden.shape[0]
     eager = _eager(mode, reduction)
     loss = hidden.new_empty((n,) if reduction == "none" else (), dtype=_F32)
@@ -220,7 +224,7 @@ def _forward_fake(hidden, weight, bias, targets, ignore_index, reduction, mode, 
 
 
 def _backward_fake(hidden, weight, bias, targets, lse, valid_count, grad_loss, ignore_index, reduction, chunk_size,
-                   workspace_budget, softcap, need_hidden, need_weight, need_bias):
+                   workspace_budget, softcap, temperature, z_loss_scale, need_hidden, need_weight, need_bias):
     grad_bias = _empty_unless(need_bias, bias) if bias is not None else hidden.new_empty(0)
     return _empty_unless(need_hidden, hidden), _empty_unless(need_weight, weight), grad_bias
 
@@ -228,21 +232,22 @@ def _backward_fake(hidden, weight, bias, targets, lse, valid_count, grad_loss, i
 # --- autograd ---------------------------------------------------------------------------------
 
 def _setup_context(ctx, inputs, output):
-    hidden, weight, bias, targets, ignore_index, reduction, mode, chunk_size, workspace_budget, softcap = inputs[:10]
+    hidden, weight, bias, targets, ignore_index, reduction, mode, chunk_size, workspace_budget = inputs[:9]
+    loss_options = inputs[9:12]  # softcap, temperature, z_loss_scale
     _, lse, valid_count, grad_hidden, grad_weight, grad_bias = output
-    ctx.options = (ignore_index, reduction, chunk_size, workspace_budget, softcap)
+    ctx.options = (ignore_index, reduction, chunk_size, workspace_budget) + tuple(loss_options)
     ctx.eager = _eager(mode, reduction)
     ctx.has_bias = bias is not None
     if ctx.eager:
         # Only the gradients of inputs that required one at forward time were computed.
-        ctx.computed = inputs[10:13]
+        ctx.computed = inputs[12:15]
         ctx.save_for_backward(grad_hidden, grad_weight, grad_bias)
     else:
         ctx.save_for_backward(hidden, weight, bias, targets, lse, valid_count)
 
 
 def _backward_rule(ctx, grad_loss, *unused):
-    """Gradients of lfce::forward's 12 inputs from the loss's upstream gradient (fp32)."""
+    """Gradients of lfce::forward's 15 inputs from the loss's upstream gradient (fp32)."""
     need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
     need_bias = need_bias and ctx.has_bias
     if ctx.eager:
@@ -261,7 +266,7 @@ def _backward_rule(ctx, grad_loss, *unused):
             grads = backward_op(hidden, weight, bias, targets, lse, valid_count, grad_loss, *ctx.options,
                                 need_hidden, need_weight, need_bias)
             grads = tuple(g if need else None for g, need in zip(grads, (need_hidden, need_weight, need_bias)))
-    return grads + (None,) * 10
+    return grads + (None,) * 12
 
 
 # --- registration (once per process) ----------------------------------------------------------

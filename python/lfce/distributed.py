@@ -247,7 +247,7 @@ def local_forward(hidden, weight, bias, targets, chunk_size, workspace_budget):
     """(shard LSE [N], token loss [N]) from lfce's forward kernels on the shard; the token loss is
     LSE - z_target where the target is in the shard, 0 for LOCAL_IGNORE, NaN for NOT_IN_SHARD."""
     loss, lse = _ops._forward_impl(hidden, weight, bias, targets, LOCAL_IGNORE, "none", "recompute", chunk_size,
-                                   workspace_budget, None, False, False, False)[:2]
+                                   workspace_budget, None, 1.0, 0.0, False, False, False)[:2]
     return lse, loss
 
 
@@ -256,7 +256,7 @@ def local_backward(hidden, weight, bias, targets, lse, valid_count, grad_loss, r
     """The shard's (grad_hidden partial, grad_weight, grad_bias), None where not wanted, from lfce's
     backward kernels with the global LSE and count."""
     grads = _ops._backward_impl(hidden, weight, bias, targets, lse, valid_count, grad_loss, LOCAL_IGNORE, reduction,
-                                chunk_size, workspace_budget, None, *wanted)
+                                chunk_size, workspace_budget, None, 1.0, 0.0, *wanted)
     return tuple(g if want else None for g, want in zip(grads, wanted))
 
 

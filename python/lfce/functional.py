@@ -57,9 +57,12 @@ def _log_once(level, message, *args):
 
 
 def validate_options(ignore_index=-100, reduction="mean", mode="recompute", chunk_size=None,
-                     workspace_budget=None, softcap=None):
+                     workspace_budget=None, softcap=None, temperature=None, z_loss_scale=None, return_z_loss=False):
     """Check the non-tensor options; raise ValueError/TypeError naming the bad value."""
     _check.softcap(softcap)
+    _check.temperature(temperature)
+    _check.z_loss_scale(z_loss_scale)
+    _check.flag("return_z_loss", return_z_loss)
     _check.integer("ignore_index", ignore_index)
     _check.choice("reduction", reduction, _lib.REDUCTIONS)
     _check.choice("mode", mode, _lib.MODES)
@@ -140,7 +143,8 @@ def _autocast(tensors):
 
 
 def linear_cross_entropy(hidden, weight, targets, bias=None, *, ignore_index=-100, reduction="mean",
-                         mode="recompute", chunk_size=None, workspace_budget=None, softcap=None):
+                         mode="recompute", chunk_size=None, workspace_budget=None, softcap=None, temperature=None,
+                         z_loss_scale=None, return_z_loss=False):
     """Cross-entropy of ``hidden @ weight.T + bias`` against ``targets``, fused.
 
     Same result as ``F.cross_entropy(F.linear(hidden, weight, bias).flatten(0, -2),
@@ -162,10 +166,22 @@ def linear_cross_entropy(hidden, weight, targets, bias=None, *, ignore_index=-10
         softcap: logit softcap c (Gemma 2's final_logit_softcapping, e.g. 30.0): the softmax is
             taken over ``c * tanh(z / c)`` of the logits z (bias included), with the chain rule
             in the backward; None for none.
+        temperature: T in [1e-6, 1e6]: the softmax is taken over the logits (capped first, with
+            a softcap: Gemma 2 caps its own logits, a sampling or RL temperature divides what
+            the model returns) divided by T, so the loss is ``LSE(z / T) - z_y / T``, with 1 / T
+            in the backward; None or 1.0 for none.
+        z_loss_scale: s in [0, 1e6]: each counted token's loss gains ``s * LSE**2`` (PaLM's
+            z-loss, Liger-Kernel's lse_square_scale; LSE of the logits the softmax sees), with
+            its gradient ``2 s LSE softmax``; reduced with the loss ("mean": over the counted
+            tokens). None or 0.0 for none. (The defaults are None, not floats: torch.compile
+            traces a float default as an input and then retraces to specialise it.)
+        return_z_loss: also return the z-loss term alone, reduced as the loss, without a
+            gradient (for logging, as Liger-Kernel's): ``(loss, z_loss)``.
 
     Returns:
-        The loss in fp32: 0-dim for mean/sum, shape hidden.shape[:-1] for none. Gradients are
-        in the dtypes of hidden, weight and bias.
+        The loss in fp32: 0-dim for mean/sum, shape hidden.shape[:-1] for none; with
+        return_z_loss, ``(loss, z_loss)`` of those shapes. Gradients are in the dtypes of
+        hidden, weight and bias.
 
     Under ``torch.autocast("cuda", dtype=...)`` hidden, weight and bias are first cast to the
     autocast dtype (as for F.linear); their gradients come back in their own dtypes.
@@ -174,8 +190,10 @@ def linear_cross_entropy(hidden, weight, targets, bias=None, *, ignore_index=-10
         TypeError / ValueError naming the bad argument; lfce.CompileError if a kernel
         fails to compile; lfce.CudaError if the driver fails.
     """
-    validate_options(ignore_index, reduction, mode, chunk_size, workspace_budget, softcap)
+    validate_options(ignore_index, reduction, mode, chunk_size, workspace_budget, softcap, temperature, z_loss_scale,
+                     return_z_loss)
     softcap = _check.softcap(softcap)
+    temperature, z_loss_scale = _check.temperature(temperature), _check.z_loss_scale(z_loss_scale)
     hidden, weight, bias = _autocast((hidden, weight, bias))
     N, H, _ = _validate_tensors(hidden, weight, targets, bias)
     batch_shape = hidden.shape[:-1]
@@ -190,8 +208,21 @@ def linear_cross_entropy(hidden, weight, targets, bias=None, *, ignore_index=-10
     # off); eager mode computes only those (none when grad mode is off).
     wanted = tuple(torch.is_grad_enabled() and t is not None and t.requires_grad for t in (hidden, weight, bias))
     options = [None if v is None else operator.index(v) for v in (ignore_index, chunk_size, workspace_budget)]
-    loss = _ops.forward(hidden, weight, bias, targets, options[0], reduction, mode, *options[1:], softcap,
-                        *wanted)[0]
+    out = _ops.forward(hidden, weight, bias, targets, options[0], reduction, mode, *options[1:], softcap, temperature,
+                       z_loss_scale, *wanted)
+    loss = out[0].reshape(batch_shape) if reduction == "none" else out[0]
+    if not return_z_loss:
+        return loss
+    z_loss = _z_loss(out[1], out[2], targets, options[0], z_loss_scale, reduction)  # from (lse, valid_count)
+    return loss, z_loss.reshape(batch_shape) if reduction == "none" else z_loss
+
+
+def _z_loss(lse, valid_count, targets, ignore_index, z_loss_scale, reduction):
+    """s * LSE**2 of the counted tokens, reduced as the loss, from the forward's LSE (no kernel);
+    detached: a gradient through it would be dropped, so it has none."""
+    lse, valid_count = lse.detach(), valid_count.detach()
+    term = torch.where(targets != ignore_index, z_loss_scale * lse * lse, torch.zeros_like(lse))
     if reduction == "none":
-        loss = loss.reshape(batch_shape)
-    return loss
+        return term
+    total = term.sum()
+    return total / valid_count[0] if reduction == "mean" else total

@@ -17,14 +17,18 @@ class LinearCrossEntropyLoss(torch.nn.Module):
         loss = loss_fn(hidden_states, model.lm_head.weight, labels)
 
     Args: see :func:`lfce.linear_cross_entropy` (ignore_index, reduction, mode,
-    chunk_size, workspace_budget, softcap).
+    chunk_size, workspace_budget, softcap, temperature, z_loss_scale, return_z_loss).
     """
 
     def __init__(self, *, ignore_index=-100, reduction="mean", mode="recompute", chunk_size=None,
-                 workspace_budget=None, softcap=None):
+                 workspace_budget=None, softcap=None, temperature=None, z_loss_scale=None, return_z_loss=False):
         super().__init__()
-        validate_options(ignore_index, reduction, mode, chunk_size, workspace_budget, softcap)
+        validate_options(ignore_index, reduction, mode, chunk_size, workspace_budget, softcap, temperature, z_loss_scale,
+                         return_z_loss)
         self.softcap = softcap
+        self.temperature = temperature
+        self.z_loss_scale = z_loss_scale
+        self.return_z_loss = return_z_loss
         self.ignore_index = ignore_index
         self.reduction = reduction
         self.mode = mode
@@ -36,7 +40,8 @@ class LinearCrossEntropyLoss(torch.nn.Module):
         return linear_cross_entropy(
             hidden, weight, targets, bias, ignore_index=self.ignore_index, reduction=self.reduction,
             mode=self.mode, chunk_size=self.chunk_size, workspace_budget=self.workspace_budget,
-            softcap=self.softcap,
+            softcap=self.softcap, temperature=self.temperature, z_loss_scale=self.z_loss_scale,
+            return_z_loss=self.return_z_loss,
         )
 
     def extra_repr(self):
@@ -47,4 +52,10 @@ class LinearCrossEntropyLoss(torch.nn.Module):
             options.append(f"workspace_budget={self.workspace_budget!r}")
         if self.softcap is not None:
             options.append(f"softcap={self.softcap!r}")
+        if self.temperature is not None:
+            options.append(f"temperature={self.temperature!r}")
+        if self.z_loss_scale is not None:
+            options.append(f"z_loss_scale={self.z_loss_scale!r}")
+        if self.return_z_loss:
+            options.append("return_z_loss=True")
         return ", ".join(options)

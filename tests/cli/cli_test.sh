@@ -40,6 +40,25 @@ assemble_all() {  # assemble_all DIR ARCH: every .ptx in DIR assembles, without 
   done
   [ "$n" -gt 0 ] || fail "no PTX in $1"
 }
+compile_plain() {  # compile_plain: the kernels of one configuration without loss options, in $work/plain
+  "$lfce" compile --vocab 50257 --hidden 2304 -o "$work/plain" >/dev/null || fail "compile"
+}
+changes_only() {  # changes_only "OPTIONS" TEXT "KERNELS": with OPTIONS, exactly KERNELS differ from
+  # $work/plain (and name TEXT in their metadata); every other kernel is byte-identical
+  local out="$work/options" f k
+  rm -rf "$out"
+  # shellcheck disable=SC2086
+  "$lfce" compile --vocab 50257 --hidden 2304 $1 -o "$out" >/dev/null || fail "compile $1"
+  for f in "$work/plain"/*.ptx; do
+    k=$(basename "$f" .ptx)
+    if [[ " $3 " == *" $k "* ]]; then
+      cmp -s "$f" "$out/$k.ptx" && fail "$k.ptx is the same with $1"
+      grep -q -- "$2" "$out/$k.json" || fail "$k.json does not name $2"
+    else
+      cmp -s "$f" "$out/$k.ptx" || fail "$k.ptx changed with $1"
+    fi
+  done
+}
 
 case $test in
   compile_writes_ptx_that_assembles)
@@ -64,17 +83,20 @@ case $test in
   compile_names_bad_dtype)
     expect_error "fp8" "$lfce" compile --vocab 100 --hidden 16 --dtype fp8 ;;
   compile_softcap_changes_only_the_logit_kernels)
-    "$lfce" compile --vocab 50257 --hidden 2304 -o "$work/plain" >/dev/null || fail "compile"
-    "$lfce" compile --vocab 50257 --hidden 2304 --softcap 30 -o "$work/capped" >/dev/null || fail "compile --softcap 30"
-    for k in lse_forward dlogits_backward; do
-      cmp -s "$work/plain/$k.ptx" "$work/capped/$k.ptx" && fail "$k.ptx is the same with --softcap 30"
-      grep -q "softcap=30" "$work/capped/$k.json" || fail "$k.json does not name the softcap"
-    done
-    for k in grad_weight grad_input lse_combine loss_reduce; do
-      cmp -s "$work/plain/$k.ptx" "$work/capped/$k.ptx" || fail "$k.ptx changed with --softcap 30"
-    done
+    compile_plain
+    changes_only "--softcap 30" "softcap=30" "lse_forward dlogits_backward"
     expect_status 2 "softcap.*-1" "$lfce" compile --vocab 100 --hidden 16 --softcap -1 -o "$work/x"
     expect_status 2 "softcap.*nan" "$lfce" compile --vocab 100 --hidden 16 --softcap nan -o "$work/x" ;;
+  compile_temperature_and_z_loss_change_only_their_kernels)
+    compile_plain
+    changes_only "--temperature 0.7" "temperature=0.7" "lse_forward dlogits_backward"
+    changes_only "--z-loss-scale 0.0001" "z_loss_scale=1e-04" "lse_combine dlogits_backward"
+    changes_only "--temperature 0.7 --z-loss-scale 0.0001 --softcap 30" "softcap=30;temperature=0.7\|z_loss_scale" \
+      "lse_forward lse_combine dlogits_backward"
+    expect_status 2 "temperature.*-1" "$lfce" compile --vocab 100 --hidden 16 --temperature -1 -o "$work/x"
+    expect_status 2 "temperature.*inf" "$lfce" compile --vocab 100 --hidden 16 --temperature inf -o "$work/x"
+    expect_status 2 "z_loss_scale.*-0.5" "$lfce" compile --vocab 100 --hidden 16 --z-loss-scale -0.5 -o "$work/x"
+    expect_status 2 "z_loss_scale.*nan" "$lfce" compile --vocab 100 --hidden 16 --z-loss-scale nan -o "$work/x" ;;
   every_command_has_help)
     for cmd in "" compile precompile tune cache "cache ls" "cache info" "cache verify" "cache clear"; do
       # shellcheck disable=SC2086

@@ -2,6 +2,9 @@
 // PTX that matters, and assembles with ptxas for sm_80 and sm_90a with no spills. No GPU.
 #include <gtest/gtest.h>
 
+#include <map>
+#include <regex>
+#include <set>
 #include <string>
 
 #include "compiler/errors.h"
@@ -71,28 +74,45 @@ std::vector<Case> all_cases() {
 
 INSTANTIATE_TEST_SUITE_P(AllTemplates, Codegen, testing::ValuesIn(all_cases()), case_name);
 
-// The softcap is code only in the kernels that see logits, only when set: it changes their PTX
-// (no call, no spill: tanh from ex2 and div.full), and the plain kernels stay as they were.
-TEST(Codegen, SoftcapChangesOnlyTheLogitKernelsAndAssemblesWithoutCallsOrSpills) {
+// The loss options are code only in the kernels that read them, only when set: every set of
+// options a kernel reads gives it its own PTX, with no call and no spill (tanh from ex2 and
+// div.full; the temperature and the z-loss are multiplications). A kind that does not read an
+// option cannot be given it (KernelSpec::validate; kernel_kind_test checks the table), so the
+// plain kernels are the code they were.
+TEST(Codegen, EachSetOfLossOptionsGivesItsOwnKernelWithoutCallsOrSpills) {
   if (!testing_ptxas::have_ptxas()) GTEST_SKIP() << "ptxas not found at configure time (install the CUDA toolkit)";
+  struct Options {
+    float softcap, temperature, z_loss_scale;
+  };
+  const Options sets[] = {{0.f, 1.f, 0.f},  {30.f, 1.f, 0.f},  {0.f, 0.7f, 0.f},   {0.f, 1.f, 1e-4f},
+                          {30.f, 1.f, 1e-4f}, {30.f, 0.7f, 0.f}, {30.f, 0.7f, 1e-4f}};
   for (Arch arch : {Arch::SM80, Arch::SM90A})
     for (DType dtype : {DType::BF16, DType::FP32})
-      for (bool bias : {false, true})
-        for (KernelKind kind : {KernelKind::LseForward, KernelKind::DlogitsBackward}) {
-          KernelSpec plain = spec_for({kind, dtype, arch, bias});  // fp32: its mma.sync-free tile
-          if (arch == Arch::SM90A && dtype != DType::FP32)  // the default wgmma tiles
-            plain.tile = kind == KernelKind::LseForward ? TileConfig{128, 128, 64, 1, 1, 4, 2}
-                                                        : TileConfig{128, 256, 64, 1, 1, 4, 2};
-          KernelSpec capped = plain;
-          capped.softcap = 30.f;
-          const std::string what = capped.text();
-          GeneratedKernel k = generate_kernel(capped);
-          EXPECT_NE(k.ptx, generate_kernel(plain).ptx) << what;
-          EXPECT_NE(k.ptx.find("ex2.approx"), std::string::npos) << what;
-          EXPECT_FALSE(std::regex_search(k.ptx, std::regex(R"(\bcall(\.uni)?\b)"))) << what;
-          EXPECT_EQ(k.ptx.find(".local"), std::string::npos) << what;
-          testing_ptxas::expect_assembles_without_spills(k.ptx, arch);
+      for (KernelKind kind : {KernelKind::LseForward, KernelKind::DlogitsBackward, KernelKind::LseCombine}) {
+        KernelSpec plain = spec_for({kind, dtype, arch, dtype == DType::BF16});  // fp32: its mma.sync-free tile
+        if (arch == Arch::SM90A && dtype != DType::FP32)                         // the default wgmma tiles
+          plain.tile = kind == KernelKind::LseForward ? TileConfig{128, 128, 64, 1, 1, 4, 2}
+                                                      : TileConfig{128, 256, 64, 1, 1, 4, 2};
+        const uint32_t reads = plain.fields_read();
+        std::map<std::string, std::string> ptx_of;  // spec text -> PTX, one per set the kind tells apart
+        for (const Options& o : sets) {
+          KernelSpec s = plain;
+          if (reads & kFieldSoftcap) s.softcap = o.softcap;
+          if (reads & kFieldTemperature) s.temperature = o.temperature;
+          if (reads & kFieldZLoss) s.z_loss_scale = o.z_loss_scale;
+          const std::string what = s.text();
+          if (ptx_of.count(what)) continue;
+          const std::string ptx = generate_kernel(s).ptx;
+          ptx_of[what] = ptx;
+          EXPECT_FALSE(std::regex_search(ptx, std::regex(R"(\bcall(\.uni)?\b)"))) << what;
+          EXPECT_EQ(ptx.find(".local"), std::string::npos) << what;
+          if (s != plain) testing_ptxas::expect_assembles_without_spills(ptx, arch);
         }
+        std::set<std::string> distinct;
+        for (const auto& [what, ptx] : ptx_of) EXPECT_TRUE(distinct.insert(ptx).second) << what << ": PTX of another set";
+        EXPECT_EQ(ptx_of.size(), kind == KernelKind::LseCombine ? 2u : kind == KernelKind::LseForward ? 4u : 7u)
+            << plain.text();
+      }
 }
 
 TEST(Codegen, RejectsTileOverSharedMemoryLimit) {

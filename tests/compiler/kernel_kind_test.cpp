@@ -37,6 +37,10 @@ const std::vector<FieldChange>& field_changes() {
        [](KernelSpec& s) { s.reduction = s.reduction == Reduction::Mean ? Reduction::Sum : Reduction::Mean; }},
       {kFieldBias, "bias", [](KernelSpec& s) { s.bias = !s.bias; }},
       {kFieldTile, "tile", [](KernelSpec& s) { s.tile.stages = s.tile.stages == 2 ? 3 : 2; }},
+      // The loss options: a spec may set one only on a kind that reads it (validate()).
+      {kFieldSoftcap, "softcap", [](KernelSpec& s) { s.softcap = 30.f; }},
+      {kFieldTemperature, "temperature", [](KernelSpec& s) { s.temperature = 0.7f; }},
+      {kFieldZLoss, "z_loss_scale", [](KernelSpec& s) { s.z_loss_scale = 1e-4f; }},
   };
   return changes;
 }
@@ -84,12 +88,15 @@ TEST_P(KindFields, UnreadFieldsLeaveThePtxAndKeyAloneAndReadOnesChangeBoth) {
     KernelSpec changed = base;
     f.change(changed);
     ASSERT_NE(changed, base);
-    const std::string ptx = generate_kernel(changed).ptx;
     if (reads & f.field) {
-      EXPECT_NE(ptx, base_ptx) << f.name << " is marked read but does not change the code";
+      EXPECT_NE(generate_kernel(changed).ptx, base_ptx) << f.name << " is marked read but does not change the code";
       EXPECT_NE(changed.normalised().text(), base.normalised().text()) << "normalised() drops " << f.name;
+    } else if (f.field & (kLogitMapFields | kFieldZLoss)) {
+      EXPECT_THROW(generate_kernel(changed), SpecError) << f.name << " set on a kind that does not read it";
+      EXPECT_EQ(changed.normalised(), base.normalised());
     } else {
-      EXPECT_EQ(ptx, base_ptx) << "the template reads " << f.name << ", which kKernelKinds marks unread";
+      EXPECT_EQ(generate_kernel(changed).ptx, base_ptx)
+          << "the template reads " << f.name << ", which kKernelKinds marks unread";
       EXPECT_EQ(changed.normalised(), base.normalised());
     }
   }

@@ -6,6 +6,7 @@
 #include <limits>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "compiler/checked_int.h"
 #include "compiler/errors.h"
@@ -55,39 +56,88 @@ TEST(KernelSpec, WgmmaTileTextRoundTrips) {
     EXPECT_NE(spec_error([&] { TileConfig::parse(bad); }).find(bad), std::string::npos) << bad;
 }
 
-TEST(KernelSpec, SoftcapIsPartOfTheTextOnlyWhenSet) {
-  KernelSpec s = sample();
-  EXPECT_EQ(s.text().find("softcap"), std::string::npos);  // keys of uncapped kernels unchanged
-  for (float cap : {30.f, 0.5f, 3.1415927f}) {
-    s.softcap = cap;
-    EXPECT_NE(s.text().find(";softcap="), std::string::npos);
-    EXPECT_EQ(KernelSpec::parse(s.text()), s) << s.text();
-    EXPECT_NO_THROW(s.validate());
-  }
-  s.softcap = 30.f;
-  std::string text = s.text();
-  for (const char* bad : {"softcap=30.0", "softcap=abc", "softcap=", "softcap=30x"}) {
-    std::string t = text.substr(0, text.find("softcap=")) + bad;
-    EXPECT_NE(spec_error([&] { KernelSpec::parse(t); }).find("softcap"), std::string::npos) << t;
-  }
-  for (float cap : {-1.f, 2e6f, std::numeric_limits<float>::quiet_NaN()}) {
-    s.softcap = cap;
-    EXPECT_NE(spec_error([&] { s.validate(); }).find("softcap = "), std::string::npos) << cap;
+// The loss options: each in the text only when not its default (none), so the keys and the
+// cached kernels of specs without it are unchanged.
+struct LossOption {
+  const char* name;
+  float KernelSpec::*field;
+  float none;
+  std::vector<float> good, bad;  // in range; out of range (NaN included)
+  std::vector<KernelKind> readers, others;
+};
+
+std::vector<LossOption> loss_options() {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  return {
+      {"softcap", &KernelSpec::softcap, 0.f, {30.f, 0.5f, 3.1415927f}, {-1.f, 2e6f, nan, inf},
+       {KernelKind::LseForward, KernelKind::DlogitsBackward},
+       {KernelKind::GradWeight, KernelKind::GradInput, KernelKind::LseCombine}},
+      {"temperature", &KernelSpec::temperature, 1.f, {0.7f, 2.f, 1e-6f, 1e6f}, {0.f, -1.f, 1e-7f, 2e6f, nan, inf},
+       {KernelKind::LseForward, KernelKind::DlogitsBackward},
+       {KernelKind::GradWeight, KernelKind::GradInput, KernelKind::LseCombine, KernelKind::LossReduce}},
+      {"z_loss_scale", &KernelSpec::z_loss_scale, 0.f, {1e-4f, 0.5f, 1e6f}, {-1e-4f, 2e6f, nan, inf},
+       {KernelKind::LseCombine, KernelKind::DlogitsBackward},
+       {KernelKind::LseForward, KernelKind::GradWeight, KernelKind::GradInput, KernelKind::LossReduce}},
+  };
+}
+
+TEST(KernelSpec, LossOptionsArePartOfTheTextOnlyWhenSet) {
+  for (const LossOption& o : loss_options()) {
+    SCOPED_TRACE(o.name);
+    KernelSpec s = sample();
+    const std::string field = std::string(";") + o.name + "=";
+    EXPECT_EQ(s.*o.field, o.none);
+    EXPECT_EQ(s.text().find(o.name), std::string::npos);  // keys of kernels without it unchanged
+    for (float value : o.good) {
+      s.*o.field = value;
+      EXPECT_NE(s.text().find(field), std::string::npos) << s.text();
+      EXPECT_EQ(KernelSpec::parse(s.text()), s) << s.text();
+      EXPECT_NO_THROW(s.validate()) << s.text();
+    }
+    const std::string text = s.text();
+    const std::string prefix = text.substr(0, text.find(field) + 1);
+    for (const std::string& bad : std::vector<std::string>{"30.0", "abc", "", "30x", "1e-4", float_text(o.none)}) {
+      const std::string t = prefix + o.name + "=" + bad;
+      const std::string message = spec_error([&] { KernelSpec::parse(t); });
+      EXPECT_NE(message.find(std::string("'") + o.name + "'"), std::string::npos) << t << ": " << message;
+      EXPECT_NE(message.find("'" + bad + "'"), std::string::npos) << t << ": " << message;
+    }
+    for (float value : o.bad) {
+      s.*o.field = value;
+      const std::string message = spec_error([&] { s.validate(); });
+      EXPECT_NE(message.find(std::string(o.name) + " = " + float_text(value) + " is outside"), std::string::npos)
+          << message;
+    }
   }
 }
 
-TEST(KernelSpec, SoftcapIsReadOnlyByTheKernelsThatSeeLogits) {
+TEST(KernelSpec, LossOptionsAreReadOnlyByTheKernelsTheyChange) {
+  for (const LossOption& o : loss_options()) {
+    KernelSpec s = sample();
+    s.*o.field = o.good[0];
+    for (KernelKind kind : o.readers) {
+      s.kind = kind;
+      EXPECT_EQ(s.normalised().*o.field, o.good[0]) << o.name << " " << kind_name(kind);
+      EXPECT_NO_THROW(s.validate()) << s.text();
+    }
+    for (KernelKind kind : o.others) {
+      s.kind = kind;
+      EXPECT_EQ(s.normalised().*o.field, o.none) << o.name << " " << kind_name(kind);
+      EXPECT_NE(spec_error([&] { s.validate(); }).find(std::string(o.name) + " is set on a kernel that"),
+                std::string::npos)
+          << o.name << " " << kind_name(kind);
+    }
+  }
+}
+
+TEST(KernelSpec, AllLossOptionsTogetherRoundTrip) {
   KernelSpec s = sample();
   s.softcap = 30.f;
-  for (KernelKind kind : {KernelKind::LseForward, KernelKind::DlogitsBackward}) {
-    s.kind = kind;
-    EXPECT_EQ(s.normalised().softcap, 30.f) << kind_name(kind);
-  }
-  for (KernelKind kind : {KernelKind::GradWeight, KernelKind::GradInput, KernelKind::LseCombine}) {
-    s.kind = kind;
-    EXPECT_EQ(s.normalised().softcap, 0.f) << kind_name(kind);
-    EXPECT_NE(spec_error([&] { s.validate(); }).find("reads no logits"), std::string::npos) << kind_name(kind);
-  }
+  s.temperature = 0.7f;
+  s.z_loss_scale = 1e-4f;
+  EXPECT_EQ(s.text().substr(s.text().find(";softcap")), ";softcap=30;temperature=0.7;z_loss_scale=1e-04");
+  EXPECT_EQ(KernelSpec::parse(s.text()), s);
+  EXPECT_NO_THROW(s.validate());
 }
 
 TEST(KernelSpec, ClusterAndPingPongTileTextsRoundTrip) {
@@ -160,7 +210,7 @@ TEST(KernelSpec, ValidateNamesWhatAWgmmaTileNeeds) {
 
 TEST(KernelSpec, EveryFieldChangesTheKey) {
   KernelSpec base = sample();
-  std::vector<KernelSpec> variants(15, base);
+  std::vector<KernelSpec> variants(17, base);
   variants[0].kind = KernelKind::GradInput;
   variants[1].vocab += 1;
   variants[2].hidden += 8;
@@ -176,6 +226,8 @@ TEST(KernelSpec, EveryFieldChangesTheKey) {
   variants[12].tile.cluster = 2;
   variants[13].tile.pingpong = true;
   variants[14].softcap = 30.f;
+  variants[15].temperature = 0.7f;
+  variants[16].z_loss_scale = 1e-4f;
   std::set<std::string> texts{base.text()};
   for (const KernelSpec& v : variants) {
     EXPECT_NE(v, base);

@@ -63,14 +63,25 @@ def test_ignore_index_too_wide_for_int64_is_named():
         lfce.linear_cross_entropy(*inputs(), ignore_index=2**63)
 
 
-@pytest.mark.parametrize("value, exception", [
-    (0, ValueError), (-1.0, ValueError), (float("nan"), ValueError), (float("inf"), ValueError), (2e6, ValueError),
-    ("30", TypeError), (True, TypeError)], ids=["zero", "negative", "nan", "inf", "huge", "str", "bool"])
-def test_bad_softcap_is_named(value, exception):
-    with raises(exception, "softcap", repr(value)):
-        lfce.linear_cross_entropy(*inputs(), softcap=value)
-    with raises(exception, "softcap", repr(value)):
-        lfce.LinearCrossEntropyLoss(softcap=value)
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize("option, value, exception", [
+    ("softcap", 0, ValueError), ("softcap", -1.0, ValueError), ("softcap", NAN, ValueError),
+    ("softcap", INF, ValueError), ("softcap", 2e6, ValueError), ("softcap", "30", TypeError),
+    ("softcap", True, TypeError),
+    ("temperature", 0, ValueError), ("temperature", -1.0, ValueError), ("temperature", 1e-7, ValueError),
+    ("temperature", NAN, ValueError), ("temperature", INF, ValueError), ("temperature", 2e6, ValueError),
+    ("temperature", "0.7", TypeError), ("temperature", True, TypeError),
+    ("z_loss_scale", -1e-4, ValueError), ("z_loss_scale", NAN, ValueError), ("z_loss_scale", INF, ValueError),
+    ("z_loss_scale", -INF, ValueError), ("z_loss_scale", 2e6, ValueError), ("z_loss_scale", 2**1024, ValueError),
+    ("z_loss_scale", "1e-4", TypeError), ("z_loss_scale", False, TypeError),
+    ("return_z_loss", 1, TypeError), ("return_z_loss", "yes", TypeError), ("return_z_loss", None, TypeError)])
+def test_bad_loss_option_is_named(option, value, exception):
+    with raises(exception, option, repr(value)):
+        lfce.linear_cross_entropy(*inputs(), **{option: value})
+    with raises(exception, option, repr(value)):
+        lfce.LinearCrossEntropyLoss(**{option: value})
 
 
 def test_bool_chunk_size_is_named():
@@ -185,11 +196,21 @@ def test_library_names_hidden_above_the_limit():
 
 
 @pytest.mark.lib
-@pytest.mark.parametrize("value", [-1.0, float("nan"), float("inf"), 2e6])
-def test_library_names_a_bad_softcap(value):
+@pytest.mark.parametrize("field, value", [
+    ("softcap", -1.0), ("softcap", NAN), ("softcap", INF), ("softcap", 2e6),
+    ("temperature", -1.0), ("temperature", 1e-7), ("temperature", NAN), ("temperature", INF), ("temperature", 2e6),
+    ("z_loss_scale", -1e-4), ("z_loss_scale", NAN), ("z_loss_scale", INF), ("z_loss_scale", 2e6)])
+def test_library_names_a_bad_loss_option(field, value):
     p = problem()
-    p.softcap = value
-    with raises(ValueError, "lfce_problem.softcap", "got"):
+    setattr(p, field, value)
+    with raises(ValueError, f"lfce_problem.{field}", "got"):
+        check_problem(p)
+
+
+@pytest.mark.lib
+def test_library_refuses_an_fp16_temperature_that_could_overflow_dz():
+    p = problem(dtype=_lib.DTYPE_FP16, temperature=0.5)
+    with raises(ValueError, "lfce_problem.temperature = 0.5 with fp16", "bf16"):
         check_problem(p)
 
 
@@ -197,6 +218,15 @@ def test_library_names_a_bad_softcap(value):
 def test_library_accepts_a_softcap():
     p = problem()
     p.softcap = 30.0
+    check_problem(p)
+
+
+@pytest.mark.lib
+@pytest.mark.parametrize("temperature", [0.0, 1.0, 0.7])  # 0: a zero-initialised struct's, none
+def test_library_accepts_a_temperature_and_a_z_loss_scale(temperature):
+    p = problem()
+    p.temperature = temperature
+    p.z_loss_scale = 1e-4
     check_problem(p)
 
 

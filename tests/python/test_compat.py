@@ -60,8 +60,7 @@ def cpu_inputs():
 
 
 @pytest.mark.parametrize("option, value", [
-    ("ce_weight", torch.ones(10)), ("lse_square_scale", 1e-4), ("label_smoothing", 0.1),
-    ("return_z_loss", True), ("accum_dtype", torch.bfloat16), ("use_token_scaling", True),
+    ("ce_weight", torch.ones(10)), ("label_smoothing", 0.1), ("accum_dtype", torch.bfloat16), ("use_token_scaling", True),
     ("return_token_accuracy", True), ("return_predicted_tokens", True)])
 def test_liger_functional_names_an_option_lfce_lacks(option, value):
     x, w, y = cpu_inputs()
@@ -88,6 +87,18 @@ def test_softcap_reaches_lfces_own_checks(call):
         call(x, w, y, -1.0)
     with pytest.raises(ValueError, match="CUDA tensors only"):  # accepted: the device check answers
         call(x, w, y, 20.0)
+
+
+@pytest.mark.parametrize("call", [
+    lambda x, w, y, s: liger.liger_fused_linear_cross_entropy(x, w, y, lse_square_scale=s, return_z_loss=True),
+    lambda x, w, y, s: liger.LigerFusedLinearCrossEntropyLoss(lse_square_scale=s, return_z_loss=True)(w, x, y)],
+    ids=["liger", "module"])
+def test_liger_z_loss_reaches_lfces_own_checks_under_liger_kernels_name(call):
+    x, w, y = cpu_inputs()
+    with pytest.raises(ValueError, match=r"lse_square_scale must be None or a number in \[0, 1e6\] .* got -0.0001"):
+        call(x, w, y, -1e-4)
+    with pytest.raises(ValueError, match="CUDA tensors only"):  # accepted: the device check answers
+        call(x, w, y, 1e-4)
 
 
 def test_cce_names_a_shift_other_than_one():

@@ -93,12 +93,13 @@ def test_compiled_model_matches_eager_execution_and_compiles_once_for_two_token_
 
 # --- opcheck -------------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("options", [(None, 1.0, 0.0), (30.0, 0.7, 1e-3)], ids=["plain", "loss_options"])
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 @pytest.mark.parametrize("mode", MODES)
-def test_opcheck_passes_for_the_forward(mode, reduction):
+def test_opcheck_passes_for_the_forward(mode, reduction, options):
     x, w, b, y = make_inputs(70, 128, 1000, BF16, bias=True)
     args = (x.requires_grad_(), w.requires_grad_(), b.requires_grad_(), y, -100, reduction, mode, None, None,
-            None, True, True, True)
+            *options, True, True, True)
     torch.library.opcheck(torch.ops.lfce.forward.default, args)
 
 
@@ -107,10 +108,10 @@ def test_opcheck_passes_for_the_forward(mode, reduction):
 def test_opcheck_passes_for_the_backward(reduction, wanted):
     x, w, b, y = make_inputs(70, 128, 1000, BF16, bias=True)
     _, lse, count, *_ = torch.ops.lfce.forward(x, w, b, y, -100, reduction, "recompute", None, None,
-                                               None, False, False, False)
+                                               None, 1.0, 0.0, False, False, False)
     grad = torch.rand(70 if reduction == "none" else 1, device="cuda") + 0.5
     torch.library.opcheck(torch.ops.lfce.backward.default,
-                          (x, w, b, y, lse, count, grad, -100, reduction, None, None, None, *wanted))
+                          (x, w, b, y, lse, count, grad, -100, reduction, None, None, None, 1.0, 0.0, *wanted))
 
 
 # --- loss dtype -----------------------------------------------------------------------------------

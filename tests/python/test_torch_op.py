@@ -39,10 +39,22 @@ def _logits(hidden, weight, bias):
     return F.linear(hidden.float(), weight.float(), None if bias is None else bias.float())
 
 
-def _grads(hidden, weight, bias, targets, lse, count, grad_loss, ignore_index, reduction, wanted):
+def _softmax_logits(hidden, weight, bias, softcap, temperature):
+    """The logits the softmax sees (capped, then / T) and d them / d logits."""
     logits = _logits(hidden, weight, bias)
+    slope = torch.ones_like(logits)
+    if softcap is not None:
+        capped = torch.tanh(logits / softcap)
+        logits, slope = softcap * capped, 1 - capped * capped
+    return logits / temperature, slope / temperature
+
+
+def _grads(hidden, weight, bias, targets, lse, count, grad_loss, ignore_index, reduction, options, wanted):
+    softcap, temperature, z_loss_scale = options
+    logits, slope = _softmax_logits(hidden, weight, bias, softcap, temperature)
     valid = targets != ignore_index
-    dz = torch.softmax(logits, -1) - F.one_hot(torch.where(valid, targets, 0).long(), weight.shape[0]).float()
+    dz = torch.exp(logits - lse[:, None]) * (1 + 2 * z_loss_scale * lse)[:, None]  # the forward's LSE, as lfce
+    dz = (dz - F.one_hot(torch.where(valid, targets, 0).long(), weight.shape[0]).float()) * slope
     scale = grad_loss.float().expand(hidden.shape[0]) if grad_loss is not None else torch.ones(hidden.shape[0])
     if reduction == "mean":
         scale = scale / count
@@ -54,26 +66,25 @@ def _grads(hidden, weight, bias, targets, lse, count, grad_loss, ignore_index, r
 
 
 def _forward_cpu(hidden, weight, bias, targets, ignore_index, reduction, mode, chunk_size, workspace_budget,
-                 softcap, need_hidden, need_weight, need_bias):
-    assert softcap is None, "the CPU model has no softcap"
-    logits = _logits(hidden, weight, bias)
+                 softcap, temperature, z_loss_scale, need_hidden, need_weight, need_bias):
+    logits, _ = _softmax_logits(hidden, weight, bias, softcap, temperature)
     lse = logits.logsumexp(-1)
     valid = targets != ignore_index
     picked = logits.gather(1, torch.where(valid, targets, 0).long()[:, None])[:, 0]
-    token_loss = torch.where(valid, lse - picked, torch.zeros_like(lse))
+    token_loss = torch.where(valid, lse - picked + z_loss_scale * lse * lse, torch.zeros_like(lse))
     count = valid.sum().float().reshape(1)
     loss = {"none": token_loss, "sum": token_loss.sum(), "mean": token_loss.sum() / count[0]}[reduction]
     eager = mode == "eager" and reduction != "none"  # "none" recomputes, as in lfce
     wanted = (need_hidden, need_weight, need_bias) if eager else (False, False, False)
-    grads = _grads(hidden, weight, bias, targets, lse, count, None, ignore_index, reduction, wanted)
+    options = (softcap, temperature, z_loss_scale)
+    grads = _grads(hidden, weight, bias, targets, lse, count, None, ignore_index, reduction, options, wanted)
     return (loss, lse, count) + grads
 
 
 def _backward_cpu(hidden, weight, bias, targets, lse, valid_count, grad_loss, ignore_index, reduction, chunk_size,
-                  workspace_budget, softcap, need_hidden, need_weight, need_bias):
-    assert softcap is None, "the CPU model has no softcap"
+                  workspace_budget, softcap, temperature, z_loss_scale, need_hidden, need_weight, need_bias):
     return _grads(hidden, weight, bias, targets, lse, valid_count, grad_loss, ignore_index, reduction,
-                  (need_hidden, need_weight, need_bias))
+                  (softcap, temperature, z_loss_scale), (need_hidden, need_weight, need_bias))
 
 
 @pytest.fixture(scope="module")
@@ -137,9 +148,9 @@ def fake_call(reduction, mode, wanted, bias, dtype=BF16, n=7, h=64, v=100):
         w = torch.empty(v, h, dtype=dtype)
         b = torch.empty(v, dtype=dtype) if bias else None
         y = torch.empty(n, dtype=torch.int64)
-        out = torch.ops.lfce.forward(x, w, b, y, -100, reduction, mode, None, None, None, *wanted)
+        out = torch.ops.lfce.forward(x, w, b, y, -100, reduction, mode, None, None, None, 1.0, 0.0, *wanted)
         back = torch.ops.lfce.backward(x, w, b, y, out[1], out[2], torch.empty(n if reduction == "none" else 1),
-                                       -100, reduction, None, None, None, *wanted)
+                                       -100, reduction, None, None, None, 1.0, 0.0, *wanted)
     return [(tuple(t.shape), t.dtype) for t in out], [(tuple(t.shape), t.dtype) for t in back]
 
 
@@ -180,17 +191,18 @@ def test_operators_are_defined_once_per_process():
     assert str(torch.ops.lfce.forward.default._schema) == schema
 
 
+@pytest.mark.parametrize("options", [(None, 1.0, 0.0), (30.0, 0.7, 1e-2)], ids=["plain", "loss_options"])
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 @pytest.mark.parametrize("mode", ["recompute", "eager"])
-def test_opcheck_passes_with_the_reference_kernel(on_cpu, mode, reduction):
+def test_opcheck_passes_with_the_reference_kernel(on_cpu, mode, reduction, options):
     x, w, b, y = inputs(6, bias=True)
-    args = (x, w, b, y, -100, reduction, mode, None, None, None, True, True, True)
+    args = (x, w, b, y, -100, reduction, mode, None, None, *options, True, True, True)
     torch.library.opcheck(torch.ops.lfce.forward.default, args)
     fwd = torch.ops.lfce.forward(*(a.detach() if isinstance(a, torch.Tensor) else a for a in args))
     grad = torch.ones(6 if reduction == "none" else 1)
     torch.library.opcheck(torch.ops.lfce.backward.default,
                           (x.detach(), w.detach(), b.detach(), y, fwd[1], fwd[2], grad, -100, reduction, None, None,
-                           None, True, False, True))
+                           *options, True, False, True))
 
 
 @pytest.mark.parametrize("reduction", REDUCTIONS)
@@ -238,3 +250,60 @@ def test_fp32_loss_for_bf16_inputs_with_gradients_in_bf16(on_cpu):
     assert loss.dtype == torch.float32 and loss.shape == (5,)
     loss.sum().backward()
     assert (x.grad.dtype, w.grad.dtype, b.grad.dtype) == (BF16, BF16, BF16)
+
+
+# --- the loss options through the Python layer (softcap, temperature, z-loss, return_z_loss) --------
+
+def options_reference(x, w, b, y, reduction, softcap, temperature, z_loss_scale):
+    """fp64 (loss, z_loss) written from the definitions: F.cross_entropy of the capped logits / T,
+    plus s * logsumexp**2 of each counted token, reduced as the loss."""
+    logits = F.linear(x.double(), w.double(), None if b is None else b.double())
+    if softcap is not None:
+        logits = softcap * torch.tanh(logits / softcap)
+    logits = logits / temperature
+    counted = y != -100
+    z_loss = torch.where(counted, z_loss_scale * logits.logsumexp(-1) ** 2, torch.zeros((), dtype=torch.float64))
+    ce = F.cross_entropy(logits, y, reduction="none")
+    if reduction == "none":
+        return ce + z_loss, z_loss
+    total, z_total = (ce + z_loss).sum(), z_loss.sum()
+    return (total / counted.sum(), z_total / counted.sum()) if reduction == "mean" else (total, z_total)
+
+
+@pytest.mark.parametrize("options", [(None, 0.7, 0.0), (None, 1.0, 0.05), (30.0, 1.0, 0.05), (3.0, 0.5, 0.0),
+                                     (3.0, 2.0, 0.05)],
+                         ids=["temperature", "z_loss", "softcap_z_loss", "temperature_softcap", "all"])
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager_call", "compiled"])
+@pytest.mark.parametrize("mode", ["recompute", "eager"])
+def test_loss_options_reach_the_kernels_and_return_the_z_loss(on_cpu, mode, compiled, reduction, options):
+    softcap, temperature, z_loss_scale = options
+
+    def call(x, w, b, y):
+        return lfce.linear_cross_entropy(x, w, y, b, reduction=reduction, mode=mode, softcap=softcap,
+                                         temperature=temperature, z_loss_scale=z_loss_scale, return_z_loss=True)
+
+    if compiled:
+        torch._dynamo.reset()  # one code object, 60 sets of closure values: past the recompile limit
+    fn = torch.compile(call, backend="aot_eager", fullgraph=True) if compiled else call
+    x, w, b, y = inputs(9, bias=True)
+    w.data *= 4  # logits of a few units: the cap and the temperature matter
+    loss, z_loss = fn(x, w, b, y)
+    assert not z_loss.requires_grad, "the z-loss alone has no gradient (as Liger-Kernel's)"
+    grad = torch.linspace(0.5, 2.0, 9) if reduction == "none" else torch.tensor(1.5)
+    loss.backward(grad)
+    xr, wr, br = (t.detach().clone().requires_grad_() for t in (x, w, b))
+    ref, z_ref = options_reference(xr, wr, br, y, reduction, softcap, temperature, z_loss_scale)
+    ref.backward(grad.double())
+    torch.testing.assert_close(loss.double(), ref.detach(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(z_loss.double(), z_ref.detach(), rtol=1e-5, atol=1e-7)
+    for name, ours, theirs in (("hidden", x, xr), ("weight", w, wr), ("bias", b, br)):
+        # The CPU model's fp32 against fp64: about 1e-6 absolute on gradients of order 1.
+        torch.testing.assert_close(ours.grad, theirs.grad, rtol=1e-4, atol=1e-5, msg=lambda m, name=name: f"grad_{name}: {m}")
+
+
+def test_loss_without_return_z_loss_is_a_tensor(on_cpu):
+    x, w, _, y = inputs(4)
+    assert isinstance(lfce.linear_cross_entropy(x, w, y, z_loss_scale=0.1), torch.Tensor)
+    loss, z_loss = lfce.LinearCrossEntropyLoss(z_loss_scale=0.1, return_z_loss=True)(x, w, y)
+    assert z_loss.shape == () and 0 < z_loss < loss

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <set>
 #include <string>
 
@@ -63,7 +64,7 @@ TEST(Plan, ExplicitChunkIsUsedAndClampedToVocab) {
 // the plan (and kernels) of another that differs only there, e.g. a softcap's.
 TEST(Plan, EveryProblemFieldChangesTheProblemText) {
   const Problem base = problem(llama3(8192));
-  std::vector<Problem> variants(13, base);
+  std::vector<Problem> variants(17, base);
   variants[0].tokens += 1;
   variants[1].hidden += 8;
   variants[2].vocab += 1;
@@ -77,9 +78,67 @@ TEST(Plan, EveryProblemFieldChangesTheProblemText) {
   variants[10].workspace_budget += 1;
   variants[11].softcap = 30.f;
   variants[12].softcap = 30.000002f;  // the next float: the text is exact
+  variants[13].temperature = 0.7f;
+  variants[14].temperature = 0.70000005f;
+  variants[15].z_loss_scale = 1e-4f;
+  variants[16].z_loss_scale = 1.00000005e-4f;
   std::set<std::string> texts{problem_text(base)};
   for (const Problem& v : variants) texts.insert(problem_text(v));
   EXPECT_EQ(texts.size(), variants.size() + 1);
+}
+
+// Each loss option of the C struct is checked where it enters, naming the field and the value;
+// a zero-initialised struct means no option (temperature 0 is none, as 1).
+TEST(Plan, LossOptionsOfTheCStructAreCheckedAndNamed) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  struct Bad {
+    float lfce_problem::*field;
+    const char* name;
+    float value;
+    const char* shown;
+  };
+  for (const Bad& b : {Bad{&lfce_problem::softcap, "softcap", -1.f, "-1"},
+                       Bad{&lfce_problem::softcap, "softcap", nan, "nan"},
+                       Bad{&lfce_problem::temperature, "temperature", -0.5f, "-0.5"},
+                       Bad{&lfce_problem::temperature, "temperature", 1e-7f, "1e-07"},
+                       Bad{&lfce_problem::temperature, "temperature", inf, "inf"},
+                       Bad{&lfce_problem::temperature, "temperature", nan, "nan"},
+                       Bad{&lfce_problem::z_loss_scale, "z_loss_scale", -1e-4f, "-1e-04"},
+                       Bad{&lfce_problem::z_loss_scale, "z_loss_scale", inf, "inf"},
+                       Bad{&lfce_problem::z_loss_scale, "z_loss_scale", nan, "nan"}}) {
+    lfce_problem c = llama3(8192);
+    c.*b.field = b.value;
+    const std::string message = error_of(c);
+    EXPECT_NE(message.find(std::string("lfce_problem.") + b.name), std::string::npos) << message;
+    EXPECT_NE(message.find(std::string("got ") + b.shown), std::string::npos) << message;
+  }
+  lfce_problem c = llama3(8192);
+  EXPECT_EQ(problem_from_c(&c).temperature, 1.f);  // zero-initialised: none
+  c.temperature = 0.7f;
+  c.z_loss_scale = 1e-4f;
+  const Problem p = problem_from_c(&c);
+  EXPECT_EQ(p.temperature, 0.7f);
+  EXPECT_EQ(p.z_loss_scale, 1e-4f);
+  // Only the kernels that read an option get it: the others stay the plain problem's.
+  EXPECT_EQ(problem_spec(KernelKind::LseForward, p, Arch::SM90A).temperature, 0.7f);
+  EXPECT_EQ(problem_spec(KernelKind::LseForward, p, Arch::SM90A).z_loss_scale, 0.f);
+  EXPECT_EQ(problem_spec(KernelKind::LseCombine, p, Arch::SM90A).z_loss_scale, 1e-4f);
+  EXPECT_EQ(problem_spec(KernelKind::DlogitsBackward, p, Arch::SM90A).z_loss_scale, 1e-4f);
+  EXPECT_EQ(problem_spec(KernelKind::GradWeight, p, Arch::SM90A).temperature, 1.f);
+}
+
+// fp16's dz headroom is 2x (template_util.h, dz_scale): a temperature of 0.5 or less is refused there.
+TEST(Plan, Fp16RefusesATemperatureThatCouldOverflowDz) {
+  lfce_problem c = llama3(8192);
+  c.dtype = LFCE_DTYPE_FP16;
+  c.temperature = 0.5f;
+  const std::string message = error_of(c);
+  EXPECT_NE(message.find("lfce_problem.temperature = 0.5 with fp16"), std::string::npos) << message;
+  c.temperature = 0.51f;
+  EXPECT_NO_THROW(problem_from_c(&c));
+  c.dtype = LFCE_DTYPE_BF16;
+  c.temperature = 0.1f;
+  EXPECT_NO_THROW(problem_from_c(&c));
 }
 
 TEST(Plan, SingleChunkNeedsNoGradInputAccumulator) {

@@ -1,0 +1,184 @@
+"""The temperature and the z-loss, alone and with the softcap: lfce against an fp64 reference
+written here from the definitions, independent of the kernels and of checks.reference:
+
+    u = c * tanh(z / c) (with a softcap c), then u / T;  loss_i = CE(u_i, y_i) + s * logsumexp(u_i)**2
+
+for each counted token (F.cross_entropy on u, an explicit logsumexp for the z-loss), reduced as the
+loss ("mean" over the counted tokens), differentiated by autograd.
+
+The options are strong here (T = 0.6 or 1.7 against logits of std 2.5, s = 0.05 or 0.2 where LSE
+is 12 to 14, c = 3), so that a kernel that ignores one, or drops its term of the gradient, misses
+by far more than the tolerance: each test checks that the reference without each option is more
+than 10x the tolerance away (checked on the CPU for bf16: 12x to 120x). PaLM's s = 1e-4 runs at V = 256000. V = 64007 is a multiple of no
+tile; bias on and off covers both forms of the sm_90a forward epilogue (registers without a
+bias, staged with one). With LFCE_DEVICE_ARCH=sm_80 the same tests run the mma.sync path.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from checks import (
+    GRAD,
+    LOSS,
+    assert_bitwise_equal,
+    assert_close,
+    assert_gradients_match,
+    make_inputs,
+    upstream,
+)
+
+import lfce
+
+pytestmark = pytest.mark.gpu
+
+IGNORE = -100
+# name: (softcap, temperature, z_loss_scale, bias)
+CASES = {
+    "temperature": (None, 0.6, 0.0, True),
+    "z_loss": (None, 1.0, 0.05, False),
+    "softcap_z_loss": (3.0, 1.0, 0.2, True),  # the capped softmax is flatter: s = 0.05 would not matter enough
+    "temperature_softcap": (3.0, 0.6, 0.0, False),
+    "all": (3.0, 1.7, 0.2, True),
+}
+
+
+def options_reference(x, w, b, y, reduction, grad, softcap=None, temperature=1.0, z_loss_scale=0.0):
+    """fp64 (loss, grad_hidden, grad_weight, grad_bias) and the z-loss term alone, reduced as the loss."""
+    x64 = x.detach().double().requires_grad_()
+    w64 = w.detach().double().requires_grad_()
+    b64 = None if b is None else b.detach().double().requires_grad_()
+    logits = F.linear(x64, w64, b64)
+    if softcap is not None:
+        logits = softcap * torch.tanh(logits / softcap)
+    logits = logits / temperature
+    counted = y != IGNORE
+    ce = F.cross_entropy(logits, y.long(), ignore_index=IGNORE, reduction="none")
+    z_loss = torch.where(counted, z_loss_scale * torch.logsumexp(logits, dim=-1) ** 2, torch.zeros_like(ce))
+    per_token = ce + z_loss
+    if reduction == "none":
+        loss, z_reduced = per_token, z_loss
+    else:
+        loss, z_reduced = per_token.sum(), z_loss.sum()
+        if reduction == "mean":
+            count = counted.sum().double()
+            loss, z_reduced = loss / count, z_reduced / count
+    loss.backward(grad.double())
+    return (loss.detach(), x64.grad, w64.grad, None if b is None else b64.grad), z_reduced.detach()
+
+
+def run(x, w, b, y, reduction, grad, **options):
+    """lfce's (loss, grad_hidden, grad_weight, grad_bias) and z-loss, for leaf copies of the inputs."""
+    x, w = (t.detach().clone().requires_grad_() for t in (x, w))
+    b = None if b is None else b.detach().clone().requires_grad_()
+    loss, z_loss = lfce.linear_cross_entropy(x, w, y, b, reduction=reduction, return_z_loss=True, **options)
+    loss.backward(grad)
+    return (loss.detach(), x.grad, w.grad, None if b is None else b.grad), z_loss
+
+
+def rel_l2(a, b):
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm())
+
+
+def assert_each_option_matters(x, w, b, y, reduction, grad, dtype, softcap, temperature, z_loss_scale, ref):
+    """The reference without each option set is far outside the tolerances (loss and grad_hidden)."""
+    options = {"softcap": softcap, "temperature": temperature, "z_loss_scale": z_loss_scale}
+    none = {"softcap": None, "temperature": 1.0, "z_loss_scale": 0.0}
+    for name, value in options.items():
+        if value == none[name]:
+            continue
+        without, _ = options_reference(x, w, b, y, reduction, grad, **{**options, name: none[name]})
+        assert rel_l2(without[0], ref[0]) > 10 * LOSS[dtype].rel_l2, f"{name} barely changes the loss here"
+        assert rel_l2(without[1], ref[1]) > 10 * GRAD[dtype].rel_l2, f"{name} barely changes grad_hidden here"
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("mode", ["recompute", "eager"])
+def test_options_match_an_fp64_reference(mode, reduction, dtype, case, record_error):
+    softcap, temperature, z_loss_scale, bias = CASES[case]
+    x, w, b, y = make_inputs(300, 512, 64007, dtype, bias=bias)
+    grad = upstream(reduction, y.shape, dtype)  # per token for "none", not uniform
+    ours, z_ours = run(x, w, b, y, reduction, grad, mode=mode, softcap=softcap, temperature=temperature,
+                       z_loss_scale=z_loss_scale)
+    ref, z_ref = options_reference(x, w, b, y, reduction, grad, softcap, temperature, z_loss_scale)
+    assert_gradients_match(ours, ref, dtype, reduction, record_error)
+    if z_loss_scale:
+        assert_close(f"z_loss ({reduction})", z_ours, z_ref, LOSS[dtype], record_error)
+    else:
+        assert int(torch.count_nonzero(z_ours)) == 0, "z-loss without a z_loss_scale"
+    assert_each_option_matters(x, w, b, y, reduction, grad, dtype, softcap, temperature, z_loss_scale, ref)
+
+
+def test_palm_z_loss_with_a_temperature_at_a_large_vocabulary(record_error):
+    x, w, b, y = make_inputs(128, 256, 256000, torch.bfloat16, bias=False)
+    grad = upstream("mean", (), torch.bfloat16)
+    options = {"softcap": 30.0, "temperature": 0.8, "z_loss_scale": 1e-4}
+    ours, z_ours = run(x, w, b, y, "mean", grad, **options)
+    ref, z_ref = options_reference(x, w, b, y, "mean", grad, **options)
+    assert_gradients_match(ours, ref, torch.bfloat16, "mean", record_error)
+    assert_close("z_loss (mean)", z_ours, z_ref, LOSS[torch.bfloat16], record_error)
+
+
+def test_z_loss_of_every_ignored_token_is_zero_and_all_ignored_gives_nan():
+    x, w, _, y = make_inputs(40, 256, 5000, torch.bfloat16, ignore="all")
+    loss, z_loss = lfce.linear_cross_entropy(x, w, y, reduction="none", z_loss_scale=0.05, return_z_loss=True)
+    assert int(torch.count_nonzero(loss)) == 0 and int(torch.count_nonzero(z_loss)) == 0
+    loss, z_loss = lfce.linear_cross_entropy(x, w, y, z_loss_scale=0.05, return_z_loss=True)
+    assert torch.isnan(loss) and torch.isnan(z_loss), "mean over no counted token is NaN, as PyTorch's"
+
+
+@pytest.mark.parametrize("mode", ["recompute", "eager"])
+def test_options_are_deterministic_and_independent_of_the_vocab_chunk(mode):
+    """Run to run bit-identical; with a narrower chunk, grad_weight and grad_bias bit-identical
+    (each row is computed whole inside one chunk) and grad_hidden within fp32 reassociation."""
+    x, w, b, y = make_inputs(64, 2304, 151937, torch.bfloat16, bias=True)
+    grad = upstream("mean", (), torch.bfloat16)
+    options = {"mode": mode, "softcap": 3.0, "temperature": 1.7, "z_loss_scale": 0.05}
+    first, z_first = run(x, w, b, y, "mean", grad, **options)
+    again, z_again = run(x, w, b, y, "mean", grad, **options)
+    for name, a, e in zip(("loss", "grad_hidden", "grad_weight", "grad_bias", "z_loss"), again + (z_again,),
+                          first + (z_first,)):
+        assert_bitwise_equal(name, a, e)
+    chunked, _ = run(x, w, b, y, "mean", grad, chunk_size=256, **options)
+    assert_bitwise_equal("loss", chunked[0], first[0])
+    assert_bitwise_equal("grad_weight", chunked[2], first[2])
+    assert_bitwise_equal("grad_bias", chunked[3], first[3])
+    assert rel_l2(chunked[1], first[1]) < 1e-2
+
+
+def test_problems_that_differ_only_in_an_option_get_their_own_kernels():
+    """Same shapes, one option changed at a time: each loss differs (the plan cache keys on the
+    options), and the plain problem's loss is the same before and after."""
+    x, w, _, y = make_inputs(96, 256, 5000, torch.bfloat16)
+    plain = lfce.linear_cross_entropy(x, w, y)
+    losses = {"plain": plain}
+    for name, options in (("temperature", {"temperature": 0.7}), ("z_loss", {"z_loss_scale": 1e-3}),
+                          ("temperature_z_loss", {"temperature": 0.7, "z_loss_scale": 1e-3})):
+        losses[name] = lfce.linear_cross_entropy(x, w, y, **options)
+    values = {name: float(loss) for name, loss in losses.items()}
+    assert len(set(values.values())) == len(values), f"two problems shared a result: {values}"
+    assert_bitwise_equal("plain loss after the others", lfce.linear_cross_entropy(x, w, y), plain)
+
+
+def test_options_reach_the_module_and_liger_kernels_entry_points():
+    from lfce.compat import liger
+
+    x, w, b, y = make_inputs(96, 256, 5000, torch.bfloat16, bias=True)
+    for reduction in ("mean", "sum", "none"):
+        expected = lfce.linear_cross_entropy(x, w, y, b, reduction=reduction, softcap=30.0, z_loss_scale=1e-3,
+                                             return_z_loss=True)
+        module = lfce.LinearCrossEntropyLoss(reduction=reduction, softcap=30.0, z_loss_scale=1e-3, return_z_loss=True)
+        for name, got in (
+                ("module", module(x, w, y, b)),
+                ("liger", liger.liger_fused_linear_cross_entropy(x, w, y, b, reduction=reduction, softcap=30.0,
+                                                                 lse_square_scale=1e-3, return_z_loss=True)),
+                ("liger module", liger.LigerFusedLinearCrossEntropyLoss(
+                    reduction=reduction, softcap=30.0, lse_square_scale=1e-3, return_z_loss=True)(w, x, y, b))):
+            loss, z_loss = (got.loss, got.z_loss) if name.startswith("liger") else got
+            assert_bitwise_equal(f"{name} loss ({reduction})", loss, expected[0])
+            assert_bitwise_equal(f"{name} z_loss ({reduction})", z_loss, expected[1])
+        t = lfce.LinearCrossEntropyLoss(reduction=reduction, temperature=0.7)(x, w, y, b)
+        assert_bitwise_equal(f"module temperature ({reduction})", t,
+                             lfce.linear_cross_entropy(x, w, y, b, reduction=reduction, temperature=0.7))
