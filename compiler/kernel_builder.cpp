@@ -181,9 +181,12 @@ void KernelBuilder::for_range(Value* begin, Value* end, Value* step,
 
 Value* KernelBuilder::exp(Value* x) {
   // e^x = 2^(x·log2 e); ex2.approx is the SFU instruction, 2 ulp.
-  Value* scaled = ir_.CreateFMul(x, cf(1.4426950408889634f));
-  return call(llvm::Intrinsic::nvvm_ex2_approx_ftz_f, {scaled});
+  return exp2(ir_.CreateFMul(x, cf(kLog2e)));
 }
+
+Value* KernelBuilder::exp2(Value* x) { return call(llvm::Intrinsic::nvvm_ex2_approx_ftz_f, {x}); }
+
+Value* KernelBuilder::fma(Value* a, Value* b, Value* c) { return call(llvm::Intrinsic::fma, {a, b, c}, {a->getType()}); }
 
 Value* KernelBuilder::div_full(Value* a, Value* b) {
   auto* type = llvm::FunctionType::get(f32(), {f32(), f32()}, false);
@@ -204,6 +207,19 @@ Value* KernelBuilder::shfl_xor(Value* value, int lane_mask) {
   ci->addFnAttr(llvm::Attribute::Convergent);
   return ci;
 }
+
+void KernelBuilder::store_if(Value* cond, Value* value_i32, Value* global_ptr) {
+  ptx(ir_.getVoidTy(), "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, $0, 0;\n\t@p st.global.b32 [$1], $2;\n\t}",
+      "r,l,r,~{memory}", {ir_.CreateZExt(cond, i32()), global_ptr, value_i32});
+}
+
+Value* KernelBuilder::shfl_xor_i32(Value* value, int lane_mask) {
+  auto* ci = call(llvm::Intrinsic::nvvm_shfl_sync_bfly_i32, {c32(-1), value, c32(lane_mask), c32(31)});
+  ci->addFnAttr(llvm::Attribute::Convergent);
+  return ci;
+}
+
+Value* KernelBuilder::prmt(Value* a, Value* b, Value* selector) { return call(llvm::Intrinsic::nvvm_prmt, {a, b, selector}); }
 
 Value* KernelBuilder::warp_max(Value* x) {
   for (int m = 16; m > 0; m /= 2) x = fmax(x, shfl_xor(x, m));

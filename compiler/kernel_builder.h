@@ -59,6 +59,8 @@ class KernelBuilder {
   llvm::Value* gep(llvm::Value* base, llvm::Type* elem, llvm::Value* index);
   llvm::Value* load(llvm::Type* type, llvm::Value* ptr) { return ir_.CreateLoad(type, ptr); }
   void store(llvm::Value* value, llvm::Value* ptr) { ir_.CreateStore(value, ptr); }
+  // A 32-bit global store predicated on `cond` (i1): one predicated instruction, no branch.
+  void store_if(llvm::Value* cond, llvm::Value* value_i32, llvm::Value* global_ptr);
 
   // Per-thread arrays promoted to registers by SROA when indexed by constants.
   llvm::Value* local_array(llvm::Type* elem, int count, const std::string& name);
@@ -76,11 +78,17 @@ class KernelBuilder {
 
   // Math.
   llvm::Value* exp(llvm::Value* x);  // e^x through ex2.approx
+  llvm::Value* exp2(llvm::Value* x);  // 2^x: ex2.approx (the SFU instruction, 2 ulp)
+  llvm::Value* fma(llvm::Value* a, llvm::Value* b, llvm::Value* c);  // a·b + c, rounded once
+  static constexpr float kLog2e = 1.4426950408889634f;
   llvm::Value* log(llvm::Value* x);  // ln x through lg2.approx
   // a / b with div.full.f32 (2 ulp, no subroutine call in SASS, unlike the IEEE division).
   llvm::Value* div_full(llvm::Value* a, llvm::Value* b);
   llvm::Value* fmax(llvm::Value* a, llvm::Value* b);
   llvm::Value* shfl_xor(llvm::Value* value, int lane_mask);  // f32 butterfly across a warp
+  llvm::Value* shfl_xor_i32(llvm::Value* value, int lane_mask);  // the same for 32 bits of anything
+  // prmt.b32: byte k of the result is byte (selector >> 4k) & 7 of {b, a} (a: bytes 0-3).
+  llvm::Value* prmt(llvm::Value* a, llvm::Value* b, llvm::Value* selector);
   llvm::Value* warp_max(llvm::Value* x);
   llvm::Value* warp_sum(llvm::Value* x);
   llvm::Value* to_f32(llvm::Value* value);                     // bf16/half/float -> float

@@ -32,6 +32,11 @@ inline llvm::Value* load_bias(KernelBuilder& kb, const KernelSpec& spec, llvm::V
   return kb.to_f32(kb.load(e, kb.gep(bias, e, v)));
 }
 
+// z + b, or z itself without a bias (adding 0.0 is not a no-op in IEEE arithmetic, so LLVM keeps it).
+inline llvm::Value* add_bias(KernelBuilder& kb, const KernelSpec& spec, llvm::Value* z, llvm::Value* bias) {
+  return spec.bias ? kb.ir().CreateFAdd(z, bias) : z;
+}
+
 // The logit the softmax sees: c·tanh(z / c) with the spec's softcap c (Gemma 2), then divided by
 // the temperature T (the cap applies to the model's own logit, as Gemma 2 defines it; sampling
 // and RL recipes divide what the model returns); z itself (no code) with neither.
