@@ -17,6 +17,10 @@ namespace lfce {
 
 using llvm::Value;
 
+namespace {
+constexpr int kBiasGroup = 4;  // columns between warp syncs in the sm_90a epilogue with a bias
+}  // namespace
+
 KernelShape build_dlogits_backward(llvm::Module& module, const KernelSpec& spec) {
   const TileConfig& t = spec.tile;
   KernelBuilder kb(module, "dlogits_backward",
@@ -101,14 +105,17 @@ KernelShape build_dlogits_backward(llvm::Module& module, const KernelSpec& spec)
       for (int h = 0; h < rows; ++h) {
         m[h] = f.row_at(kb, m0, h);
         row[h] = row_constants(m[h]);
-        // The row's target as this thread's column offset (col0 + 8j + e), -1 unless it is in
-        // this tile's columns of the chunk and the row is a token: one 32-bit compare with a
-        // constant per element, instead of 64-bit vocabulary indices.
+        // The row's target as this thread's column offset 8j + e (from col0), -1 unless it is one
+        // of this thread's columns (offset % 8 < 2: the quad's other lanes hold the rest), in
+        // the chunk, and the row is a token: one 32-bit compare with a constant per element,
+        // instead of 64-bit vocabulary indices; the target's correction is made by its owner only.
         Value* first_col = ir.CreateAdd(n0, ir.CreateZExt(f.pos.col0, kb.i64()));  // within the chunk
         Value* rel = ir.CreateSub(row[h].target, ir.CreateAdd(v_begin, first_col));
         Value* in_tile = ir.CreateAnd(ir.CreateICmpSGE(rel, kb.c64(0)),
                                       ir.CreateICmpSLT(rel, ir.CreateSub(v_len, first_col)));
-        Value* mine = ir.CreateAnd(ir.CreateICmpSLT(m[h], n), ir.CreateAnd(in_tile, ir.CreateICmpSLT(rel, kb.c64(t.bn))));
+        Value* owned = ir.CreateICmpEQ(ir.CreateAnd(rel, kb.c64(6)), kb.c64(0));
+        Value* mine = ir.CreateAnd(ir.CreateAnd(ir.CreateICmpSLT(m[h], n), owned),
+                                   ir.CreateAnd(in_tile, ir.CreateICmpSLT(rel, kb.c64(t.bn))));
         target_col[h] = ir.CreateSelect(mine, ir.CreateTrunc(rel, kb.i32()), kb.c32(-1));
       }
       // dzᵀ has tokens contiguous, and this thread's two rows of an m64 block are 8 apart; the
@@ -142,6 +149,10 @@ KernelShape build_dlogits_backward(llvm::Module& module, const KernelSpec& spec)
       Value* columns_left =
           ir.CreateTrunc(ir.CreateSub(ir.CreateSub(v_len, n0), ir.CreateZExt(f.pos.col0, kb.i64())), kb.i32());
       for (int q = 0; q < 2 * f.blocks(); ++q) {
+        // With a bias, the straight-line columns let every bias load be hoisted to the top (64
+        // more live registers: 56-64 bytes spilled under the driver's JIT, H200, driver 580); a
+        // warp sync every kBiasGroup columns keeps them in groups.
+        if (spec.bias && q > 0 && q % kBiasGroup == 0) kb.warp_sync();
         if (q > 0) column = kb.gep(column, elem, q % 2 ? ld : ir.CreateMul(ld, kb.c64(7)));
         Value* v = f.col_at(kb, n0, q / 2, q % 2);
         Value* in_cols = ir.CreateICmpSLT(kb.c32(8 * (q / 2) + q % 2), columns_left);

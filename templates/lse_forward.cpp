@@ -71,26 +71,23 @@ void lse_forward_specialised(KernelBuilder& kb, const KernelSpec& spec, GemmSkel
           kb.store(kb.cf(0.f), kb.at(stats, kb.f32(), 2 * h + 1));
         }
       }
-      // One tile's epilogue on the fragment of the tile at n0; bounded: columns past the vocabulary
-      // are masked (the last tile only).
-      auto tile_epilogue = [&](const Fragment& f, Value* n0, int cols, bool bounded) {
-        // Column q = 2j + e of this thread: vocabulary index, validity (bounded: the last tile) and bias.
+      // One tile's epilogue on the fragment of the tile at n0: columns past the vocabulary are
+      // masked. (A second, unmasked copy for the whole tiles spilled 8 bytes under the driver's
+      // JIT: H200, driver 580.)
+      auto tile_epilogue = [&](const Fragment& f, Value* n0, int cols) {
+        // Column q = 2j + e of this thread: vocabulary index, validity and bias.
         std::vector<Value*> valid(cols), bias(cols);
-        // Offsets 8j + e below vocab − n0 − col0 (negative in a last tile narrower than col0) are in
-        // the vocabulary: one 32-bit compare per column.
-        Value* columns_left =
-            ir.CreateTrunc(ir.CreateSub(ir.CreateSub(vocab, n0), ir.CreateZExt(f.pos.col0, kb.i64())), kb.i32());
         for (int q = 0; q < cols; ++q) {
           Value* c = ir.CreateAdd(f.pos.col0, kb.c32(8 * (q / 2) + q % 2));
           Value* v = ir.CreateAdd(n0, ir.CreateZExt(c, kb.i64()));
-          valid[q] = bounded ? ir.CreateICmpSLT(kb.c32(8 * (q / 2) + q % 2), columns_left) : nullptr;
-          bias[q] = load_bias(kb, spec, kb.arg("bias"), bounded ? ir.CreateSelect(valid[q], v, kb.c64(0)) : v);
+          valid[q] = ir.CreateICmpSLT(v, vocab);
+          bias[q] = load_bias(kb, spec, kb.arg("bias"), ir.CreateSelect(valid[q], v, kb.c64(0)));
         }
         for (int h = 0; h < 2; ++h) {
           std::vector<Value*> z(cols);
           for (int q = 0; q < cols; ++q) {
-            z[q] = capped_logit(kb, spec, add_bias(kb, spec, f.at(q / 2, h, q % 2), bias[q]));
-            if (bounded) z[q] = ir.CreateSelect(valid[q], z[q], neg_inf(kb));
+            z[q] = ir.CreateSelect(valid[q], capped_logit(kb, spec, add_bias(kb, spec, f.at(q / 2, h, q % 2), bias[q])),
+                                   neg_inf(kb));
           }
           Value* old_max = kb.load(kb.f32(), kb.at(stats, kb.f32(), 2 * h));
           Value* old_sum = kb.load(kb.f32(), kb.at(stats, kb.f32(), 2 * h + 1));
@@ -128,9 +125,7 @@ void lse_forward_specialised(KernelBuilder& kb, const KernelSpec& spec, GemmSkel
         Value* n0 = ir.CreateMul(ir.CreateZExt(tile, kb.i64()), kb.c64(t.bn));
         visit(m0, n0, k_tiles, [&](const Fragment& f) {
           const int cols = 2 * f.blocks();
-          // Every tile but the vocabulary's last is whole: its epilogue has no bounds.
-          Value* whole = ir.CreateICmpSLE(ir.CreateAdd(n0, kb.c64(t.bn)), vocab);
-          kb.if_then_else(whole, [&] { tile_epilogue(f, n0, cols, false); }, [&] { tile_epilogue(f, n0, cols, true); });
+          tile_epilogue(f, n0, cols);
         });
       });
       if (consumer) {
