@@ -17,10 +17,6 @@ namespace lfce {
 
 using llvm::Value;
 
-namespace {
-constexpr int kBiasGroup = 4;  // columns between warp syncs in the sm_90a epilogue with a bias
-}  // namespace
-
 KernelShape build_dlogits_backward(llvm::Module& module, const KernelSpec& spec) {
   const TileConfig& t = spec.tile;
   KernelBuilder kb(module, "dlogits_backward",
@@ -149,10 +145,6 @@ KernelShape build_dlogits_backward(llvm::Module& module, const KernelSpec& spec)
       Value* columns_left =
           ir.CreateTrunc(ir.CreateSub(ir.CreateSub(v_len, n0), ir.CreateZExt(f.pos.col0, kb.i64())), kb.i32());
       for (int q = 0; q < 2 * f.blocks(); ++q) {
-        // With a bias, the straight-line columns let every bias load be hoisted to the top (64
-        // more live registers: 56-64 bytes spilled under the driver's JIT, H200, driver 580); a
-        // warp sync every kBiasGroup columns keeps them in groups.
-        if (spec.bias && q > 0 && q % kBiasGroup == 0) kb.warp_sync();
         if (q > 0) column = kb.gep(column, elem, q % 2 ? ld : ir.CreateMul(ld, kb.c64(7)));
         Value* v = f.col_at(kb, n0, q / 2, q % 2);
         Value* in_cols = ir.CreateICmpSLT(kb.c32(8 * (q / 2) + q % 2), columns_left);
@@ -167,7 +159,14 @@ KernelShape build_dlogits_backward(llvm::Module& module, const KernelSpec& spec)
           }
           Value* mine = ir.CreateBitCast(kb.from_f32(exact, pair_type), kb.i32());
           Value* pair = kb.prmt(mine, kb.shfl_xor_i32(mine, 4), selector);
-          kb.store_if(ir.CreateAnd(pair_in_rows[i], in_cols), pair, kb.gep(column, elem, pair_row[i]));
+          Value* at = kb.gep(column, elem, pair_row[i]);
+          // With a bias, a branch per store: in straight-line columns every bias load was hoisted
+          // to the top (40-64 bytes spilled under the driver's JIT, H200, driver 580, also with a
+          // warp sync every 4 columns); without one, a predicated store.
+          if (spec.bias)
+            kb.if_then(ir.CreateAnd(pair_in_rows[i], in_cols), [&] { kb.store(pair, at); });
+          else
+            kb.store_if(ir.CreateAnd(pair_in_rows[i], in_cols), pair, at);
         }
       }
       // The pair stores of every lane of the warp are ordered before the corrections.
