@@ -61,29 +61,44 @@ KernelShape build_dlogits_backward(llvm::Module& module, const KernelSpec& spec)
     return RowConstants{ir.CreateSelect(counted, upstream, kb.cf(0.f)),
                         kb.load(kb.f32(), kb.gep(kb.arg("lse"), kb.f32(), safe_m)), target};
   };
-  // dz of logit z (bias included) in fp32, before it is rounded to the dtype. At the row's
-  // target (the largest |dz| of the row) what the rounding loses is kept in residual[m], which
-  // grad_input adds back times W[target]: token m's gradient gets its dominant term unrounded
-  // (docs/design.md, Numerics). fp32 rounds nothing.
+  // dz of logit z (bias included) at vocabulary index vocab_index of a row, rounded to the
+  // dtype, and what the rounding lost (fp32). At the row's target (the largest |dz| of the row)
+  // the loss is kept in residual[m], which grad_input adds back times W[target]: token m's
+  // gradient gets its dominant term unrounded (docs/design.md, Numerics). fp32 rounds nothing.
   const bool compensate = spec.dtype != DType::FP32;
+  struct Dz {
+    Value *rounded, *exact, *hit;
+  };
   // hit: the element is the row's target.
   // z: the logit with the bias; with a softcap or a temperature, the softmax's input is the
   // capped (and scaled) logit and the chain rule multiplies by its slope. The z-loss scales the
-  // row's softmax by 1 + 2s·LSE. Per-row values (−LSE·log2 e, g times that factor) are the same
-  // expression in every element of a row: LLVM computes them once.
+  // row's softmax by 1 + 2s·LSE (a per-row constant: LLVM computes it once per row).
   auto dz_of = [&](Value* z, const RowConstants& row, Value* hit) {
     z = capped_logit(kb, spec, z);
-    // e^(z − LSE) = 2^(z·log2 e − LSE·log2 e): one FMA before the SFU's ex2.
+    Value* p = kb.exp(ir.CreateFSub(z, row.lse));
+    if (Value* factor = z_loss_factor(kb, spec, row.lse)) p = ir.CreateFMul(p, factor);
+    Value* dz = ir.CreateFMul(row.g, ir.CreateFSub(p, ir.CreateSelect(hit, kb.cf(1.f), kb.cf(0.f))));
+    if (Value* slope = capped_logit_slope(kb, spec, z)) dz = ir.CreateFMul(dz, slope);
+    // g = 0 (ignored or padding rows) gives an exact 0 even where z or LSE is not finite.
+    dz = ir.CreateSelect(ir.CreateFCmpOEQ(row.g, kb.cf(0.f)), kb.cf(0.f), dz);
+    Value* rounded = kb.from_f32(dz, elem);
+    return Dz{rounded, dz, hit};
+  };
+  // The same dz, for the sm_90a epilogue without a bias: e^(z − LSE) = 2^(z·log2 e − LSE·log2 e)
+  // as one FMA before the SFU's ex2 and g·(p·factor − [hit]) as one FMA, fp32, not rounded.
+  // (The epilogue with a bias and the staged one keep dz_of above: their registers under the
+  // driver's JIT were measured with it.)
+  auto lean_dz = [&](Value* z, const RowConstants& row, Value* hit) {
+    z = capped_logit(kb, spec, z);
     Value* p = kb.exp2(kb.fma(z, kb.cf(KernelBuilder::kLog2e), ir.CreateFMul(row.lse, kb.cf(-KernelBuilder::kLog2e))));
     Value* g = row.g;
     if (Value* factor = z_loss_factor(kb, spec, row.lse)) g = ir.CreateFMul(g, factor);
-    // g·(p·factor − [hit]) as one FMA: g·factor·p − (hit ? g : 0).
     Value* dz = kb.fma(g, p, ir.CreateFNeg(ir.CreateSelect(hit, row.g, kb.cf(0.f))));
     if (Value* slope = capped_logit_slope(kb, spec, z)) dz = ir.CreateFMul(dz, slope);
-    // g = 0 (ignored or padding rows) gives an exact 0 even where z or LSE is not finite.
     return ir.CreateSelect(ir.CreateFCmpOEQ(row.g, kb.cf(0.f)), kb.cf(0.f), dz);
   };
-  // What rounding `exact` (fp32) to the dtype loses, stored for token m.
+  // What rounding `exact` (fp32) to the dtype loses, stored for token m. Computed where it is
+  // stored: outside that branch it costs registers in every element.
   auto store_residual = [&](Value* m, Value* exact) {
     kb.store(ir.CreateFSub(exact, kb.to_f32(kb.from_f32(exact, elem))), kb.gep(kb.arg("residual"), kb.f32(), m));
   };
@@ -101,19 +116,66 @@ KernelShape build_dlogits_backward(llvm::Module& module, const KernelSpec& spec)
       for (int h = 0; h < rows; ++h) {
         m[h] = f.row_at(kb, m0, h);
         row[h] = row_constants(m[h]);
-        // The row's target as this thread's column offset 8j + e (from col0), -1 unless it is one
-        // of this thread's columns (offset % 8 < 2: the quad's other lanes hold the rest), in
-        // the chunk, and the row is a token: one 32-bit compare with a constant per element,
-        // instead of 64-bit vocabulary indices; the target's correction is made by its owner only.
+        // The row's target as this thread's column offset 8j + e (from col0), -1 unless it is in
+        // this tile's columns of the chunk and the row is a token (and, without a bias, one of this
+        // thread's columns: offset % 8 < 2, the quad's other lanes hold the rest; the target's
+        // correction is made by its owner only): one 32-bit compare with a constant per element,
+        // instead of 64-bit vocabulary indices.
         Value* first_col = ir.CreateAdd(n0, ir.CreateZExt(f.pos.col0, kb.i64()));  // within the chunk
         Value* rel = ir.CreateSub(row[h].target, ir.CreateAdd(v_begin, first_col));
         Value* in_tile = ir.CreateAnd(ir.CreateICmpSGE(rel, kb.c64(0)),
                                       ir.CreateICmpSLT(rel, ir.CreateSub(v_len, first_col)));
-        Value* owned = ir.CreateICmpEQ(ir.CreateAnd(rel, kb.c64(6)), kb.c64(0));
-        Value* mine = ir.CreateAnd(ir.CreateAnd(ir.CreateICmpSLT(m[h], n), owned),
-                                   ir.CreateAnd(in_tile, ir.CreateICmpSLT(rel, kb.c64(t.bn))));
+        Value* mine = ir.CreateAnd(ir.CreateICmpSLT(m[h], n), ir.CreateAnd(in_tile, ir.CreateICmpSLT(rel, kb.c64(t.bn))));
+        if (!spec.bias) mine = ir.CreateAnd(mine, ir.CreateICmpEQ(ir.CreateAnd(rel, kb.c64(6)), kb.c64(0)));
         target_col[h] = ir.CreateSelect(mine, ir.CreateTrunc(rel, kb.i32()), kb.c32(-1));
       }
+      if (spec.bias) {
+        // With a bias: dz rounded per element, exchanged as 16-bit values, a branch per pair store
+        // and per target residual. (The straight-line form below hoisted every bias load to the
+        // top and spilled 40-64 bytes under the driver's JIT, H200, driver 580, with a branch per
+        // store or a warp sync every 4 columns too.)
+        // dzᵀ has tokens contiguous, and this thread's two rows of an m64 block are 8 apart; the
+        // lane four away (lane ^ 4) holds the rows one below (upper = 1) or above. One shuffle per
+        // column and block gives each of the pair two adjacent tokens to store as one 4-byte pair:
+        // the lower lane rows (r, r + 1), the upper one (r + 8, r + 9), r even (ld is a multiple
+        // of 8, so a pair is wholly inside or outside [0, ld)). Half the stores of one element each.
+        Value* upper = ir.CreateICmpNE(ir.CreateAnd(f.pos.row[0], kb.c32(1)), kb.c32(0));
+        std::vector<Value*> pair_row(rows / 2), pair_in_rows(rows / 2);
+        for (int i = 0; i < rows / 2; ++i) {
+          pair_row[i] = ir.CreateSelect(upper, ir.CreateSub(m[2 * i + 1], kb.c64(1)), m[2 * i]);
+          pair_in_rows[i] = ir.CreateICmpSLT(pair_row[i], ld);
+        }
+        llvm::Type* bits = ir.getIntNTy(16);
+        auto exchange = [&](Value* value) {  // a 16-bit value from lane ^ 4, through an f32 shuffle
+          Value* wide = ir.CreateBitCast(ir.CreateZExt(ir.CreateBitCast(value, bits), kb.i32()), kb.f32());
+          Value* got = ir.CreateBitCast(kb.shfl_xor(wide, 4), kb.i32());
+          return ir.CreateBitCast(ir.CreateTrunc(got, bits), elem);
+        };
+        // Column by column (q = 2j + e of this thread), all rows: few values live at once.
+        for (int q = 0; q < 2 * f.blocks(); ++q) {
+          Value* v = f.col_at(kb, n0, q / 2, q % 2);
+          Value* in_cols = ir.CreateICmpSLT(v, v_len);
+          Value* vocab_index = ir.CreateAdd(v_begin, v);
+          Value* bias = load_bias(kb, spec, kb.arg("bias"), ir.CreateSelect(in_cols, vocab_index, v_begin));
+          Value* column = kb.gep(kb.arg("dz"), elem, ir.CreateMul(v, ld));
+          for (int i = 0; i < rows / 2; ++i) {
+            Dz dz[2];
+            for (int h = 0; h < 2; ++h)
+              dz[h] = dz_of(ir.CreateFAdd(f.at(q / 2, 2 * i + h, q % 2), bias), row[2 * i + h],
+                            ir.CreateICmpEQ(target_col[2 * i + h], kb.c32(8 * (q / 2) + q % 2)));
+            // The lower lane sends its second row, the upper one its first.
+            Value* got = exchange(ir.CreateSelect(upper, dz[0].rounded, dz[1].rounded));
+            Value* pair = llvm::PoisonValue::get(llvm::FixedVectorType::get(elem, 2));
+            pair = ir.CreateInsertElement(pair, ir.CreateSelect(upper, got, dz[0].rounded), uint64_t{0});
+            pair = ir.CreateInsertElement(pair, ir.CreateSelect(upper, dz[1].rounded, got), uint64_t{1});
+            kb.if_then(ir.CreateAnd(pair_in_rows[i], in_cols), [&] { kb.store(pair, kb.gep(column, elem, pair_row[i])); });
+            if (compensate)
+              for (int h = 0; h < 2; ++h) kb.if_then(dz[h].hit, [&] { store_residual(m[2 * i + h], dz[h].exact); });
+          }
+        }
+        return;
+      }
+      // Without a bias: the lean form, about 8 SASS instructions per element.
       // dzᵀ has tokens contiguous, and this thread's two rows of an m64 block are 8 apart; the
       // lane four away (lane ^ 4) holds the rows one below (upper = 1) or above. Each thread
       // rounds its two rows of a column to one packed pair, and one shuffle and one byte permute
@@ -146,34 +208,25 @@ KernelShape build_dlogits_backward(llvm::Module& module, const KernelSpec& spec)
           ir.CreateTrunc(ir.CreateSub(ir.CreateSub(v_len, n0), ir.CreateZExt(f.pos.col0, kb.i64())), kb.i32());
       for (int q = 0; q < 2 * f.blocks(); ++q) {
         if (q > 0) column = kb.gep(column, elem, q % 2 ? ld : ir.CreateMul(ld, kb.c64(7)));
-        Value* v = f.col_at(kb, n0, q / 2, q % 2);
         Value* in_cols = ir.CreateICmpSLT(kb.c32(8 * (q / 2) + q % 2), columns_left);
-        Value* bias = load_bias(kb, spec, kb.arg("bias"), ir.CreateSelect(in_cols, ir.CreateAdd(v_begin, v), v_begin));
-        for (int i = 0; i < rows / 2; ++i) {
+                for (int i = 0; i < rows / 2; ++i) {
           Value* exact = llvm::PoisonValue::get(wide);
           for (int h = 0; h < 2; ++h) {
             const int r = 2 * i + h;
-            Value* z = add_bias(kb, spec, f.at(q / 2, r, q % 2), bias);
+            Value* z = f.at(q / 2, r, q % 2);
             target_z[r] = ir.CreateSelect(ir.CreateICmpEQ(target_col[r], kb.c32(8 * (q / 2) + q % 2)), z, target_z[r]);
-            exact = ir.CreateInsertElement(exact, dz_of(z, row[r], no_target), uint64_t(h));
+            exact = ir.CreateInsertElement(exact, lean_dz(z, row[r], no_target), uint64_t(h));
           }
           Value* mine = ir.CreateBitCast(kb.from_f32(exact, pair_type), kb.i32());
           Value* pair = kb.prmt(mine, kb.shfl_xor_i32(mine, 4), selector);
-          Value* at = kb.gep(column, elem, pair_row[i]);
-          // With a bias, a branch per store: in straight-line columns every bias load was hoisted
-          // to the top (40-64 bytes spilled under the driver's JIT, H200, driver 580, also with a
-          // warp sync every 4 columns); without one, a predicated store.
-          if (spec.bias)
-            kb.if_then(ir.CreateAnd(pair_in_rows[i], in_cols), [&] { kb.store(pair, at); });
-          else
-            kb.store_if(ir.CreateAnd(pair_in_rows[i], in_cols), pair, at);
+          kb.store_if(ir.CreateAnd(pair_in_rows[i], in_cols), pair, kb.gep(column, elem, pair_row[i]));
         }
       }
       // The pair stores of every lane of the warp are ordered before the corrections.
       kb.warp_sync();
       for (int h = 0; h < rows; ++h)
         kb.if_then(ir.CreateICmpSGE(target_col[h], kb.c32(0)), [&] {
-          Value* dz = dz_of(target_z[h], row[h], kb.ir().getTrue());
+          Value* dz = lean_dz(target_z[h], row[h], kb.ir().getTrue());
           Value* v = ir.CreateAdd(ir.CreateAdd(n0, ir.CreateZExt(f.pos.col0, kb.i64())),
                                   ir.CreateZExt(target_col[h], kb.i64()));
           kb.store(kb.from_f32(dz, elem), kb.gep(kb.arg("dz"), elem, ir.CreateAdd(ir.CreateMul(v, ld), m[h])));
@@ -211,10 +264,9 @@ KernelShape build_dlogits_backward(llvm::Module& module, const KernelSpec& spec)
       Value* vocab_index = ir.CreateAdd(v_begin, v);
       Value* z = ir.CreateFAdd(kb.load(kb.f32(), gemm.staged(r, c)), load_bias(kb, spec, kb.arg("bias"), vocab_index));
       Value* index = ir.CreateAdd(ir.CreateMul(v, ld), m);
-      Value* hit = ir.CreateICmpEQ(row.target, vocab_index);
-      Value* dz = dz_of(z, row, hit);
-      kb.store(kb.from_f32(dz, elem), kb.gep(kb.arg("dz"), elem, index));
-      if (compensate) kb.if_then(ir.CreateAnd(hit, ir.CreateICmpSLT(m, n)), [&] { store_residual(m, dz); });
+      Dz dz = dz_of(z, row, ir.CreateICmpEQ(row.target, vocab_index));
+      kb.store(dz.rounded, kb.gep(kb.arg("dz"), elem, index));
+      if (compensate) kb.if_then(ir.CreateAnd(dz.hit, ir.CreateICmpSLT(m, n)), [&] { store_residual(m, dz.exact); });
     });
   });
   kb.finish();
