@@ -65,6 +65,13 @@ std::vector<TileConfig> wgmma_tiles(KernelKind kind, bool small) {
     // (H200, driver 580; ptxas 13.0 allocates it without spills).
     if (kind != KernelKind::DlogitsBackward)
       for (int stages : {4, 5, 6}) out.push_back(pingpong(128, stages, 1, 128));
+    // Split along N, 128 x 256: each consumer 128 x 128 (two m64 blocks), whole 64-element boxes of
+    // an MN-major B. (cuBLAS's 192 x 192 split needs 144 accumulators: over kMaxAccumulators.)
+    for (int stages : {3, 4}) {
+      TileConfig t{128, 256, 64, 1, 1, stages, 2};
+      t.split_n = true;
+      out.push_back(t);
+    }
   }
   return out;
 }

@@ -78,13 +78,14 @@ std::string TileConfig::text() const {
   out << "/s" << stages;
   if (cluster != 1) out << "/c" << cluster;
   if (pingpong) out << "/pp";
+  if (split_n) out << "/sn";
   return out.str();
 }
 
 TileConfig TileConfig::parse(std::string_view text) {
   TileConfig t;
   auto bad = [&] {
-    return SpecError("tile must read BMxBNxBK/WMxWN/sSTAGES or BMxBNxBK/wgC/sSTAGES[/cCLUSTER][/pp], got '" +
+    return SpecError("tile must read BMxBNxBK/WMxWN/sSTAGES or BMxBNxBK/wgC/sSTAGES[/cCLUSTER][/pp][/sn], got '" +
                      std::string(text) + "'");
   };
   char x1, x2, slash1, slash2, s;
@@ -103,14 +104,17 @@ TileConfig TileConfig::parse(std::string_view text) {
   }
   in >> slash2 >> s >> t.stages;
   if (!in || slash2 != '/' || s != 's') throw bad();
-  // Optional wgmma suffixes, in this order: /cN (cluster), /pp (ping-pong).
+  // Optional wgmma suffixes, in this order: /cN (cluster), /pp (ping-pong), /sn (split along N).
   std::string rest;
   std::getline(in, rest, '\0');
   if (!rest.empty() && !t.wgmma()) throw bad();
-  if (rest.size() >= 3 && rest.compare(rest.size() - 3, 3, "/pp") == 0) {
-    t.pingpong = true;
+  auto suffix = [&](const char* text3) {
+    if (rest.size() < 3 || rest.compare(rest.size() - 3, 3, text3) != 0) return false;
     rest.resize(rest.size() - 3);
-  }
+    return true;
+  };
+  t.split_n = suffix("/sn");
+  t.pingpong = suffix("/pp");
   if (!rest.empty()) {
     if (rest.size() != 3 || rest[0] != '/' || rest[1] != 'c' || rest[2] < '1' || rest[2] > '9') throw bad();
     t.cluster = rest[2] - '0';
@@ -250,11 +254,23 @@ void KernelSpec::validate() const {
     if (arch != Arch::SM90A) fail("the wgmma mainloop (tile " + t.text() + ") needs arch sm_90a");
     if (dtype == DType::FP32) fail("the wgmma mainloop (tile " + t.text() + ") takes bf16 or fp16, not fp32");
     if (t.bk != 64) fail("wgmma tiles need BK = 64 (one 128-byte swizzled row), got " + std::to_string(t.bk));
+    if (t.pingpong && t.split_n) fail("tile " + t.text() + " is both ping-pong and split along N: choose one");
     if (t.pingpong) {
       if (kind == KernelKind::LseForward)
         fail("tile " + t.text() + ": ping-pong serves the persistent backward GEMMs, not lse_forward");
       if (t.consumers != 2 || (t.bm != 64 && t.bm != 128))
         fail("ping-pong tiles need two consumers and BM = 64 or 128 (each consumer's own tile), got " + t.text());
+    } else if (t.split_n) {
+      // Each consumer: all BM rows (m64 blocks) of its BN / 2 columns; B's halves start on whole
+      // 64-element boxes where B is MN-major (grad_weight, grad_input), on 8-row atoms otherwise.
+      if (kind == KernelKind::LseForward)
+        fail("tile " + t.text() + ": split tiles serve the persistent backward GEMMs, not lse_forward");
+      if (t.consumers != 2 || t.bm % 64 != 0 || t.bm > 256)
+        fail("split tiles need two consumers and BM a multiple of 64 up to 256, got " + t.text());
+      if (t.cluster != 1) fail("tile " + t.text() + ": split tiles have no CTA pairs");
+      if (info.b == Layout::MNMajor && t.consumer_cols() % 64 != 0)
+        fail("tile " + t.text() + ": " + std::string(info.name) + " reads B MN-major, so each consumer's BN / 2 = " +
+             std::to_string(t.consumer_cols()) + " columns must be whole 64-element boxes");
     } else if (t.bm != 64 * t.consumers) {
       fail("wgmma tiles need BM = 64 x consumers = " + std::to_string(64 * t.consumers) + ", got " +
            std::to_string(t.bm));

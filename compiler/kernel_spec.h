@@ -55,7 +55,9 @@ struct TileConfig {
   static constexpr int kMaxStages = 8;
   static constexpr int kMaxConsumers = 2;
   static constexpr int kMaxCluster = 2;
-  // fp32 accumulators a wgmma consumer thread may hold (m64nN: N/2 per m64 block).
+  // fp32 accumulators a wgmma consumer thread may hold (m64nN: N/2 per m64 block). cuBLAS's
+  // split 192 x 192 tile holds 144; with lfce's dlogits epilogue ptxas then ignored setmaxnreg
+  // (C7508) and spilled 1.3 KB, so 128.
   static constexpr int kMaxAccumulators = 128;
 
   int bm = 128, bn = 128, bk = 64;
@@ -70,23 +72,29 @@ struct TileConfig {
   // whole BM x BN tiles of its own, alternate tiles of the CTA's schedule, so one's epilogue runs
   // while the other's wgmma keep the tensor cores busy.
   bool pingpong = false;
+  // Split along N (wgmma tiles with two consumers): each consumer warpgroup computes all BM rows
+  // of its half of the columns (BM x BN/2, BM / 64 m64 blocks), so both read the whole A tile
+  // and their own half of B (cuBLAS picks 192 x 192 split tiles for these shapes on the H200).
+  bool split_n = false;
   bool wgmma() const { return consumers > 0; }
   // wgmma tiles: the rows one consumer warpgroup computes (all BM with ping-pong, else its
   // BM / consumers share), in m64 blocks, and the fp32 accumulators each of its threads holds.
-  int consumer_rows() const { return pingpong ? bm : bm / std::max(consumers, 1); }
+  int consumer_rows() const { return pingpong || split_n ? bm : bm / std::max(consumers, 1); }
+  int consumer_cols() const { return split_n ? bn / std::max(consumers, 1) : bn; }
   int m_blocks() const { return consumer_rows() / 64; }
-  int accumulators() const { return m_blocks() * bn / 2; }
+  int accumulators() const { return m_blocks() * consumer_cols() / 2; }
   // CTAs the kernel is built to share an SM with (ptxas budgets registers for it): two for
   // one-consumer wgmma tiles, so that one CTA's epilogue overlaps the other's mainloop.
   int ctas_per_sm() const { return wgmma() && consumers == 1 ? 2 : 1; }
   int threads() const { return wgmma() ? 128 * (consumers + 1) : warps_m * warps_n * 32; }
-  // "128x128x64/2x4/s3", "128x256x64/wg2/s4", "128x256x64/wg2/s4/c2" or "64x256x64/wg2/s5/c2/pp"
+  // "128x128x64/2x4/s3", "128x256x64/wg2/s4", "128x256x64/wg2/s4/c2", "64x256x64/wg2/s5/c2/pp"
+  // or "192x192x64/wg2/s4/sn"
   std::string text() const;
   static TileConfig parse(std::string_view text);  // throws SpecError naming the text
   // Throws SpecError naming the first field outside its range. A tile may come from a file:
   // call this before any arithmetic on its fields.
   void check_range() const;
-  auto tie() const { return std::tie(bm, bn, bk, warps_m, warps_n, stages, consumers, cluster, pingpong); }
+  auto tie() const { return std::tie(bm, bn, bk, warps_m, warps_n, stages, consumers, cluster, pingpong, split_n); }
   bool operator==(const TileConfig& o) const { return tie() == o.tie(); }
   bool operator<(const TileConfig& o) const { return tie() < o.tie(); }
 };

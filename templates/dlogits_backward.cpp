@@ -125,7 +125,9 @@ KernelShape build_dlogits_backward(llvm::Module& module, const KernelSpec& spec)
         Value* rel = ir.CreateSub(row[h].target, ir.CreateAdd(v_begin, first_col));
         Value* in_tile = ir.CreateAnd(ir.CreateICmpSGE(rel, kb.c64(0)),
                                       ir.CreateICmpSLT(rel, ir.CreateSub(v_len, first_col)));
-        Value* mine = ir.CreateAnd(ir.CreateICmpSLT(m[h], n), ir.CreateAnd(in_tile, ir.CreateICmpSLT(rel, kb.c64(t.bn))));
+        // (8 · blocks: this thread's column range, BN, or BN / 2 in a split tile.)
+        Value* mine = ir.CreateAnd(ir.CreateICmpSLT(m[h], n),
+                                   ir.CreateAnd(in_tile, ir.CreateICmpSLT(rel, kb.c64(8 * f.blocks()))));
         if (!spec.bias) mine = ir.CreateAnd(mine, ir.CreateICmpEQ(ir.CreateAnd(rel, kb.c64(6)), kb.c64(0)));
         target_col[h] = ir.CreateSelect(mine, ir.CreateTrunc(rel, kb.i32()), kb.c32(-1));
       }

@@ -32,6 +32,10 @@
 // barriers): a full barrier is then at most one phase behind the slice a consumer waits for,
 // which a parity wait needs (the skipped slices would otherwise let it pass a phase early).
 //
+// Split along N (TileConfig::split_n, run() only): both consumers compute all BM rows (BM / 64
+// m64 blocks), each of its half of the columns, reading the whole A tile and its half of B; the
+// slot's release counts both consumers' warps as in the cooperative tile.
+//
 // Two forms. compute_tile(): every thread calls it per tile; the consumers write their
 // accumulators to the staged tile, which overlaps the ring, so a CTA barrier separates tiles
 // (grad_weight, grad_input). run(): warp-specialised for the whole kernel; the producer thread
@@ -101,8 +105,8 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
 
   void compute_tile(Value* m0, Value* n0, Value* k_tiles,
                     const std::function<Value*(Value*, Value*)>& staged) override {
-    if (t_.cluster > 1 || t_.pingpong)
-      throw InternalError("the staged wgmma form has no clusters or ping-pong (tile " + t_.text() + ")");
+    if (t_.cluster > 1 || t_.pingpong || t_.split_n)
+      throw InternalError("the staged wgmma form has no clusters, ping-pong or split tiles (tile " + t_.text() + ")");
     auto& ir = kb_.ir();
     Value* counter_ptr = kb_.at(counter_, kb_.i32(), 0);
     Value* first = kb_.load(kb_.i32(), counter_ptr);
@@ -214,15 +218,17 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
     Value* lane = ir.CreateAnd(tid, kb_.c32(31));
     Value* warp_in_group = ir.CreateAnd(ir.CreateLShr(tid, kb_.c32(5)), kb_.c32(3));
     Value* row0 = ir.CreateAdd(ir.CreateMul(warp_in_group, kb_.c32(16)), ir.CreateLShr(lane, kb_.c32(2)));
-    if (!t_.pingpong) {  // consumer c owns rows [c·R, c·R + R) of the tile, R = consumer_rows()
-      Value* consumer = ir.CreateSub(ir.CreateLShr(tid, kb_.c32(7)), kb_.c32(1));
-      row0 = ir.CreateAdd(ir.CreateMul(consumer, kb_.c32(t_.consumer_rows())), row0);
-    }
+    auto consumer = [&] { return ir.CreateSub(ir.CreateLShr(tid, kb_.c32(7)), kb_.c32(1)); };
+    if (!t_.pingpong && !t_.split_n)  // consumer c owns rows [c·R, c·R + R) of the tile, R = consumer_rows()
+      row0 = ir.CreateAdd(ir.CreateMul(consumer(), kb_.c32(t_.consumer_rows())), row0);
     Value* quad_lane = ir.CreateAnd(lane, kb_.c32(3));
     std::vector<Value*> rows;
     for (int i = 0; i < t_.m_blocks(); ++i)
       for (int h = 0; h < 2; ++h) rows.push_back(i + h == 0 ? row0 : ir.CreateAdd(row0, kb_.c32(64 * i + 8 * h)));
-    return {rows, ir.CreateMul(quad_lane, kb_.c32(2)), quad_lane};
+    Value* col0 = ir.CreateMul(quad_lane, kb_.c32(2));
+    if (t_.split_n)  // a split consumer c owns columns [c·C, c·C + C), C = consumer_cols()
+      col0 = ir.CreateAdd(col0, ir.CreateMul(consumer(), kb_.c32(t_.consumer_cols())));
+    return {rows, col0, quad_lane};
   }
 
   // A per-thread (slot, phase, previous slot) cursor, starting at slice `first`.
@@ -356,7 +362,7 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
   std::vector<Value*> mainloop(Value* consumer, Value* state, Value* k_tiles) {
     auto& ir = kb_.ir();
     k_tiles = at_least_one(k_tiles);
-    const int count = t_.accumulators(), per_block = t_.bn / 2;
+    const int count = t_.accumulators(), per_block = t_.consumer_cols() / 2;
     Value* acc_array = kb_.local_array(kb_.f32(), count, "acc");
     std::vector<Value*> acc(count, kb_.cf(0.f));
     auto save = [&] {
@@ -372,7 +378,13 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
     // m64 block b of A starts at 64b rows (K-major) or at box b (MN-major); consumer c's first
     // block is c · m_blocks (a ping-pong consumer's tile is all of A).
     const int block_bytes = a_ == Layout::KMajor ? 64 * kSwizzleRow : t_.bk * kSwizzleRow;
-    Value* a_row_bytes = t_.pingpong ? kb_.c32(0) : ir.CreateMul(consumer, kb_.c32(t_.m_blocks() * block_bytes));
+    Value* a_row_bytes = t_.pingpong || t_.split_n ? kb_.c32(0) : ir.CreateMul(consumer, kb_.c32(t_.m_blocks() * block_bytes));
+    // A split consumer's B columns start at c · BN / 2: rows of 128 bytes (K-major, whole 8-row
+    // atoms) or boxes of 64 (MN-major, whole boxes: validated).
+    Value* b_col_bytes = nullptr;
+    if (t_.split_n)
+      b_col_bytes = ir.CreateMul(consumer, kb_.c32(b_ == Layout::KMajor ? t_.consumer_cols() * kSwizzleRow
+                                                                          : t_.consumer_cols() / kBoxElems * t_.bk * kSwizzleRow));
     // state: slot and phase of the current slice, and the slot of the previous one (released
     // once its wgmma group has finished).
     kb_.wgmma_fence();
@@ -387,11 +399,11 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
         Value* rows = i == 0 ? a_row_bytes : ir.CreateAdd(a_row_bytes, kb_.c32(i * block_bytes));
         desc_a[i] = operand_descriptor(a_, ir.CreateAdd(a_base(c.slot), rows));
       }
-      Value* desc_b = operand_descriptor(b_, b_base(c.slot));
+      Value* desc_b = operand_descriptor(b_, b_col_bytes ? ir.CreateAdd(b_base(c.slot), b_col_bytes) : b_base(c.slot));
       for (int ks = 0; ks < t_.bk / 16; ++ks)
         for (int i = 0; i < t_.m_blocks(); ++i) {  // the blocks share the k16 step's B
           std::vector<Value*> block(acc.begin() + i * per_block, acc.begin() + (i + 1) * per_block);
-          block = kb_.wgmma_m64k16(bf16_, t_.bn, ir.CreateAdd(desc_a[i], kb_.c64(k_step(a_, ks))),
+          block = kb_.wgmma_m64k16(bf16_, t_.consumer_cols(), ir.CreateAdd(desc_a[i], kb_.c64(k_step(a_, ks))),
                                    ir.CreateAdd(desc_b, kb_.c64(k_step(b_, ks))), block, a_ == Layout::MNMajor,
                                    b_ == Layout::MNMajor);
           std::copy(block.begin(), block.end(), acc.begin() + i * per_block);

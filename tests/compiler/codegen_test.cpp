@@ -158,7 +158,8 @@ TEST_P(WgmmaCodegen, AssemblesWithoutSpillsOrCalls) {
   s.reduction = c.reduction;
   s.tile = c.tile;
   GeneratedKernel k = generate_kernel(s);
-  EXPECT_NE(k.ptx.find("wgmma.mma_async.sync.aligned.m64n" + std::to_string(c.tile.bn) + "k16"), std::string::npos);
+  EXPECT_NE(k.ptx.find("wgmma.mma_async.sync.aligned.m64n" + std::to_string(c.tile.consumer_cols()) + "k16"),
+            std::string::npos);
   EXPECT_NE(k.ptx.find("cp.async.bulk.tensor.2d"), std::string::npos);
   EXPECT_NE(k.ptx.find("setmaxnreg.inc"), std::string::npos);
   EXPECT_EQ(k.ptx.find(".local"), std::string::npos) << "local memory in generated PTX";
@@ -207,6 +208,13 @@ std::vector<WgmmaCase> wgmma_cases() {
     for (Reduction reduction : {Reduction::Mean, Reduction::None})
       for (KernelKind kind : {KernelKind::DlogitsBackward, KernelKind::GradWeight, KernelKind::GradInput})
         cases.push_back({kind, dtype, kind == KernelKind::DlogitsBackward, reduction, pingpong_tall});
+  // Split along N, 128 x 256 (each consumer 128 x 128): every backward GEMM, dlogits with and
+  // without a bias (two epilogues).
+  TileConfig split_wide{128, 256, 64, 1, 1, 4, 2};
+  split_wide.split_n = true;
+  for (KernelKind kind : {KernelKind::DlogitsBackward, KernelKind::GradWeight, KernelKind::GradInput})
+    cases.push_back({kind, DType::BF16, false, Reduction::Mean, split_wide});
+  cases.push_back({KernelKind::DlogitsBackward, DType::BF16, true, Reduction::Mean, split_wide});
   return cases;
 }
 

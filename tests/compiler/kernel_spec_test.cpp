@@ -141,13 +141,21 @@ TEST(KernelSpec, AllLossOptionsTogetherRoundTrip) {
 }
 
 TEST(KernelSpec, ClusterAndPingPongTileTextsRoundTrip) {
-  for (const char* text : {"128x256x64/wg2/s4/c2", "64x256x64/wg2/s5/pp", "64x128x64/wg2/s4/c2/pp"}) {
+  for (const char* text : {"128x256x64/wg2/s4/c2", "64x256x64/wg2/s5/pp", "64x128x64/wg2/s4/c2/pp", "192x192x64/wg2/s4/sn"}) {
     const TileConfig t = TileConfig::parse(text);
     EXPECT_EQ(t.text(), text);
     EXPECT_EQ(t.threads(), 384) << text;
   }
   EXPECT_EQ(TileConfig::parse("128x256x64/wg2/s4/c2").cluster, 2);
   EXPECT_TRUE(TileConfig::parse("64x256x64/wg2/s5/pp").pingpong);
+  const TileConfig split = TileConfig::parse("192x192x64/wg2/s4/sn");
+  EXPECT_TRUE(split.split_n);
+  EXPECT_FALSE(split.pingpong);
+  // Each consumer: all 192 rows (three m64 blocks) of 96 columns, 3 x 48 accumulators.
+  EXPECT_EQ(split.consumer_rows(), 192);
+  EXPECT_EQ(split.consumer_cols(), 96);
+  EXPECT_EQ(split.accumulators(), 144);
+  EXPECT_FALSE(TileConfig::parse("192x192x64/wg2/s4") == split);
   EXPECT_FALSE(TileConfig::parse("128x256x64/wg2/s4/c2") == TileConfig::parse("128x256x64/wg2/s4"));
   // Suffixes only after a wgmma tile, cluster before ping-pong, one digit of cluster.
   for (const char* bad : {"128x128x64/2x4/s3/c2", "128x128x64/2x4/s3/pp", "64x256x64/wg2/s5/pp/c2",
@@ -182,6 +190,29 @@ TEST(KernelSpec, ValidateNamesWhatClustersAndPingPongNeed) {
   EXPECT_NE(error_of(KernelKind::GradWeight, pingpong({128, 256, 64, 1, 1, 4, 2})).find("256 fp32 accumulators, over 128"),
             std::string::npos);
   EXPECT_NE(error_of(KernelKind::GradWeight, pingpong({64, 256, 64, 1, 1, 4, 1})).find("two consumers"),
+            std::string::npos);
+  auto split = [](TileConfig t) {
+    t.split_n = true;
+    return t;
+  };
+  EXPECT_EQ(error_of(KernelKind::DlogitsBackward, split({128, 256, 64, 1, 1, 4, 2})), "no error");
+  // cuBLAS's 192 x 192: three m64 blocks of 96 columns, 144 accumulators a thread.
+  EXPECT_NE(error_of(KernelKind::DlogitsBackward, split({192, 192, 64, 1, 1, 4, 2})).find("144 fp32 accumulators, over 128"),
+            std::string::npos);
+  EXPECT_EQ(error_of(KernelKind::GradInput, split({128, 256, 64, 1, 1, 4, 2})), "no error");
+  // grad_weight reads B (x) MN-major: 96 columns a consumer are not whole 64-element boxes.
+  EXPECT_NE(error_of(KernelKind::GradWeight, split({192, 192, 64, 1, 1, 4, 2})).find("BN / 2 = 96 columns"),
+            std::string::npos);
+  EXPECT_NE(error_of(KernelKind::LseForward, split({192, 192, 64, 1, 1, 4, 2})).find("not lse_forward"),
+            std::string::npos);
+  EXPECT_NE(error_of(KernelKind::DlogitsBackward, split({320, 128, 64, 1, 1, 4, 2})).find("up to 256"),
+            std::string::npos);
+  EXPECT_NE(error_of(KernelKind::DlogitsBackward, split({128, 256, 64, 1, 1, 4, 2, 2})).find("no CTA pairs"),
+            std::string::npos);
+  TileConfig both = split(pingpong({128, 128, 64, 1, 1, 4, 2}));
+  EXPECT_NE(error_of(KernelKind::DlogitsBackward, both).find("choose one"), std::string::npos);
+  // 256 x 256 split: 4 m64 blocks of 128 columns, 256 accumulators a thread.
+  EXPECT_NE(error_of(KernelKind::DlogitsBackward, split({256, 256, 64, 1, 1, 3, 2})).find("256 fp32 accumulators, over 128"),
             std::string::npos);
   EXPECT_NE(error_of(KernelKind::GradWeight, {128, 256, 64, 1, 1, 4, 2, 3}).find("cluster"), std::string::npos);
   EXPECT_NE(error_of(KernelKind::GradWeight, {128, 128, 64, 2, 4, 3, 0, 2}).find("need a wgmma tile"),
