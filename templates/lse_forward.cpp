@@ -71,61 +71,57 @@ void lse_forward_specialised(KernelBuilder& kb, const KernelSpec& spec, GemmSkel
           kb.store(kb.cf(0.f), kb.at(stats, kb.f32(), 2 * h + 1));
         }
       }
-      // One tile's epilogue on the fragment of the tile at n0: columns past the vocabulary are
-      // masked. (A second, unmasked copy for the whole tiles spilled 8 bytes under the driver's
-      // JIT: H200, driver 580.)
-      auto tile_epilogue = [&](const Fragment& f, Value* n0, int cols) {
-        // Column q = 2j + e of this thread: vocabulary index, validity and bias.
-        std::vector<Value*> valid(cols), bias(cols);
-        for (int q = 0; q < cols; ++q) {
-          Value* c = ir.CreateAdd(f.pos.col0, kb.c32(8 * (q / 2) + q % 2));
-          Value* v = ir.CreateAdd(n0, ir.CreateZExt(c, kb.i64()));
-          valid[q] = ir.CreateICmpSLT(v, vocab);
-          bias[q] = load_bias(kb, spec, kb.arg("bias"), ir.CreateSelect(valid[q], v, kb.c64(0)));
-        }
-        for (int h = 0; h < 2; ++h) {
-          std::vector<Value*> z(cols);
-          for (int q = 0; q < cols; ++q) {
-            z[q] = ir.CreateSelect(valid[q], capped_logit(kb, spec, add_bias(kb, spec, f.at(q / 2, h, q % 2), bias[q])),
-                                   neg_inf(kb));
-          }
-          Value* old_max = kb.load(kb.f32(), kb.at(stats, kb.f32(), 2 * h));
-          Value* old_sum = kb.load(kb.f32(), kb.at(stats, kb.f32(), 2 * h + 1));
-          Value* new_max = kb.fmax(old_max, tree(z, [&](Value* a, Value* b) { return kb.fmax(a, b); }));
-          Value* safe = ir.CreateSelect(ir.CreateFCmpOEQ(new_max, neg_inf(kb)), kb.cf(0.f), new_max);
-          // e^(z − max) = 2^(z·log2 e − max·log2 e): one FMA before the SFU's ex2.
-          Value* shift = ir.CreateFMul(safe, kb.cf(-KernelBuilder::kLog2e));
-          std::vector<Value*> p(cols);
-          for (int q = 0; q < cols; ++q) p[q] = kb.exp2(kb.fma(z[q], kb.cf(KernelBuilder::kLog2e), shift));
-          Value* sum = ir.CreateFAdd(ir.CreateFMul(old_sum, kb.exp(ir.CreateFSub(old_max, safe))),
-                                     tree(p, [&](Value* a, Value* b) { return ir.CreateFAdd(a, b); }));
-          kb.store(new_max, kb.at(stats, kb.f32(), 2 * h));
-          kb.store(sum, kb.at(stats, kb.f32(), 2 * h + 1));
-
-          // The target's column c = target - n0 is this thread's when (c % 8) / 2 = lane % 4.
-          Value* target = kb.load(kb.i64(), kb.at(targets, kb.i64(), h));
-          Value* c = ir.CreateSub(target, n0);
-          Value* hit = ir.CreateAnd(ir.CreateAnd(ir.CreateICmpSGE(c, kb.c64(0)), ir.CreateICmpSLT(c, kb.c64(t.bn))),
-                                    ir.CreateICmpSLT(target, vocab));
-          Value* col = ir.CreateTrunc(ir.CreateAnd(c, kb.c64(0xFFFF)), kb.i32());
-          hit = ir.CreateAnd(hit, ir.CreateICmpEQ(ir.CreateLShr(ir.CreateAnd(col, kb.c32(7)), kb.c32(1)), f.pos.quad_lane));
-          kb.if_then(hit, [&] {
-            Value* block = ir.CreateLShr(col, kb.c32(3));
-            Value* odd = ir.CreateICmpNE(ir.CreateAnd(col, kb.c32(1)), kb.c32(0));
-            Value* logit = kb.cf(0.f);
-            for (int j = 0; j < f.blocks(); ++j)
-              logit = ir.CreateSelect(ir.CreateICmpEQ(block, kb.c32(j)),
-                                      ir.CreateSelect(odd, f.at(j, h, 1), f.at(j, h, 0)), logit);
-            logit = capped_logit(kb, spec, add_bias(kb, spec, logit, load_bias(kb, spec, kb.arg("bias"), target)));
-            kb.store(logit, kb.gep(kb.arg("target_logit"), kb.f32(), row_of(m0, h)));
-          });
-        }
-      };
       kb.for_range(tile_begin, tile_end, kb.c32(1), [&](Value* tile) {
         Value* n0 = ir.CreateMul(ir.CreateZExt(tile, kb.i64()), kb.c64(t.bn));
         visit(m0, n0, k_tiles, [&](const Fragment& f) {
           const int cols = 2 * f.blocks();
-          tile_epilogue(f, n0, cols);
+          // Columns past the vocabulary are masked. (A second, unmasked copy of this epilogue for the
+          // whole tiles spilled 8 bytes under the driver's JIT: H200, driver 580.)
+            // Column q = 2j + e of this thread: vocabulary index, validity and bias.
+            std::vector<Value*> valid(cols), bias(cols);
+            for (int q = 0; q < cols; ++q) {
+              Value* c = ir.CreateAdd(f.pos.col0, kb.c32(8 * (q / 2) + q % 2));
+              Value* v = ir.CreateAdd(n0, ir.CreateZExt(c, kb.i64()));
+              valid[q] = ir.CreateICmpSLT(v, vocab);
+              bias[q] = load_bias(kb, spec, kb.arg("bias"), ir.CreateSelect(valid[q], v, kb.c64(0)));
+            }
+            for (int h = 0; h < 2; ++h) {
+              std::vector<Value*> z(cols);
+              for (int q = 0; q < cols; ++q) {
+                z[q] = ir.CreateSelect(valid[q], capped_logit(kb, spec, add_bias(kb, spec, f.at(q / 2, h, q % 2), bias[q])),
+                                       neg_inf(kb));
+              }
+              Value* old_max = kb.load(kb.f32(), kb.at(stats, kb.f32(), 2 * h));
+              Value* old_sum = kb.load(kb.f32(), kb.at(stats, kb.f32(), 2 * h + 1));
+              Value* new_max = kb.fmax(old_max, tree(z, [&](Value* a, Value* b) { return kb.fmax(a, b); }));
+              Value* safe = ir.CreateSelect(ir.CreateFCmpOEQ(new_max, neg_inf(kb)), kb.cf(0.f), new_max);
+              // e^(z − max) = 2^(z·log2 e − max·log2 e): one FMA before the SFU's ex2.
+              Value* shift = ir.CreateFMul(safe, kb.cf(-KernelBuilder::kLog2e));
+              std::vector<Value*> p(cols);
+              for (int q = 0; q < cols; ++q) p[q] = kb.exp2(kb.fma(z[q], kb.cf(KernelBuilder::kLog2e), shift));
+              Value* sum = ir.CreateFAdd(ir.CreateFMul(old_sum, kb.exp(ir.CreateFSub(old_max, safe))),
+                                         tree(p, [&](Value* a, Value* b) { return ir.CreateFAdd(a, b); }));
+              kb.store(new_max, kb.at(stats, kb.f32(), 2 * h));
+              kb.store(sum, kb.at(stats, kb.f32(), 2 * h + 1));
+
+              // The target's column c = target - n0 is this thread's when (c % 8) / 2 = lane % 4.
+              Value* target = kb.load(kb.i64(), kb.at(targets, kb.i64(), h));
+              Value* c = ir.CreateSub(target, n0);
+              Value* hit = ir.CreateAnd(ir.CreateAnd(ir.CreateICmpSGE(c, kb.c64(0)), ir.CreateICmpSLT(c, kb.c64(t.bn))),
+                                        ir.CreateICmpSLT(target, vocab));
+              Value* col = ir.CreateTrunc(ir.CreateAnd(c, kb.c64(0xFFFF)), kb.i32());
+              hit = ir.CreateAnd(hit, ir.CreateICmpEQ(ir.CreateLShr(ir.CreateAnd(col, kb.c32(7)), kb.c32(1)), f.pos.quad_lane));
+              kb.if_then(hit, [&] {
+                Value* block = ir.CreateLShr(col, kb.c32(3));
+                Value* odd = ir.CreateICmpNE(ir.CreateAnd(col, kb.c32(1)), kb.c32(0));
+                Value* logit = kb.cf(0.f);
+                for (int j = 0; j < f.blocks(); ++j)
+                  logit = ir.CreateSelect(ir.CreateICmpEQ(block, kb.c32(j)),
+                                          ir.CreateSelect(odd, f.at(j, h, 1), f.at(j, h, 0)), logit);
+                logit = capped_logit(kb, spec, add_bias(kb, spec, logit, load_bias(kb, spec, kb.arg("bias"), target)));
+                kb.store(logit, kb.gep(kb.arg("target_logit"), kb.f32(), row_of(m0, h)));
+              });
+            }
         });
       });
       if (consumer) {
