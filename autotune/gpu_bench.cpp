@@ -149,7 +149,7 @@ class GpuBench final : public Bench {
   runtime::Plan plan_of(const Problem& p, const Tuning& tuning) const { return runtime::Plan(p, arch_, tuning, limits_); }
 
   void forward(const Problem& p, const Tuning& tuning, const ForwardOut& out) {
-    lfce_forward_args a{hidden_.get(), weight_.get(), p.bias ? bias_.get() : nullptr, targets_.get(),
+    lfce_forward_args a{hidden_.get(), weight_.get(), p.bias ? bias_.get() : nullptr, targets_.get(), nullptr,
                         static_cast<float*>(out.lse->get()), static_cast<float*>(out.token_loss->get()),
                         static_cast<float*>(out.loss->get()), static_cast<float*>(out.count->get()),
                         out.workspace->get(), out.workspace->bytes(), device_, nullptr};
@@ -157,7 +157,7 @@ class GpuBench final : public Bench {
   }
 
   void backward(const Problem& p, const Tuning& tuning, const BackwardIn& in) {
-    lfce_backward_args a{hidden_.get(), weight_.get(), p.bias ? bias_.get() : nullptr, targets_.get(),
+    lfce_backward_args a{hidden_.get(), weight_.get(), p.bias ? bias_.get() : nullptr, targets_.get(), nullptr,
                          static_cast<const float*>(in.lse->get()), static_cast<const float*>(in.count->get()),
                          static_cast<const float*>(grad_loss_.get()), grad_hidden_.get(), grad_weight_.get(),
                          p.bias ? grad_bias_.get() : nullptr, in.workspace->get(), in.workspace->bytes(), device_,
@@ -262,7 +262,11 @@ TuneResult tune(const Problem& problem, int device, const TuneOptions& options) 
   TuneOptions on_device = options;
   // Candidates are pruned against this device's limits, run with them, and their winners keyed by them.
   on_device.limits = runtime::DeviceLimits{info.max_smem_optin, info.sm_count};
-  GpuBench bench(problem, device, on_device);
+  // Tiles are tuned without class weights (which need an array of them; the tuning key leaves
+  // the loss options out, so the winners serve the weighted problem too).
+  Problem plain = problem;
+  plain.class_weight = false;
+  GpuBench bench(plain, device, on_device);
   spdlog::info("tuning on {} ({}): N={} H={} V={} {}", bench.device_name(), arch_name(arch), problem.tokens,
                problem.hidden, problem.vocab, dtype_name(problem.dtype));
   return tune_with(bench, problem, arch, on_device);

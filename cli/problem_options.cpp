@@ -104,6 +104,12 @@ void ProblemOptions::add_to(CLI::App& app) {
       ->capture_default_str();
   app.add_option("--z-loss-scale", z_loss_scale, "z-loss s: each token's loss gains s*LSE^2 (PaLM: 1e-4; 0: none)")
       ->capture_default_str();
+  app.add_option("--label-smoothing", label_smoothing,
+                 "label smoothing eps in [0, 1], PyTorch's cross_entropy semantics (0: none)")
+      ->capture_default_str();
+  app.add_flag("--class-weight", class_weight,
+               "per-class weights (PyTorch's cross_entropy weight): the kernels of a weighted problem "
+               "(compile and precompile only: the weights are run-time data)");
 }
 
 lfce_problem ProblemOptions::problem(int64_t vocab, int64_t hidden) const {
@@ -122,6 +128,8 @@ lfce_problem ProblemOptions::problem(int64_t vocab, int64_t hidden) const {
   p.softcap = softcap;
   p.temperature = temperature;
   p.z_loss_scale = z_loss_scale;
+  p.label_smoothing = label_smoothing;
+  p.has_class_weight = class_weight ? 1 : 0;
   return p;
 }
 

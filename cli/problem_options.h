@@ -22,10 +22,12 @@ struct ProblemOptions {
   float softcap = 0.f;       // 0: none
   float temperature = 1.f;   // 1: none
   float z_loss_scale = 0.f;  // 0: none
+  float label_smoothing = 0.f;  // 0: none
+  bool class_weight = false;
   int64_t ignore_index = -100;
 
   // Adds --tokens, --dtype, --mode, --reduction, --targets, --bias, --chunk, --budget-mib, --softcap,
-  // --temperature, --z-loss-scale.
+  // --temperature, --z-loss-scale, --label-smoothing, --class-weight.
   void add_to(CLI::App& app);
   lfce_problem problem(int64_t vocab, int64_t hidden) const;
 };

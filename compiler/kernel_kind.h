@@ -38,8 +38,10 @@ enum SpecField : uint32_t {
   kFieldSoftcap = 1u << 9,
   kFieldTemperature = 1u << 10,
   kFieldZLoss = 1u << 11,
+  kFieldLabelSmoothing = 1u << 12,
+  kFieldClassWeight = 1u << 13,
 };
-inline constexpr uint32_t kAllSpecFields = (1u << 12) - 1;
+inline constexpr uint32_t kAllSpecFields = (1u << 14) - 1;
 
 struct KernelKindInfo {
   KernelKind kind;
@@ -69,17 +71,23 @@ struct KernelKindInfo {
 inline constexpr uint32_t kGemmFields = kFieldHidden | kFieldDType | kFieldTile;
 // The options that map each logit before the softmax: read wherever logits are.
 inline constexpr uint32_t kLogitMapFields = kFieldSoftcap | kFieldTemperature;
+// The options of the cross-entropy term (PyTorch's label_smoothing and weight). lse_forward
+// reads the class weights only with label smoothing (its weighted logit sum), loss_reduce the
+// z-loss only with class weights (its own denominator): KernelSpec::fields_read().
+inline constexpr uint32_t kTargetTermFields = kFieldLabelSmoothing | kFieldClassWeight;
 inline constexpr KernelKindInfo kKernelKinds[] = {
     // kind, name, gemm, backward, chunked, bias_only, a, b, smem_per_row, smem_bytes, thread_per_row,
     // reads, unscales_dz[, adds_target_term]
     {KernelKind::LseForward, "lse_forward", true, false, false, false, Layout::KMajor, Layout::KMajor, 16, 0, true,
-     kGemmFields | kFieldVocab | kFieldTargets | kFieldBias | kLogitMapFields, false},
+     kGemmFields | kFieldVocab | kFieldTargets | kFieldBias | kLogitMapFields | kTargetTermFields, false},
     {KernelKind::LseCombine, "lse_combine", false, false, false, false, Layout::KMajor, Layout::KMajor, 0, 0, false,
-     kFieldVocab | kFieldTargets | kFieldZLoss, false},
+     kFieldVocab | kFieldTargets | kFieldZLoss | kTargetTermFields, false},
     {KernelKind::LossReduce, "loss_reduce", false, false, false, false, Layout::KMajor, Layout::KMajor, 0, 8192, false,
-     kFieldTargets | kFieldReduction, false},
+     kFieldTargets | kFieldReduction | kFieldClassWeight | kFieldZLoss, false},
     {KernelKind::DlogitsBackward, "dlogits_backward", true, true, true, false, Layout::KMajor, Layout::KMajor, 16, 0,
-     true, kGemmFields | kFieldMode | kFieldTargets | kFieldReduction | kFieldBias | kLogitMapFields | kFieldZLoss,
+     true,
+     kGemmFields | kFieldMode | kFieldTargets | kFieldReduction | kFieldBias | kLogitMapFields | kFieldZLoss |
+         kTargetTermFields,
      false},
     {KernelKind::GradWeight, "grad_weight", true, true, true, false, Layout::KMajor, Layout::MNMajor, 0, 0, false,
      kGemmFields, true},

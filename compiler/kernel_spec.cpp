@@ -131,6 +131,8 @@ std::string KernelSpec::text() const {
   if (softcap != 0.f) out << ";softcap=" << float_text(softcap);
   if (temperature != 1.f) out << ";temperature=" << float_text(temperature);
   if (z_loss_scale != 0.f) out << ";z_loss_scale=" << float_text(z_loss_scale);
+  if (label_smoothing != 0.f) out << ";label_smoothing=" << float_text(label_smoothing);
+  if (class_weight) out << ";class_weight=1";
   return out.str();
 }
 
@@ -192,6 +194,13 @@ KernelSpec KernelSpec::parse(std::string_view text) {
   take_float("softcap", spec.softcap);
   take_float("temperature", spec.temperature);
   take_float("z_loss_scale", spec.z_loss_scale);
+  take_float("label_smoothing", spec.label_smoothing);
+  if (fields.count("class_weight")) {
+    const std::string text = take("class_weight");
+    if (text != "1")
+      throw SpecError("KernelSpec field 'class_weight' must be 1 (without class weights: no field), got '" + text + "'");
+    spec.class_weight = true;
+  }
   if (!fields.empty()) throw SpecError("KernelSpec has unknown field '" + fields.begin()->first + "'");
   return spec;
 }
@@ -238,6 +247,11 @@ void KernelSpec::validate() const {
   option(softcap, "softcap", 0.f, kMaxSoftcap, 0.f, kFieldSoftcap, "reads no logits");
   option(temperature, "temperature", kMinTemperature, kMaxTemperature, 1.f, kFieldTemperature, "reads no logits");
   option(z_loss_scale, "z_loss_scale", 0.f, kMaxZLossScale, 0.f, kFieldZLoss, "computes neither the loss nor dz");
+  option(label_smoothing, "label_smoothing", 0.f, 1.f, 0.f, kFieldLabelSmoothing, "computes neither the loss nor dz");
+  if (class_weight && !(reads & kFieldClassWeight))
+    fail(kind == KernelKind::LseForward ? "class_weight is set on lse_forward without label smoothing (it reads the "
+                                          "class weights only for the smoothing term)"
+                                        : "class_weight is set on a kernel that reads no class weights");
   if (!info.gemm) return;
   const ArchInfo& limits = arch_info(arch);
   const TileConfig& t = tile;
@@ -331,6 +345,15 @@ uint32_t KernelSpec::fields_read() const {
   if (info.unscales_dz && dtype == DType::FP16)
     reads |= kFieldReduction | (reduction == Reduction::None ? 0u : uint32_t{kFieldMode});
   if (info.adds_target_term && dtype != DType::FP32) reads |= kFieldTargets;
+  // lse_forward reads the class weights only for label smoothing's weighted logit sum;
+  // loss_reduce the z-loss only for "mean" with class weights (the z-loss's own denominator).
+  if (kind == KernelKind::LseForward && label_smoothing == 0.f) reads &= ~uint32_t{kFieldClassWeight};
+  if (kind == KernelKind::LossReduce && !(class_weight && reduction == Reduction::Mean))
+    reads &= ~uint32_t{kFieldZLoss};
+  // The target terms need V: eps / V, and the bound of a target whose class weight is read.
+  if ((kind == KernelKind::DlogitsBackward && (label_smoothing != 0.f || class_weight)) ||
+      (kind == KernelKind::LossReduce && class_weight))
+    reads |= kFieldVocab;
   return reads;
 }
 
@@ -351,6 +374,8 @@ KernelSpec KernelSpec::normalised() const {
   if (reads & kFieldSoftcap) out.softcap = softcap;
   if (reads & kFieldTemperature) out.temperature = temperature;
   if (reads & kFieldZLoss) out.z_loss_scale = z_loss_scale;
+  if (reads & kFieldLabelSmoothing) out.label_smoothing = label_smoothing;
+  if (reads & kFieldClassWeight) out.class_weight = class_weight;
   return out;
 }
 

@@ -127,11 +127,19 @@ class KernelSpec {
   // token's loss gains s·LSE², its logits' gradient 2s·LSE·softmax; 0 = none. A constant.
   float z_loss_scale = 0.f;
   static constexpr float kMaxZLossScale = 1e6f;
+  // Label smoothing eps in [0, 1] (PyTorch's cross_entropy): the cross-entropy term of a token
+  // becomes (1 − eps)·(LSE − u_y) + eps / V · Σ_v (LSE − u_v) (class-weighted: w_y and w_v
+  // inside); 0 = none. A constant of the code.
+  float label_smoothing = 0.f;
+  // Per-class weights w [V] (PyTorch's cross_entropy `weight`, a run-time fp32 array): the
+  // token's cross-entropy term times w_y, "mean" over the counted tokens' Σ w_y.
+  bool class_weight = false;
 
   // Canonical text, e.g.
   // "lse_forward;V=128256;H=4096;chunk=0;mode=recompute;dtype=bf16;targets=i64;reduction=mean;
   //  bias=0;arch=sm_90a;tile=128x128x64/2x4/s3", then ";softcap=30", ";temperature=0.7" and
-  //  ";z_loss_scale=1e-04" where they are not the defaults (none)
+  //  ";z_loss_scale=1e-04", ";label_smoothing=0.1" and ";class_weight=1" where they are not the
+  //  defaults (none)
   std::string text() const;
   static KernelSpec parse(std::string_view text);  // throws SpecError naming the bad field
   // Throws SpecError if the spec cannot be generated (sizes and their limits above, tile
@@ -148,7 +156,7 @@ class KernelSpec {
 
   auto tie() const {
     return std::tie(kind, vocab, hidden, chunk, mode, dtype, targets, reduction, bias, arch, tile, softcap, temperature,
-                    z_loss_scale);
+                    z_loss_scale, label_smoothing, class_weight);
   }
   bool operator==(const KernelSpec& o) const { return tie() == o.tie(); }
   bool operator!=(const KernelSpec& o) const { return !(*this == o); }

@@ -87,8 +87,7 @@ Dim3 gemm_grid(const Plan& plan, const KernelSpec& spec, int64_t rows, int64_t c
 // Launches a GEMM kernel: `args` as the template declares them, then, for wgmma tiles, the
 // tensor maps of operands A and B (gemm_params in templates/gemm_skeleton.h).
 void launch_gemm(const Kernel& kernel, const KernelSpec& spec, Dim3 grid, CUstream stream,
-                 std::initializer_list<void*> args, const Operand& a, const Operand& b) {
-  std::vector<void*> params(args);
+                 std::vector<void*> params, const Operand& a, const Operand& b) {
   CUtensorMap maps[2];
   if (spec.tile.wgmma()) {
     const KernelKindInfo& info = kind_info(spec.kind);
@@ -108,6 +107,7 @@ void run_forward(const Problem& problem, const lfce_forward_args& a, const PlanF
   require(a.lse, "lse");
   require(a.token_loss, "token_loss");
   require(a.valid_count, "valid_count");
+  if (problem.class_weight) require(a.class_weight, "class_weight (the problem has has_class_weight = 1)");
   if (problem.reduction != Reduction::None) require(a.loss, "loss");
   make_context_current(a.device);
   const Plan plan = plan_for(problem, a.device);
@@ -129,16 +129,32 @@ void run_forward(const Problem& problem, const lfce_forward_args& a, const PlanF
   void* loss = a.loss ? static_cast<void*>(a.loss) : static_cast<void*>(a.valid_count);
   void* count = a.valid_count;
 
+  // Label smoothing's partial logit sums and per-split class-weight totals (the templates take
+  // them, and the class weights, only with those options).
+  void* logit_sums = at(a.workspace, layout.partial_logit_sum);
+  void* weight_totals = at(a.workspace, layout.weight_total);
+  void* class_weight = const_cast<float*>(a.class_weight);
+
   const KernelSpec fwd = plan.spec(KernelKind::LseForward);
   const int64_t h = problem.hidden, v = problem.vocab;
+  std::vector<void*> fwd_args = {&x, &w, &b, &y, &n, &pmax, &psum, &tlogit};
+  if (fwd.label_smoothing != 0.f) fwd_args.push_back(&logit_sums);
+  if (fwd.class_weight) fwd_args.insert(fwd_args.end(), {&class_weight, &weight_totals});
   launch_gemm(kernel_for(a.device, fwd), fwd, {static_cast<unsigned>(plan.row_groups()), static_cast<unsigned>(splits), 1}, stream,
-              {&x, &w, &b, &y, &n, &pmax, &psum, &tlogit}, Operand{x, h, n, h}, Operand{w, h, v, h});
+              fwd_args, Operand{x, h, n, h}, Operand{w, h, v, h});
 
-  void* combine_args[] = {&pmax, &psum, &tlogit, &y, &n, &ignore, &splits, &lse, &token_loss};
-  kernel_for(a.device, plan.spec(KernelKind::LseCombine)).launch({grid_dim(n, 256, 'x'), 1, 1}, stream, combine_args);
+  const KernelSpec combine = plan.spec(KernelKind::LseCombine);
+  std::vector<void*> combine_args = {&pmax, &psum, &tlogit, &y, &n, &ignore, &splits, &lse, &token_loss};
+  if (combine.label_smoothing != 0.f) combine_args.push_back(&logit_sums);
+  if (combine.class_weight) combine_args.push_back(&class_weight);
+  if (combine.label_smoothing != 0.f && combine.class_weight) combine_args.insert(combine_args.end(), {&weight_totals, &count});
+  kernel_for(a.device, combine).launch({grid_dim(n, 256, 'x'), 1, 1}, stream, combine_args.data());
 
-  void* reduce_args[] = {&token_loss, &y, &n, &ignore, &loss, &count};
-  kernel_for(a.device, plan.spec(KernelKind::LossReduce)).launch({1, 1, 1}, stream, reduce_args);
+  const KernelSpec reduce = plan.spec(KernelKind::LossReduce);
+  std::vector<void*> reduce_args = {&token_loss, &y, &n, &ignore, &loss, &count};
+  if (reduce.class_weight) reduce_args.push_back(&class_weight);
+  if (reduce.z_loss_scale != 0.f) reduce_args.push_back(&lse);
+  kernel_for(a.device, reduce).launch({1, 1, 1}, stream, reduce_args.data());
 }
 
 void run_backward(const Problem& problem, const lfce_backward_args& a, const PlanFor& plan_for) {
@@ -148,6 +164,7 @@ void run_backward(const Problem& problem, const lfce_backward_args& a, const Pla
   require(a.targets, "targets");
   require(a.lse, "lse");
   require(a.valid_count, "valid_count");
+  if (problem.class_weight) require(a.class_weight, "class_weight (the problem has has_class_weight = 1)");
   if (problem.mode == Mode::Recompute) require(a.grad_loss, "grad_loss (recompute mode needs the upstream gradient)");
   // Each gradient is optional (a frozen LM head, LoRA): a NULL one's kernel is neither compiled nor launched.
   const bool want_hidden = a.grad_hidden != nullptr;
@@ -180,6 +197,7 @@ void run_backward(const Problem& problem, const lfce_backward_args& a, const Pla
   void* acc = plan.needs_grad_input_accumulator() ? at(a.workspace, layout.grad_input_acc) : a.grad_hidden;
   void* grad_weight = a.grad_weight;
   void* grad_bias = a.grad_bias;
+  void* class_weight = const_cast<float*>(a.class_weight);
 
   const KernelSpec dlogits = plan.spec(KernelKind::DlogitsBackward);
   const KernelSpec gw = plan.spec(KernelKind::GradWeight);
@@ -200,9 +218,11 @@ void run_backward(const Problem& problem, const lfce_backward_args& a, const Pla
     const Dim3 dlogits_grid = gemm_grid(plan, dlogits, n, v_len, "dlogits_backward");
     // The chunk's rows of W, as the templates address them.
     const void* w_chunk = static_cast<const char*>(w) + v_begin * h * dtype_bytes(problem.dtype);
-    launch_gemm(dlogits_kernel, dlogits, dlogits_grid, stream,
-                {&x, &w, &b, &y, &lse, &grad_loss, &count, &n, &ignore, &v_begin, &v_len, &ld, &dz, &residual},
-                Operand{x, h, n, h}, Operand{w_chunk, h, v_len, h});
+    std::vector<void*> dlogits_args = {&x,  &w,       &b,     &y,  &lse, &grad_loss, &count,
+                                       &n,  &ignore,  &v_begin, &v_len, &ld, &dz,  &residual};
+    if (dlogits.class_weight) dlogits_args.push_back(&class_weight);
+    launch_gemm(dlogits_kernel, dlogits, dlogits_grid, stream, dlogits_args, Operand{x, h, n, h},
+                Operand{w_chunk, h, v_len, h});
 
     if (gw_kernel)  // A = dzᵀ [v_len, ld] K-major; B = x [N, H] MN-major
       launch_gemm(*gw_kernel, gw, gemm_grid(plan, gw, v_len, h, "grad_weight"), stream,

@@ -102,7 +102,8 @@ std::string problem_text(const Problem& p) {
          (p.bias ? "bias" : "nobias") + "," + std::string(reduction_name(p.reduction)) + "," +
          std::string(mode_name(p.mode)) + "," + std::to_string(p.ignore_index) + "," + std::to_string(p.chunk_size) +
          "," + std::to_string(p.workspace_budget) + ",softcap=" + float_text(p.softcap) +
-         ",temperature=" + float_text(p.temperature) + ",z_loss_scale=" + float_text(p.z_loss_scale);
+         ",temperature=" + float_text(p.temperature) + ",z_loss_scale=" + float_text(p.z_loss_scale) +
+         ",label_smoothing=" + float_text(p.label_smoothing) + ",class_weight=" + (p.class_weight ? "1" : "0");
 }
 
 Problem problem_from_c(const lfce_problem* c) {
@@ -132,6 +133,12 @@ Problem problem_from_c(const lfce_problem* c) {
     throw SpecError("lfce_problem.z_loss_scale must be 0 (none) or a positive scale up to 1e6, got " +
                     float_text(c->z_loss_scale));
   p.z_loss_scale = c->z_loss_scale;
+  if (!(c->label_smoothing >= 0.f && c->label_smoothing <= 1.f))
+    throw SpecError("lfce_problem.label_smoothing must be in [0, 1] (0: none), got " + float_text(c->label_smoothing));
+  p.label_smoothing = c->label_smoothing;
+  if (c->has_class_weight != 0 && c->has_class_weight != 1)
+    throw SpecError("lfce_problem.has_class_weight must be 0 or 1, got " + std::to_string(c->has_class_weight));
+  p.class_weight = c->has_class_weight == 1;
   p.ignore_index = c->ignore_index;
   p.chunk_size = c->chunk_size;
   if (c->workspace_budget < 0)
@@ -165,6 +172,10 @@ void check_problem(const Problem& p) {
   if (p.dtype == DType::FP16 && p.temperature <= 0.5f)
     throw SpecError("lfce_problem.temperature = " + float_text(p.temperature) +
                     " with fp16: dz (up to 1 / T times its bound) could overflow fp16; use T > 0.5, bf16 or fp32");
+  // fp16 dz is scaled by the unweighted g; a class weight w_y multiplies it, unbounded.
+  if (p.dtype == DType::FP16 && p.class_weight)
+    throw SpecError("lfce_problem.has_class_weight = 1 with fp16 is not supported: dz's fp16 scaling assumes "
+                    "unweighted tokens (a class weight could overflow fp16); use bf16 or fp32");
 }
 
 Plan::Plan(const Problem& problem, Arch arch, const Tuning& tuning, const DeviceLimits& limits)
@@ -220,9 +231,22 @@ Plan::Plan(const Problem& problem, Arch arch, const Tuning& tuning, const Device
 // Normalised: problems that differ only in fields a kernel does not read share its spec, and
 // so its compile, cache entry and tuning.
 TileConfig Plan::tile(KernelKind kind) const {
+  // dlogits_backward with a bias and class-weighted label smoothing loads two values per column
+  // beside the accumulators: with 128 a thread (64 x 256 per consumer) ptxas 13.0 spilled 16
+  // bytes, so it takes 64 x 128 per consumer, tuned or not (tunings leave the options out).
+  const bool two_column_values = kind == KernelKind::DlogitsBackward && p_.bias && p_.class_weight &&
+                                 p_.label_smoothing != 0.f;
+  // lse_forward with class-weighted label smoothing loads each column's weight in the staged
+  // epilogue: beside a wgmma tile's mainloop ptxas 13.0 spilled 16-24 bytes, so it takes the
+  // mma.sync tile (spill-free; the forward at mma.sync speed: a known cost of this combination).
+  const bool weighted_smoothing = kind == KernelKind::LseForward && p_.class_weight && p_.label_smoothing != 0.f;
   auto it = tuning_.tiles.find(kind);
-  if (it != tuning_.tiles.end()) return it->second;
+  if (it != tuning_.tiles.end() && !(two_column_values && it->second.wgmma() && it->second.accumulators() > 64) &&
+      !(weighted_smoothing && it->second.wgmma()))
+    return it->second;
   TileConfig t = default_tile(kind, p_.dtype, arch_, limits_.smem_per_block, p_.hidden);
+  if (two_column_values && t.wgmma() && t.accumulators() > 64) return TileConfig{128, 128, 64, 1, 1, 4, 2};
+  if (weighted_smoothing && t.wgmma()) return default_tile(kind, p_.dtype, Arch::SM80, limits_.smem_per_block, p_.hidden);
   if (t.wgmma() && !t.pingpong && t.bn == 256 && (kind == KernelKind::GradInput || kind == KernelKind::GradWeight)) {
     // (Called once the chunk is known: the constructor asks only for lse_forward's tile.)
     // The output is [N or chunk, H]: when H / 256 column blocks leave the last wave of CTAs
@@ -251,11 +275,17 @@ KernelSpec problem_spec(KernelKind kind, const Problem& p, Arch arch) {
   s.targets = p.targets;
   s.reduction = p.reduction;
   s.bias = p.bias;
-  const uint32_t reads = kind_info(kind).reads;
+  s.arch = arch;
+  // Each kernel gets only the options its code reads (KernelSpec::fields_read, which depends on
+  // the options themselves: lse_forward reads the class weights only with label smoothing).
+  s.label_smoothing = p.label_smoothing;
+  s.class_weight = p.class_weight;
+  const uint32_t reads = s.fields_read();
   if (reads & kFieldSoftcap) s.softcap = p.softcap;
   if (reads & kFieldTemperature) s.temperature = p.temperature;
   if (reads & kFieldZLoss) s.z_loss_scale = p.z_loss_scale;
-  s.arch = arch;
+  if (!(reads & kFieldLabelSmoothing)) s.label_smoothing = 0.f;
+  if (!(reads & kFieldClassWeight)) s.class_weight = false;
   return s;
 }
 
@@ -278,6 +308,15 @@ Plan::ForwardLayout Plan::forward_layout() const {
   l.partial_sum = partial;
   l.target_logit = checked_mul(2, partial, "forward workspace bytes");
   l.bytes = checked_add(l.target_logit, target, "forward workspace bytes");
+  // Label smoothing: the per-(split, row) partial Σ w_v·u_v, and with class weights each
+  // split's Σ w_v over its columns.
+  l.partial_logit_sum = l.weight_total = l.bytes;
+  if (p_.label_smoothing != 0.f) {
+    l.bytes = checked_add(l.partial_logit_sum, partial, "forward workspace bytes");
+    l.weight_total = l.bytes;
+    if (p_.class_weight)
+      l.bytes = checked_add(l.bytes, align256(sizeof(float) * max_splits_), "forward workspace bytes");
+  }
   return l;
 }
 

@@ -27,6 +27,8 @@ struct Problem {
   float softcap = 0.f;       // 0 = none
   float temperature = 1.f;   // 1 = none (the C struct's 0 also means none)
   float z_loss_scale = 0.f;  // 0 = none
+  float label_smoothing = 0.f;  // 0 = none
+  bool class_weight = false;    // per-class weights given in the forward and backward arguments
 };
 
 // The most tokens a problem may have: grid x = ceil(N / BM) stays within CUDA's 2^31 - 1 CTAs.
@@ -78,7 +80,9 @@ class Plan {
   bool needs_grad_input_accumulator() const { return p_.dtype != DType::FP32 && chunks() > 1; }
 
   // Workspace layouts: byte offsets into the caller's buffer, each 256-byte aligned.
-  struct ForwardLayout { size_t partial_max, partial_sum, target_logit, bytes; };
+  // partial_logit_sum ([splits, N]: label smoothing's Σ w_v·u_v) and weight_total ([splits]: Σ w_v,
+  // with class weights too) take no bytes without those options.
+  struct ForwardLayout { size_t partial_max, partial_sum, target_logit, partial_logit_sum, weight_total, bytes; };
   // dz: the chunk's dzᵀ; grad_input_acc: the fp32 [N, H] sum across chunks (when chunks > 1);
   // residual: fp32 [N], what rounding each token's target dz lost (16-bit dtypes; see grad_input).
   struct BackwardLayout { size_t dz, grad_input_acc, residual, bytes; };

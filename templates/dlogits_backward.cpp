@@ -9,6 +9,12 @@
 // grad_loss[i] for none; 1 in eager mode, where it is applied later), divided by the valid
 // count for mean; for fp16 times dz_scale (template_util.h), which the consumers divide out.
 // Rows i in [N, ld) are written as zeros: the consuming GEMMs read them.
+//
+// With label smoothing eps or class weights w (template_util.h, has_target_terms) the row's
+// dz_v = P·p_v − T·[v = y] − U·w_v (times du/dz), with a the cross-entropy's scale (g, divided
+// for mean by Σ w_y of the counted tokens) and b the z-loss's (g, divided for mean by their
+// count): T = a·(1 − eps)·w_y, U = a·eps / V, P = T + a·eps·W / V + b·2s·LSE, W = Σ_v w_v (V
+// without class weights; valid_count[2] with them).
 #include "templates/gemm_skeleton.h"
 #include "templates/template_util.h"
 #include "templates/templates.h"
@@ -19,19 +25,25 @@ using llvm::Value;
 
 KernelShape build_dlogits_backward(llvm::Module& module, const KernelSpec& spec) {
   const TileConfig& t = spec.tile;
-  KernelBuilder kb(module, "dlogits_backward",
-                   gemm_params(t, {{"x", ParamType::GlobalPtr}, {"w", ParamType::GlobalPtr}, {"bias", ParamType::GlobalPtr},
-                    {"targets", ParamType::GlobalPtr}, {"lse", ParamType::GlobalPtr},
-                    {"grad_loss", ParamType::GlobalPtr}, {"valid_count", ParamType::GlobalPtr},
-                    {"n", ParamType::I64}, {"ignore_index", ParamType::I64}, {"v_begin", ParamType::I64},
-                    {"v_len", ParamType::I64}, {"ld", ParamType::I64}, {"dz", ParamType::GlobalPtr},
-                    {"residual", ParamType::GlobalPtr}}),
-                   t.threads());
+  std::vector<Param> params = {{"x", ParamType::GlobalPtr}, {"w", ParamType::GlobalPtr}, {"bias", ParamType::GlobalPtr},
+                               {"targets", ParamType::GlobalPtr}, {"lse", ParamType::GlobalPtr},
+                               {"grad_loss", ParamType::GlobalPtr}, {"valid_count", ParamType::GlobalPtr},
+                               {"n", ParamType::I64}, {"ignore_index", ParamType::I64}, {"v_begin", ParamType::I64},
+                               {"v_len", ParamType::I64}, {"ld", ParamType::I64}, {"dz", ParamType::GlobalPtr},
+                               {"residual", ParamType::GlobalPtr}};
+  if (spec.class_weight) params.push_back({"class_weight", ParamType::GlobalPtr});
+  KernelBuilder kb(module, "dlogits_backward", gemm_params(t, params), t.threads());
+  const bool target_terms = has_target_terms(spec);
+  const float eps = spec.label_smoothing;
+  // U·w_v needs the column's class weight: per-column loads, as a bias.
+  const bool column_weights = spec.class_weight && eps != 0.f;
   auto& ir = kb.ir();
   llvm::Type* elem = elem_type(kb, spec.dtype);
   GemmSkeleton gemm(kb, spec, Layout::KMajor, Layout::KMajor);
   const int extra = gemm.extra_offset();
   const int lse_off = extra, g_off = extra + 4 * t.bm, tgt_off = extra + 8 * t.bm;
+  const int p_off = extra + 16 * t.bm, t_off = extra + 20 * t.bm;  // with target terms
+  const int smem_bytes = gemm.smem_bytes(kernel_smem_per_row(spec) * t.bm);
   auto row_slot = [&](int base, Value* r, int bytes) {
     return kb.smem(ir.CreateAdd(kb.c32(base), ir.CreateMul(r, kb.c32(bytes))));
   };
@@ -42,9 +54,15 @@ KernelShape build_dlogits_backward(llvm::Module& module, const KernelSpec& spec)
   Value* v_begin = kb.arg("v_begin");
   Value* v_len = kb.arg("v_len");
   Value* ld = kb.arg("ld");
-  // Row m's constants: g, LSE and the target (row 0's LSE and target for rows past N, whose g is 0).
+  // Row m's constants: g, LSE and the target (row 0's LSE and target for rows past N, whose g is 0);
+  // with target terms also P, T and U (nullptr without label smoothing), g being a.
   struct RowConstants {
     Value *g, *lse, *target;
+    Value *p = nullptr, *t = nullptr, *u = nullptr;
+  };
+  // U of a row whose cross-entropy scale is a, or nullptr without label smoothing.
+  auto smoothing_u = [&](Value* a) {
+    return eps != 0.f ? ir.CreateFMul(a, kb.cf(eps / static_cast<float>(spec.vocab))) : nullptr;
   };
   auto row_constants = [&](Value* m) {
     Value* in_rows = ir.CreateICmpSLT(m, n);
@@ -55,6 +73,38 @@ KernelShape build_dlogits_backward(llvm::Module& module, const KernelSpec& spec)
     if (spec.mode == Mode::Recompute) {
       Value* index = spec.reduction == Reduction::None ? safe_m : kb.c64(0);
       upstream = kb.load(kb.f32(), kb.gep(kb.arg("grad_loss"), kb.f32(), index));
+    }
+    if (target_terms) {
+      // a and b (equal without class weights), then T, U and P.
+      Value* a = upstream;
+      Value* b = upstream;
+      if (spec.reduction == Reduction::Mean) {
+        auto count = [&](int i) { return kb.load(kb.f32(), kb.gep(kb.arg("valid_count"), kb.f32(), kb.c64(i))); };
+        a = kb.div_full(upstream, count(spec.class_weight ? 1 : 0));
+        b = spec.class_weight ? kb.div_full(upstream, count(0)) : a;
+      }
+      Value* scale = dz_scale(kb, spec, kb.arg("grad_loss"), kb.arg("valid_count"));  // fp16 (no class weights)
+      a = ir.CreateSelect(counted, ir.CreateFMul(a, scale), kb.cf(0.f));
+      b = spec.class_weight ? ir.CreateSelect(counted, ir.CreateFMul(b, scale), kb.cf(0.f)) : a;
+      Value* lse = kb.load(kb.f32(), kb.gep(kb.arg("lse"), kb.f32(), safe_m));
+      Value* t_coef = eps != 0.f ? ir.CreateFMul(a, kb.cf(1.f - eps)) : a;
+      if (spec.class_weight) {
+        Value* in_range = ir.CreateAnd(ir.CreateICmpSGE(target, kb.c64(0)), ir.CreateICmpSLT(target, kb.c64(spec.vocab)));
+        Value* w_y = load_class_weight(kb, spec, ir.CreateSelect(in_range, target, kb.c64(0)));
+        t_coef = ir.CreateFMul(t_coef, w_y);
+      }
+      Value* p_coef = t_coef;
+      if (eps != 0.f) {
+        // a·eps·W / V: W / V = 1 without class weights.
+        Value* share = kb.cf(eps);
+        if (spec.class_weight)
+          share = ir.CreateFMul(kb.load(kb.f32(), kb.gep(kb.arg("valid_count"), kb.f32(), kb.c64(2))),
+                                kb.cf(eps / static_cast<float>(spec.vocab)));
+        p_coef = ir.CreateFAdd(p_coef, ir.CreateFMul(a, share));
+      }
+      if (spec.z_loss_scale != 0.f)
+        p_coef = ir.CreateFAdd(p_coef, ir.CreateFMul(b, ir.CreateFMul(kb.cf(2.f * spec.z_loss_scale), lse)));
+      return RowConstants{a, lse, target, p_coef, t_coef, smoothing_u(a)};
     }
     upstream = per_valid_token(kb, spec, upstream, kb.arg("valid_count"));
     upstream = ir.CreateFMul(upstream, dz_scale(kb, spec, kb.arg("grad_loss"), kb.arg("valid_count")));
@@ -73,11 +123,18 @@ KernelShape build_dlogits_backward(llvm::Module& module, const KernelSpec& spec)
   // z: the logit with the bias; with a softcap or a temperature, the softmax's input is the
   // capped (and scaled) logit and the chain rule multiplies by its slope. The z-loss scales the
   // row's softmax by 1 + 2s·LSE (a per-row constant: LLVM computes it once per row).
-  auto dz_of = [&](Value* z, const RowConstants& row, Value* hit) {
+  // column_weight: w_v where the row has U and class weights (else nullptr: w_v = 1).
+  auto dz_of = [&](Value* z, const RowConstants& row, Value* hit, Value* column_weight) {
     z = capped_logit(kb, spec, z);
     Value* p = kb.exp(ir.CreateFSub(z, row.lse));
-    if (Value* factor = z_loss_factor(kb, spec, row.lse)) p = ir.CreateFMul(p, factor);
-    Value* dz = ir.CreateFMul(row.g, ir.CreateFSub(p, ir.CreateSelect(hit, kb.cf(1.f), kb.cf(0.f))));
+    Value* dz = nullptr;
+    if (target_terms) {
+      dz = ir.CreateFSub(ir.CreateFMul(row.p, p), ir.CreateSelect(hit, row.t, kb.cf(0.f)));
+      if (row.u) dz = ir.CreateFSub(dz, column_weight ? ir.CreateFMul(row.u, column_weight) : row.u);
+    } else {
+      if (Value* factor = z_loss_factor(kb, spec, row.lse)) p = ir.CreateFMul(p, factor);
+      dz = ir.CreateFMul(row.g, ir.CreateFSub(p, ir.CreateSelect(hit, kb.cf(1.f), kb.cf(0.f))));
+    }
     if (Value* slope = capped_logit_slope(kb, spec, z)) dz = ir.CreateFMul(dz, slope);
     // g = 0 (ignored or padding rows) gives an exact 0 even where z or LSE is not finite.
     dz = ir.CreateSelect(ir.CreateFCmpOEQ(row.g, kb.cf(0.f)), kb.cf(0.f), dz);
@@ -91,9 +148,17 @@ KernelShape build_dlogits_backward(llvm::Module& module, const KernelSpec& spec)
   auto lean_dz = [&](Value* z, const RowConstants& row, Value* hit) {
     z = capped_logit(kb, spec, z);
     Value* p = kb.exp2(kb.fma(z, kb.cf(KernelBuilder::kLog2e), ir.CreateFMul(row.lse, kb.cf(-KernelBuilder::kLog2e))));
-    Value* g = row.g;
-    if (Value* factor = z_loss_factor(kb, spec, row.lse)) g = ir.CreateFMul(g, factor);
-    Value* dz = kb.fma(g, p, ir.CreateFNeg(ir.CreateSelect(hit, row.g, kb.cf(0.f))));
+    Value* dz = nullptr;
+    if (target_terms) {
+      // hit is a constant here: false for every element, true for the target's correction.
+      Value* sub = ir.CreateSelect(hit, row.t, kb.cf(0.f));
+      if (row.u) sub = ir.CreateFAdd(sub, row.u);  // w_v = 1: no class weights on this path with U
+      dz = kb.fma(row.p, p, ir.CreateFNeg(sub));
+    } else {
+      Value* g = row.g;
+      if (Value* factor = z_loss_factor(kb, spec, row.lse)) g = ir.CreateFMul(g, factor);
+      dz = kb.fma(g, p, ir.CreateFNeg(ir.CreateSelect(hit, row.g, kb.cf(0.f))));
+    }
     if (Value* slope = capped_logit_slope(kb, spec, z)) dz = ir.CreateFMul(dz, slope);
     return ir.CreateSelect(ir.CreateFCmpOEQ(row.g, kb.cf(0.f)), kb.cf(0.f), dz);
   };
@@ -105,6 +170,8 @@ KernelShape build_dlogits_backward(llvm::Module& module, const KernelSpec& spec)
   Value* k_tiles = gemm.k_tiles_for(hidden);
 
   if (gemm.specialised()) {
+    // The epilogue with per-column values (a bias, or the class weights of U·w_v), or the lean one.
+    const bool per_column = spec.bias || column_weights;
     // sm_90a: persistent CTAs take the tiles tile = ctaid.x, + nctaid.x, ... in grouped order,
     // warp-specialised, and write dz straight from the accumulators (no staged tile, so the
     // producer loads the next tile while the consumers finish this one).
@@ -128,11 +195,11 @@ KernelShape build_dlogits_backward(llvm::Module& module, const KernelSpec& spec)
         // (8 · blocks: this thread's column range, BN, or BN / 2 in a split tile.)
         Value* mine = ir.CreateAnd(ir.CreateICmpSLT(m[h], n),
                                    ir.CreateAnd(in_tile, ir.CreateICmpSLT(rel, kb.c64(8 * f.blocks()))));
-        if (!spec.bias) mine = ir.CreateAnd(mine, ir.CreateICmpEQ(ir.CreateAnd(rel, kb.c64(6)), kb.c64(0)));
+        if (!per_column) mine = ir.CreateAnd(mine, ir.CreateICmpEQ(ir.CreateAnd(rel, kb.c64(6)), kb.c64(0)));
         target_col[h] = ir.CreateSelect(mine, ir.CreateTrunc(rel, kb.i32()), kb.c32(-1));
       }
-      if (spec.bias) {
-        // With a bias: dz rounded per element, exchanged as 16-bit values, a branch per pair store
+      if (per_column) {
+        // With a bias (or class weights with label smoothing: U·w_v): dz rounded per element, exchanged as 16-bit values, a branch per pair store
         // and per target residual. (The straight-line form below hoisted every bias load to the
         // top and spilled 40-64 bytes under the driver's JIT, H200, driver 580, with a branch per
         // store or a warp sync every 4 columns too.)
@@ -159,12 +226,16 @@ KernelShape build_dlogits_backward(llvm::Module& module, const KernelSpec& spec)
           Value* in_cols = ir.CreateICmpSLT(v, v_len);
           Value* vocab_index = ir.CreateAdd(v_begin, v);
           Value* bias = load_bias(kb, spec, kb.arg("bias"), ir.CreateSelect(in_cols, vocab_index, v_begin));
+          Value* column_weight =
+              column_weights
+                  ? load_class_weight(kb, spec, ir.CreateSelect(in_cols, vocab_index, v_begin))
+                  : nullptr;
           Value* column = kb.gep(kb.arg("dz"), elem, ir.CreateMul(v, ld));
           for (int i = 0; i < rows / 2; ++i) {
             Dz dz[2];
             for (int h = 0; h < 2; ++h)
-              dz[h] = dz_of(ir.CreateFAdd(f.at(q / 2, 2 * i + h, q % 2), bias), row[2 * i + h],
-                            ir.CreateICmpEQ(target_col[2 * i + h], kb.c32(8 * (q / 2) + q % 2)));
+              dz[h] = dz_of(add_bias(kb, spec, f.at(q / 2, 2 * i + h, q % 2), bias), row[2 * i + h],
+                            ir.CreateICmpEQ(target_col[2 * i + h], kb.c32(8 * (q / 2) + q % 2)), column_weight);
             // The lower lane sends its second row, the upper one its first.
             Value* got = exchange(ir.CreateSelect(upper, dz[0].rounded, dz[1].rounded));
             Value* pair = llvm::PoisonValue::get(llvm::FixedVectorType::get(elem, 2));
@@ -236,7 +307,7 @@ KernelShape build_dlogits_backward(llvm::Module& module, const KernelSpec& spec)
         });
     });
     kb.finish();
-    return {"dlogits_backward", t.threads(), gemm.smem_bytes(16 * t.bm)};
+    return {"dlogits_backward", t.threads(), smem_bytes};
   }
 
   Value *m0, *n0;
@@ -249,6 +320,10 @@ KernelShape build_dlogits_backward(llvm::Module& module, const KernelSpec& spec)
     kb.store(row.g, row_slot(g_off, tid, 4));
     kb.store(row.lse, row_slot(lse_off, tid, 4));
     kb.store(row.target, row_slot(tgt_off, tid, 8));
+    if (target_terms) {
+      kb.store(row.p, row_slot(p_off, tid, 4));
+      kb.store(row.t, row_slot(t_off, tid, 4));
+    }
   });
 
   GemmOperand x{kb.arg("x"), hidden, Layout::KMajor, n, hidden, row_align};
@@ -263,16 +338,22 @@ KernelShape build_dlogits_backward(llvm::Module& module, const KernelSpec& spec)
     kb.if_then(ir.CreateAnd(ir.CreateICmpSLT(m, ld), ir.CreateICmpSLT(v, v_len)), [&] {
       RowConstants row{kb.load(kb.f32(), row_slot(g_off, r, 4)), kb.load(kb.f32(), row_slot(lse_off, r, 4)),
                        kb.load(kb.i64(), row_slot(tgt_off, r, 8))};
+      if (target_terms) {
+        row.p = kb.load(kb.f32(), row_slot(p_off, r, 4));
+        row.t = kb.load(kb.f32(), row_slot(t_off, r, 4));
+        row.u = smoothing_u(row.g);
+      }
       Value* vocab_index = ir.CreateAdd(v_begin, v);
       Value* z = ir.CreateFAdd(kb.load(kb.f32(), gemm.staged(r, c)), load_bias(kb, spec, kb.arg("bias"), vocab_index));
       Value* index = ir.CreateAdd(ir.CreateMul(v, ld), m);
-      Dz dz = dz_of(z, row, ir.CreateICmpEQ(row.target, vocab_index));
+      Value* column_weight = column_weights ? load_class_weight(kb, spec, vocab_index) : nullptr;
+      Dz dz = dz_of(z, row, ir.CreateICmpEQ(row.target, vocab_index), column_weight);
       kb.store(dz.rounded, kb.gep(kb.arg("dz"), elem, index));
       if (compensate) kb.if_then(ir.CreateAnd(dz.hit, ir.CreateICmpSLT(m, n)), [&] { store_residual(m, dz.exact); });
     });
   });
   kb.finish();
-  return {"dlogits_backward", t.threads(), gemm.smem_bytes(16 * t.bm)};
+  return {"dlogits_backward", t.threads(), smem_bytes};
 }
 
 }  // namespace lfce

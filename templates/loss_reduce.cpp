@@ -2,6 +2,9 @@
 // fixed order (strided per-thread sums, then a tree), so the result is the same every run.
 // Writes the count (the mean's denominator, kept on the device: no host sync) and the
 // reduced loss: sum, or sum / count for mean (NaN when every target is ignored, as PyTorch).
+// With class weights it also writes valid_count[1] = Σ w_y over the counted tokens, the mean's
+// denominator of the cross-entropy (and smoothing) terms; the z-loss part of each token's loss,
+// s·LSE², keeps the count as its own (as Liger-Kernel's): mean = (Σ loss − Σ z) / Σ w_y + Σ z / count.
 #include "templates/template_util.h"
 #include "templates/templates.h"
 
@@ -11,18 +14,22 @@ using llvm::Value;
 
 KernelShape build_loss_reduce(llvm::Module& module, const KernelSpec& spec) {
   constexpr int kThreads = 1024;
-  KernelBuilder kb(module, "loss_reduce",
-                   {{"token_loss", ParamType::GlobalPtr}, {"targets", ParamType::GlobalPtr},
-                    {"n", ParamType::I64}, {"ignore_index", ParamType::I64},
-                    {"loss", ParamType::GlobalPtr}, {"valid_count", ParamType::GlobalPtr}},
-                   kThreads);
+  const bool weighted = spec.class_weight;
+  const bool z_loss = spec.z_loss_scale != 0.f;  // read only for mean with class weights (fields_read)
+  std::vector<Param> params = {{"token_loss", ParamType::GlobalPtr}, {"targets", ParamType::GlobalPtr},
+                               {"n", ParamType::I64}, {"ignore_index", ParamType::I64},
+                               {"loss", ParamType::GlobalPtr}, {"valid_count", ParamType::GlobalPtr}};
+  if (weighted) params.push_back({"class_weight", ParamType::GlobalPtr});
+  if (z_loss) params.push_back({"lse", ParamType::GlobalPtr});
+  KernelBuilder kb(module, "loss_reduce", params, kThreads);
   auto& ir = kb.ir();
   Value* tid = kb.tid();
-  Value* acc = kb.local_array(kb.f32(), 2, "acc");
+  // Per-thread sums: loss, count, and with class weights Σ w_y and Σ s·LSE².
+  const int sums = weighted ? 4 : 2;
+  Value* acc = kb.local_array(kb.f32(), sums, "acc");
   Value* sum_slot = kb.at(acc, kb.f32(), 0);
   Value* count_slot = kb.at(acc, kb.f32(), 1);
-  kb.store(kb.cf(0.f), sum_slot);
-  kb.store(kb.cf(0.f), count_slot);
+  for (int i = 0; i < sums; ++i) kb.store(kb.cf(0.f), kb.at(acc, kb.f32(), i));
   kb.for_range(ir.CreateZExt(tid, kb.i64()), kb.arg("n"), kb.c64(kThreads), [&](Value* m) {
     Value* target = load_target(kb, spec, kb.arg("targets"), m);
     Value* valid = ir.CreateICmpNE(target, kb.arg("ignore_index"));
@@ -30,29 +37,57 @@ KernelShape build_loss_reduce(llvm::Module& module, const KernelSpec& spec) {
     kb.store(ir.CreateFAdd(kb.load(kb.f32(), sum_slot), loss), sum_slot);
     kb.store(ir.CreateFAdd(kb.load(kb.f32(), count_slot), ir.CreateSelect(valid, kb.cf(1.f), kb.cf(0.f))),
              count_slot);
+    if (weighted) {
+      // A target outside [0, V) reads no weight (its loss is NaN already).
+      Value* in_range = ir.CreateAnd(ir.CreateICmpSGE(target, kb.c64(0)), ir.CreateICmpSLT(target, kb.c64(spec.vocab)));
+      Value* counted = ir.CreateAnd(valid, in_range);
+      Value* w = load_class_weight(kb, spec, ir.CreateSelect(counted, target, kb.c64(0)));
+      Value* slot = kb.at(acc, kb.f32(), 2);
+      kb.store(ir.CreateFAdd(kb.load(kb.f32(), slot), ir.CreateSelect(counted, w, kb.cf(0.f))), slot);
+      if (z_loss) {
+        Value* lse = kb.load(kb.f32(), kb.gep(kb.arg("lse"), kb.f32(), m));
+        Value* z = z_loss_term(kb, spec, lse);
+        slot = kb.at(acc, kb.f32(), 3);
+        kb.store(ir.CreateFAdd(kb.load(kb.f32(), slot), ir.CreateSelect(counted, z, kb.cf(0.f))), slot);
+      }
+    }
   });
-  // Tree over shared memory: [0, 1024) sums, [1024, 2048) counts.
+  // Tree over shared memory: sum i of thread t at [i·1024 + t].
   auto slot = [&](Value* i, int base) { return kb.smem(ir.CreateMul(ir.CreateAdd(i, kb.c32(base)), kb.c32(4))); };
-  kb.store(kb.load(kb.f32(), sum_slot), slot(tid, 0));
-  kb.store(kb.load(kb.f32(), count_slot), slot(tid, kThreads));
+  for (int i = 0; i < sums; ++i) kb.store(kb.load(kb.f32(), kb.at(acc, kb.f32(), i)), slot(tid, i * kThreads));
   for (int stride = kThreads / 2; stride > 0; stride /= 2) {
     kb.barrier();
     kb.if_then(ir.CreateICmpULT(tid, kb.c32(stride)), [&] {
       Value* other = ir.CreateAdd(tid, kb.c32(stride));
-      for (int base : {0, kThreads})
+      for (int i = 0; i < sums; ++i) {
+        const int base = i * kThreads;
         kb.store(ir.CreateFAdd(kb.load(kb.f32(), slot(tid, base)), kb.load(kb.f32(), slot(other, base))),
                  slot(tid, base));
+      }
     });
   }
   kb.if_then(ir.CreateICmpEQ(tid, kb.c32(0)), [&] {
     Value* sum = kb.load(kb.f32(), slot(tid, 0));
     Value* count = kb.load(kb.f32(), slot(tid, kThreads));
     kb.store(count, kb.arg("valid_count"));
+    Value* mean = nullptr;
+    if (weighted) {
+      Value* weight_sum = kb.load(kb.f32(), slot(tid, 2 * kThreads));
+      kb.store(weight_sum, kb.gep(kb.arg("valid_count"), kb.f32(), kb.c64(1)));
+      if (z_loss) {
+        Value* z_sum = kb.load(kb.f32(), slot(tid, 3 * kThreads));
+        mean = ir.CreateFAdd(ir.CreateFDiv(ir.CreateFSub(sum, z_sum), weight_sum), ir.CreateFDiv(z_sum, count));
+      } else {
+        mean = ir.CreateFDiv(sum, weight_sum);
+      }
+    } else {
+      mean = ir.CreateFDiv(sum, count);
+    }
     if (spec.reduction != Reduction::None)
-      kb.store(spec.reduction == Reduction::Mean ? ir.CreateFDiv(sum, count) : sum, kb.arg("loss"));
+      kb.store(spec.reduction == Reduction::Mean ? mean : sum, kb.arg("loss"));
   });
   kb.finish();
-  return {"loss_reduce", kThreads, 8 * kThreads};
+  return {"loss_reduce", kThreads, kernel_smem_bytes(spec)};
 }
 
 }  // namespace lfce

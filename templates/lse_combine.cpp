@@ -2,6 +2,10 @@
 // lse_forward into LSE_i and the per-token loss ℓ_i = LSE_i − z_{i,y_i}, plus the z-loss
 // s·LSE_i² where the spec has one (0 when y_i is ignore_index; NaN when y_i is outside [0, V),
 // so a bad target is loud, not silent). LSE and z_y are those of the logits the softmax sees.
+// With class weights w the cross-entropy term is w_y·(LSE − z_y); with label smoothing eps it
+// is (1 − eps)·w_y·(LSE − z_y) + eps / V · (W·LSE − Σ_v w_v·z_v), W = Σ_v w_v (V without class
+// weights), from lse_forward's per-split partial Σ w_v·z_v and per-split Σ w_v; thread 0 of
+// CTA 0 writes W to valid_count[2] for the backward.
 #include "templates/template_util.h"
 #include "templates/templates.h"
 
@@ -11,13 +15,34 @@ using llvm::Value;
 
 KernelShape build_lse_combine(llvm::Module& module, const KernelSpec& spec) {
   constexpr int kThreads = 256;
-  KernelBuilder kb(module, "lse_combine",
-                   {{"partial_max", ParamType::GlobalPtr}, {"partial_sum", ParamType::GlobalPtr},
-                    {"target_logit", ParamType::GlobalPtr}, {"targets", ParamType::GlobalPtr},
-                    {"n", ParamType::I64}, {"ignore_index", ParamType::I64}, {"splits", ParamType::I32},
-                    {"lse", ParamType::GlobalPtr}, {"token_loss", ParamType::GlobalPtr}},
-                   kThreads);
+  const bool smoothing = spec.label_smoothing != 0.f;
+  std::vector<Param> params = {{"partial_max", ParamType::GlobalPtr}, {"partial_sum", ParamType::GlobalPtr},
+                               {"target_logit", ParamType::GlobalPtr}, {"targets", ParamType::GlobalPtr},
+                               {"n", ParamType::I64}, {"ignore_index", ParamType::I64}, {"splits", ParamType::I32},
+                               {"lse", ParamType::GlobalPtr}, {"token_loss", ParamType::GlobalPtr}};
+  if (smoothing) params.push_back({"partial_logit_sum", ParamType::GlobalPtr});
+  if (spec.class_weight) params.push_back({"class_weight", ParamType::GlobalPtr});
+  if (smoothing && spec.class_weight) {
+    params.push_back({"weight_total", ParamType::GlobalPtr});
+    params.push_back({"valid_count", ParamType::GlobalPtr});
+  }
+  KernelBuilder kb(module, "lse_combine", params, kThreads);
   auto& ir = kb.ir();
+  // Σ_v w_v: the splits' totals in split order (every thread the same sum), or V.
+  Value* weight_sum = kb.cf(static_cast<float>(spec.vocab));
+  if (smoothing && spec.class_weight) {
+    Value* total = kb.local_array(kb.f32(), 1, "weight_sum");
+    kb.store(kb.cf(0.f), kb.at(total, kb.f32(), 0));
+    kb.for_range(kb.c64(0), ir.CreateZExt(kb.arg("splits"), kb.i64()), kb.c64(1), [&](Value* s) {
+      Value* slot = kb.at(total, kb.f32(), 0);
+      kb.store(ir.CreateFAdd(kb.load(kb.f32(), slot), kb.load(kb.f32(), kb.gep(kb.arg("weight_total"), kb.f32(), s))),
+               slot);
+    });
+    weight_sum = kb.load(kb.f32(), kb.at(total, kb.f32(), 0));
+    kb.if_then(ir.CreateAnd(ir.CreateICmpEQ(kb.ctaid(0), kb.c32(0)), ir.CreateICmpEQ(kb.tid(), kb.c32(0))), [&] {
+      kb.store(weight_sum, kb.gep(kb.arg("valid_count"), kb.f32(), kb.c64(2)));
+    });
+  }
   Value* n = kb.arg("n");
   Value* m = ir.CreateAdd(ir.CreateMul(ir.CreateZExt(kb.ctaid(0), kb.i64()), kb.c64(kThreads)),
                           ir.CreateZExt(kb.tid(), kb.i64()));
@@ -56,6 +81,20 @@ KernelShape build_lse_combine(llvm::Module& module, const KernelSpec& spec) {
               [&] {
                 Value* z = kb.load(kb.f32(), kb.gep(kb.arg("target_logit"), kb.f32(), m));
                 Value* loss = ir.CreateFSub(lse, z);
+                if (spec.class_weight) loss = ir.CreateFMul(loss, load_class_weight(kb, spec, target));
+                if (smoothing) {
+                  Value* logit_sum = kb.local_array(kb.f32(), 1, "logit_sum");
+                  kb.store(kb.cf(0.f), kb.at(logit_sum, kb.f32(), 0));
+                  kb.for_range(kb.c64(0), splits, kb.c64(1), [&](Value* s) {
+                    Value* slot = kb.at(logit_sum, kb.f32(), 0);
+                    Value* part = kb.load(kb.f32(), kb.gep(kb.arg("partial_logit_sum"), kb.f32(), ir.CreateAdd(ir.CreateMul(s, n), m)));
+                    kb.store(ir.CreateFAdd(kb.load(kb.f32(), slot), part), slot);
+                  });
+                  const float eps = spec.label_smoothing;
+                  Value* smooth = ir.CreateFSub(ir.CreateFMul(weight_sum, lse), kb.load(kb.f32(), kb.at(logit_sum, kb.f32(), 0)));
+                  smooth = ir.CreateFMul(smooth, kb.cf(eps / static_cast<float>(spec.vocab)));
+                  loss = ir.CreateFAdd(ir.CreateFMul(loss, kb.cf(1.f - eps)), smooth);
+                }
                 if (Value* z_loss = z_loss_term(kb, spec, lse)) loss = ir.CreateFAdd(loss, z_loss);
                 kb.store(loss, loss_slot);
               },

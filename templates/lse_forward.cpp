@@ -7,7 +7,10 @@
 // even when N/BM is small, and when it is large only G row blocks of x (not all of x) are
 // being read at once, so that they stay in L2 while the S shares of W stream past them.
 // Output: per-(split, row) partial max and sum-exp ([splits, N] each), and target_logit[N]
-// written by the one CTA whose tiles hold the target. lse_combine finishes the rows.
+// written by the one CTA whose tiles hold the target. With label smoothing also the partial
+// Σ w_v·u_v of the split's columns ([splits, N]; w = 1 without class weights) and, with class
+// weights, each split's Σ w_v (weight_total[split], written by its CTA of row group 0).
+// lse_combine finishes the rows.
 #include "compiler/errors.h"
 #include "templates/gemm_skeleton.h"
 #include "templates/template_util.h"
@@ -54,6 +57,9 @@ void lse_forward_specialised(KernelBuilder& kb, const KernelSpec& spec, GemmSkel
   Value* n = kb.arg("n");
   Value* vocab = kb.c64(spec.vocab);
   Value* stats = kb.local_array(kb.f32(), 4, "row_stats");     // max, sum of fragment row h at 2h, 2h + 1
+  // Label smoothing (no class weights on this path): Σ u_v of this thread's columns, row h at h.
+  const bool smoothing = spec.label_smoothing != 0.f;
+  Value* logit_sums = smoothing ? kb.local_array(kb.f32(), 2, "row_logit_sums") : nullptr;
   Value* targets = kb.local_array(kb.i64(), 2, "row_targets");
   gemm.run_specialised([&](bool consumer, const TileVisit& visit) {
     FragmentPosition pos{};
@@ -69,6 +75,7 @@ void lse_forward_specialised(KernelBuilder& kb, const KernelSpec& spec, GemmSkel
           kb.store(ir.CreateSelect(in_rows, target, kb.c64(-1)), kb.at(targets, kb.i64(), h));
           kb.store(neg_inf(kb), kb.at(stats, kb.f32(), 2 * h));
           kb.store(kb.cf(0.f), kb.at(stats, kb.f32(), 2 * h + 1));
+          if (smoothing) kb.store(kb.cf(0.f), kb.at(logit_sums, kb.f32(), h));
         }
       }
       kb.for_range(tile_begin, tile_end, kb.c32(1), [&](Value* tile) {
@@ -103,6 +110,13 @@ void lse_forward_specialised(KernelBuilder& kb, const KernelSpec& spec, GemmSkel
                                          tree(p, [&](Value* a, Value* b) { return ir.CreateFAdd(a, b); }));
               kb.store(new_max, kb.at(stats, kb.f32(), 2 * h));
               kb.store(sum, kb.at(stats, kb.f32(), 2 * h + 1));
+              if (smoothing) {
+                std::vector<Value*> u(cols);
+                for (int q = 0; q < cols; ++q) u[q] = ir.CreateSelect(valid[q], z[q], kb.cf(0.f));
+                Value* slot = kb.at(logit_sums, kb.f32(), h);
+                kb.store(ir.CreateFAdd(kb.load(kb.f32(), slot), tree(u, [&](Value* a, Value* b) { return ir.CreateFAdd(a, b); })),
+                         slot);
+              }
 
               // The target's column c = target - n0 is this thread's when (c % 8) / 2 = lane % 4.
               Value* target = kb.load(kb.i64(), kb.at(targets, kb.i64(), h));
@@ -130,10 +144,16 @@ void lse_forward_specialised(KernelBuilder& kb, const KernelSpec& spec, GemmSkel
           Value* s = kb.load(kb.f32(), kb.at(stats, kb.f32(), 2 * h + 1));
           for (int mask = 1; mask <= 2; mask *= 2)
             std::tie(m, s) = merge(kb, m, s, kb.shfl_xor(m, mask), kb.shfl_xor(s, mask));
+          Value* logit_sum = nullptr;
+          if (smoothing) {
+            logit_sum = kb.load(kb.f32(), kb.at(logit_sums, kb.f32(), h));
+            for (int mask = 1; mask <= 2; mask *= 2) logit_sum = ir.CreateFAdd(logit_sum, kb.shfl_xor(logit_sum, mask));
+          }
           Value* row = row_of(m0, h);
           kb.if_then(ir.CreateAnd(ir.CreateICmpEQ(pos.quad_lane, kb.c32(0)), ir.CreateICmpSLT(row, n)), [&] {
             kb.store(m, kb.gep(kb.arg("partial_max"), kb.f32(), partial_index(row)));
             kb.store(s, kb.gep(kb.arg("partial_sum"), kb.f32(), partial_index(row)));
+            if (smoothing) kb.store(logit_sum, kb.gep(kb.arg("partial_logit_sum"), kb.f32(), partial_index(row)));
           });
         }
       }
@@ -145,16 +165,22 @@ void lse_forward_specialised(KernelBuilder& kb, const KernelSpec& spec, GemmSkel
 
 KernelShape build_lse_forward(llvm::Module& module, const KernelSpec& spec) {
   const TileConfig& t = spec.tile;
-  KernelBuilder kb(module, "lse_forward",
-                   gemm_params(t, {{"x", ParamType::GlobalPtr}, {"w", ParamType::GlobalPtr}, {"bias", ParamType::GlobalPtr},
-                    {"targets", ParamType::GlobalPtr}, {"n", ParamType::I64},
-                    {"partial_max", ParamType::GlobalPtr}, {"partial_sum", ParamType::GlobalPtr},
-                    {"target_logit", ParamType::GlobalPtr}}),
-                   t.threads());
+  const bool smoothing = spec.label_smoothing != 0.f;
+  std::vector<Param> params = {{"x", ParamType::GlobalPtr}, {"w", ParamType::GlobalPtr}, {"bias", ParamType::GlobalPtr},
+                               {"targets", ParamType::GlobalPtr}, {"n", ParamType::I64},
+                               {"partial_max", ParamType::GlobalPtr}, {"partial_sum", ParamType::GlobalPtr},
+                               {"target_logit", ParamType::GlobalPtr}};
+  if (smoothing) params.push_back({"partial_logit_sum", ParamType::GlobalPtr});
+  if (spec.class_weight) {  // (only with label smoothing: KernelSpec::fields_read)
+    params.push_back({"class_weight", ParamType::GlobalPtr});
+    params.push_back({"weight_total", ParamType::GlobalPtr});
+  }
+  KernelBuilder kb(module, "lse_forward", gemm_params(t, params), t.threads());
   auto& ir = kb.ir();
   GemmSkeleton gemm(kb, spec, Layout::KMajor, Layout::KMajor);
   const int extra = gemm.extra_offset();
-  const int max_off = extra, sum_off = extra + 4 * t.bm, tgt_off = extra + 8 * t.bm;
+  const int max_off = extra, sum_off = extra + 4 * t.bm, tgt_off = extra + 8 * t.bm, logit_sum_off = extra + 16 * t.bm;
+  const int smem_bytes = gemm.smem_bytes(kernel_smem_per_row(spec) * t.bm);
   auto row_slot = [&](int base, Value* r, int bytes) {
     return kb.smem(ir.CreateAdd(kb.c32(base), ir.CreateMul(r, kb.c32(bytes))));
   };
@@ -179,12 +205,12 @@ KernelShape build_lse_forward(llvm::Module& module, const KernelSpec& spec) {
   auto partial_index = [&](Value* m) { return ir.CreateAdd(ir.CreateMul(ir.CreateZExt(split, kb.i64()), n), m); };
   // With a bias the staged form is used: the register epilogue's bias values beside the
   // accumulators made the driver's JIT spill (24 bytes at V = 5000, H = 512; H200, driver 580),
-  // though ptxas 13.0 allocates it without spills.
-  if (gemm.specialised() && !spec.bias) {
+  // though ptxas 13.0 allocates it without spills. Class weights (per-column loads too) likewise.
+  if (gemm.specialised() && !spec.bias && !spec.class_weight) {
     lse_forward_specialised(kb, spec, gemm, row_blocks, tile_begin, tile_end, k_tiles, partial_index);
     kb.finish();
     // The row-statistics slots stay reserved (kKernelKinds counts them for both paths).
-    return {"lse_forward", t.threads(), gemm.smem_bytes(16 * t.bm)};
+    return {"lse_forward", t.threads(), smem_bytes};
   }
 
   kb.for_range(kb.ctaid(0), row_blocks, kb.nctaid(0), [&](Value* block) {
@@ -197,6 +223,7 @@ KernelShape build_lse_forward(llvm::Module& module, const KernelSpec& spec) {
     kb.if_then(ir.CreateICmpULT(tid, kb.c32(t.bm)), [&] {
       kb.store(neg_inf(kb), row_slot(max_off, tid, 4));
       kb.store(kb.cf(0.f), row_slot(sum_off, tid, 4));
+      if (smoothing) kb.store(kb.cf(0.f), row_slot(logit_sum_off, tid, 4));
       Value* target = kb.c64(-1);
       kb.if_then_else(
           ir.CreateICmpSLT(tid, rows),
@@ -231,6 +258,17 @@ KernelShape build_lse_forward(llvm::Module& module, const KernelSpec& spec) {
         for (int q = 0; q < t.bn / 32; ++q)
           sum = ir.CreateFAdd(sum, ir.CreateSelect(valid[q], kb.exp(ir.CreateFSub(z[q], zmax)), kb.cf(0.f)));
         sum = kb.warp_sum(sum);
+        // Label smoothing: Σ w_v·u_v of the row's columns here (w = 1 without class weights).
+        Value* logit_sum = nullptr;
+        if (smoothing) {
+          logit_sum = kb.cf(0.f);
+          for (int q = 0; q < t.bn / 32; ++q) {
+            Value* v = ir.CreateAdd(n0, ir.CreateZExt(ir.CreateAdd(lane, kb.c32(32 * q)), kb.i64()));
+            Value* weight = load_class_weight(kb, spec, ir.CreateSelect(valid[q], v, kb.c64(0)));
+            logit_sum = ir.CreateFAdd(logit_sum, ir.CreateSelect(valid[q], ir.CreateFMul(weight, z[q]), kb.cf(0.f)));
+          }
+          logit_sum = kb.warp_sum(logit_sum);
+        }
         kb.if_then(ir.CreateICmpEQ(lane, kb.c32(0)), [&] {
           // Online softmax merge of this tile into the row's running (max, sum).
           Value* old_max = kb.load(kb.f32(), row_slot(max_off, r, 4));
@@ -240,6 +278,8 @@ KernelShape build_lse_forward(llvm::Module& module, const KernelSpec& spec) {
                                         ir.CreateFMul(sum, kb.exp(ir.CreateFSub(zmax, new_max))));
           kb.store(new_max, row_slot(max_off, r, 4));
           kb.store(merged, row_slot(sum_off, r, 4));
+          if (smoothing)
+            kb.store(ir.CreateFAdd(kb.load(kb.f32(), row_slot(logit_sum_off, r, 4)), logit_sum), row_slot(logit_sum_off, r, 4));
           Value* target = kb.load(kb.i64(), row_slot(tgt_off, r, 8));
           Value* in_tile = ir.CreateAnd(ir.CreateAnd(ir.CreateICmpSGE(target, n0),
                                                      ir.CreateICmpSLT(target, ir.CreateAdd(n0, kb.c64(t.bn)))),
@@ -260,10 +300,30 @@ KernelShape build_lse_forward(llvm::Module& module, const KernelSpec& spec) {
       Value* index = partial_index(m);
       kb.store(kb.load(kb.f32(), row_slot(max_off, tid, 4)), kb.gep(kb.arg("partial_max"), kb.f32(), index));
       kb.store(kb.load(kb.f32(), row_slot(sum_off, tid, 4)), kb.gep(kb.arg("partial_sum"), kb.f32(), index));
+      if (smoothing)
+        kb.store(kb.load(kb.f32(), row_slot(logit_sum_off, tid, 4)), kb.gep(kb.arg("partial_logit_sum"), kb.f32(), index));
     });
+    // With class weights, warp 0 of the CTA of row group 0 sums w_v over the split's columns once
+    // (in the first row block, which it takes first), in a fixed order: lane-strided, then a tree.
+    if (spec.class_weight)
+      kb.if_then(ir.CreateAnd(ir.CreateICmpEQ(block, kb.c32(0)), ir.CreateICmpEQ(warp, kb.c32(0))), [&] {
+        Value* acc = kb.local_array(kb.f32(), 1, "weight_total");
+        kb.store(kb.cf(0.f), kb.at(acc, kb.f32(), 0));
+        Value* first = ir.CreateMul(ir.CreateZExt(tile_begin, kb.i64()), kb.c64(t.bn));
+        Value* end = ir.CreateMul(ir.CreateZExt(tile_end, kb.i64()), kb.c64(t.bn));
+        end = ir.CreateSelect(ir.CreateICmpSLT(end, vocab), end, vocab);
+        kb.for_range(ir.CreateAdd(first, ir.CreateZExt(lane, kb.i64())), end, kb.c64(32), [&](Value* v) {
+          Value* slot = kb.at(acc, kb.f32(), 0);
+          kb.store(ir.CreateFAdd(kb.load(kb.f32(), slot), load_class_weight(kb, spec, v)), slot);
+        });
+        Value* total = kb.warp_sum(kb.load(kb.f32(), kb.at(acc, kb.f32(), 0)));
+        kb.if_then(ir.CreateICmpEQ(lane, kb.c32(0)), [&] {
+          kb.store(total, kb.gep(kb.arg("weight_total"), kb.f32(), ir.CreateZExt(split, kb.i64())));
+        });
+      });
   });
   kb.finish();
-  return {"lse_forward", t.threads(), gemm.smem_bytes(16 * t.bm)};
+  return {"lse_forward", t.threads(), smem_bytes};
 }
 
 }  // namespace lfce

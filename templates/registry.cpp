@@ -6,6 +6,7 @@
 #include "compiler/errors.h"
 #include "compiler/nvptx_backend.h"
 #include "templates/gemm_skeleton.h"
+#include "templates/template_util.h"
 #include "templates/templates.h"
 
 namespace lfce {
@@ -38,10 +39,19 @@ static_assert(every_kind_has_a_template(), "kTemplates: one builder per row of k
 
 }  // namespace
 
+int kernel_smem_per_row(const KernelSpec& spec) {
+  const KernelKindInfo& info = kind_info(spec.kind);
+  // lse_forward's label-smoothing logit sum; dlogits_backward's row coefficients P and T.
+  if (spec.kind == KernelKind::LseForward && spec.label_smoothing != 0.f) return info.smem_per_row + 4;
+  if (spec.kind == KernelKind::DlogitsBackward && has_target_terms(spec)) return info.smem_per_row + 8;
+  return info.smem_per_row;
+}
+
 int kernel_smem_bytes(const KernelSpec& spec) {
   const KernelKindInfo& info = kind_info(spec.kind);
-  if (!info.gemm) return info.smem_bytes;
-  return gemm_smem_bytes(spec.tile, spec.dtype, info.a, info.b, info.smem_per_row * spec.tile.bm);
+  // loss_reduce's tree, with class weights: four sums instead of two.
+  if (!info.gemm) return spec.kind == KernelKind::LossReduce && spec.class_weight ? 2 * info.smem_bytes : info.smem_bytes;
+  return gemm_smem_bytes(spec.tile, spec.dtype, info.a, info.b, kernel_smem_per_row(spec) * spec.tile.bm);
 }
 
 GeneratedKernel generate_kernel(const KernelSpec& spec) {

@@ -83,6 +83,17 @@ inline llvm::Value* z_loss_factor(KernelBuilder& kb, const KernelSpec& spec, llv
   return ir.CreateFAdd(kb.cf(1.f), ir.CreateFMul(kb.cf(2.f * spec.z_loss_scale), lse));
 }
 
+// Label smoothing eps and class weights w (PyTorch's cross_entropy): a counted token's
+// cross-entropy term is (1 − eps)·w_y·(LSE − u_y) + eps / V · Σ_v w_v·(LSE − u_v) (w = 1 without
+// class weights), so dz_v = P·p_v − T·[v = y] − U·w_v with the row constants of
+// dlogits_backward. True when the spec has either option.
+inline bool has_target_terms(const KernelSpec& spec) { return spec.label_smoothing != 0.f || spec.class_weight; }
+// class_weight[v] (fp32, the kernel's parameter "class_weight"), or 1 without class weights.
+inline llvm::Value* load_class_weight(KernelBuilder& kb, const KernelSpec& spec, llvm::Value* v) {
+  if (!spec.class_weight) return kb.cf(1.f);
+  return kb.load(kb.f32(), kb.gep(kb.arg("class_weight"), kb.f32(), v));
+}
+
 // The power of two that dz is multiplied by before it is rounded to the dtype, and divided by
 // (exactly) in the fp32 epilogues of the kernels that consume it (grad_weight, grad_input,
 // grad_bias). fp16's smallest normal is 6.1e-5: with mean reduction dz = g·p with g = 1/N

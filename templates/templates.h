@@ -38,5 +38,8 @@ GeneratedKernel generate_kernel(const KernelSpec& spec);
 // GEMM skeleton's geometry without building IR (the autotuner and the runtime prune tiles
 // with it). generate_kernel() checks that the built kernel agrees.
 int kernel_smem_bytes(const KernelSpec& spec);
+// A GEMM template's shared-memory bytes per BM row after the skeleton's (kKernelKinds' value,
+// more with some loss options).
+int kernel_smem_per_row(const KernelSpec& spec);
 
 }  // namespace lfce

@@ -25,7 +25,7 @@ extern "C" {
  * function in this header. Bump it whenever one of them changes; a binding compares its own
  * copy with lfce_abi_version() when it loads the library, so a stale library is an error at
  * load time instead of corrupted arguments. */
-#define LFCE_ABI_VERSION 5
+#define LFCE_ABI_VERSION 6
 
 typedef enum lfce_status {
   LFCE_OK = 0,
@@ -69,6 +69,14 @@ typedef struct lfce_problem {
                                divided by T, and the loss is LSE(z / T) - z_y / T; 0 or 1 = none */
   float z_loss_scale;       /* s in [0, 1e6]: each counted token's loss gains s * LSE^2 (PaLM's z-loss;
                                LSE of the logits the softmax sees), with its gradient; 0 = none */
+  float label_smoothing;    /* eps in [0, 1] (PyTorch's cross_entropy semantics): each counted token's
+                               cross-entropy term becomes (1 - eps) * (LSE - z_y) + eps / V * sum_v (LSE - z_v),
+                               with class weights (1 - eps) * w_y * (LSE - z_y) + eps / V * sum_v w_v * (LSE - z_v);
+                               0 = none */
+  int32_t has_class_weight; /* 0 or 1: per-class weights w [vocab] (PyTorch's cross_entropy `weight`) scale
+                               each counted token's cross-entropy term by w_y; "mean" divides the
+                               cross-entropy and smoothing terms by the sum of w_y over counted tokens and the
+                               z-loss by their count. Not with fp16. */
   int64_t ignore_index;     /* targets equal to this contribute no loss and no gradient */
   int64_t chunk_size;       /* vocabulary chunk of the backward, <= 2^20 (larger than V: V);
                                0 = derive from workspace_budget (also at most 2^20) */
@@ -80,11 +88,16 @@ typedef struct lfce_forward_args {
   const void* weight;
   const void* bias;      /* NULL unless has_bias */
   const void* targets;
+  const float* class_weight; /* [vocab] fp32, finite, >= 0; NULL unless has_class_weight */
   float* lse;            /* [tokens] out: log-sum-exp of each row (saved for the backward), of the
                             logits the softmax sees (after softcap and temperature) */
-  float* token_loss;     /* [tokens] out: per-token loss (z-loss included), 0 for ignored tokens */
+  float* token_loss;     /* [tokens] out: per-token loss (weighted, smoothed, z-loss included), 0 for
+                            ignored tokens */
   float* loss;           /* [1] out: the reduced loss (mean or sum); may be NULL for reduction none */
-  float* valid_count;    /* [1] out: number of targets != ignore_index */
+  float* valid_count;    /* [1] out: number of targets != ignore_index (the counted tokens); with
+                            has_class_weight [3]: then the sum of the counted tokens' class weights
+                            w_y ("mean"'s denominator of the cross-entropy and smoothing terms) and
+                            the sum of all V class weights (written with label_smoothing only) */
   void* workspace;       /* lfce_forward_workspace_size() bytes, 256-byte aligned */
   size_t workspace_bytes;
   int32_t device;        /* CUDA device ordinal */
@@ -96,8 +109,9 @@ typedef struct lfce_backward_args {
   const void* weight;
   const void* bias;      /* NULL unless has_bias */
   const void* targets;
+  const float* class_weight; /* [vocab] fp32 as given to lfce_forward; NULL unless has_class_weight */
   const float* lse;          /* from lfce_forward */
-  const float* valid_count;  /* from lfce_forward */
+  const float* valid_count;  /* from lfce_forward ([1], or [3] with has_class_weight) */
   const float* grad_loss;    /* fp32: [1] for mean/sum, [tokens] for none; NULL means 1 */
   /* The gradients: each may be NULL when the caller does not need it (a frozen LM head, a frozen
    * input, LoRA); the kernel that would compute it is then neither compiled nor launched. */

@@ -85,6 +85,11 @@ def z_loss_scale(value, name="z_loss_scale"):
     return _option(name, value, 0.0, lambda s: 0 <= s <= 1e6, "[0, 1e6] (None or 0: none)")
 
 
+def label_smoothing(value, name="label_smoothing"):
+    """A label smoothing eps: None or 0 (none), or a number in [0, 1], as a float."""
+    return _option(name, value, 0.0, lambda e: 0 <= e <= 1, "[0, 1] (None or 0: none)")
+
+
 def flag(name, value):
     """``value`` as 0 or 1; only a bool is accepted, so a string such as "no" is not True."""
     if not isinstance(value, bool):

@@ -30,7 +30,7 @@ __all__ = [
 ]
 
 # LFCE_ABI_VERSION of the lfce.h this file mirrors: bump both together.
-ABI_VERSION = 5
+ABI_VERSION = 6
 
 # lfce_status
 OK = 0
@@ -88,6 +88,8 @@ class Problem(ctypes.Structure):
         ("softcap", ctypes.c_float),
         ("temperature", ctypes.c_float),
         ("z_loss_scale", ctypes.c_float),
+        ("label_smoothing", ctypes.c_float),
+        ("has_class_weight", ctypes.c_int32),
         ("ignore_index", ctypes.c_int64),
         ("chunk_size", ctypes.c_int64),
         ("workspace_budget", ctypes.c_int64),
@@ -102,10 +104,11 @@ class ForwardArgs(ctypes.Structure):
         ("weight", ctypes.c_void_p),
         ("bias", ctypes.c_void_p),
         ("targets", ctypes.c_void_p),
+        ("class_weight", ctypes.c_void_p),  # const float*, [vocab]; NULL unless has_class_weight
         ("lse", ctypes.c_void_p),  # float*
         ("token_loss", ctypes.c_void_p),  # float*
         ("loss", ctypes.c_void_p),  # float*
-        ("valid_count", ctypes.c_void_p),  # float*
+        ("valid_count", ctypes.c_void_p),  # float*: [1], or [3] with has_class_weight
         ("workspace", ctypes.c_void_p),
         ("workspace_bytes", ctypes.c_size_t),
         ("device", ctypes.c_int32),
@@ -121,6 +124,7 @@ class BackwardArgs(ctypes.Structure):
         ("weight", ctypes.c_void_p),
         ("bias", ctypes.c_void_p),
         ("targets", ctypes.c_void_p),
+        ("class_weight", ctypes.c_void_p),  # const float*, as given to the forward
         ("lse", ctypes.c_void_p),  # const float*
         ("valid_count", ctypes.c_void_p),  # const float*
         ("grad_loss", ctypes.c_void_p),  # const float*; NULL means 1
@@ -367,10 +371,11 @@ def check(status):
 
 def make_problem(tokens, hidden, vocab, dtype, target_dtype=INDEX_INT64, has_bias=False,
                  reduction=REDUCTION_MEAN, mode=MODE_RECOMPUTE, ignore_index=-100,
-                 chunk_size=None, workspace_budget=None, softcap=None, temperature=1.0, z_loss_scale=0.0):
+                 chunk_size=None, workspace_budget=None, softcap=None, temperature=1.0, z_loss_scale=0.0,
+                 label_smoothing=0.0, has_class_weight=False):
     """Fill an lfce_problem; None for chunk_size / workspace_budget means the library's default,
-    None for softcap no softcap; temperature 1 and z_loss_scale 0 are none (the library checks
-    the ranges of the three).
+    None for softcap no softcap; temperature 1, z_loss_scale 0 and label_smoothing 0 are none
+    (the library checks the ranges of the four).
 
     Every field is checked to fit its C type (ctypes would wrap it silently); whether the
     values make a valid problem is the library's check (lfce_check_problem).
@@ -382,7 +387,8 @@ def make_problem(tokens, hidden, vocab, dtype, target_dtype=INDEX_INT64, has_bia
     fields.update((name, _check.integer(name, value, minimum=_check.INT32_MIN, maximum=_check.INT32_MAX))
                   for name, value in narrow.items())
     return Problem(has_bias=int(bool(has_bias)), softcap=float(softcap or 0.0), temperature=float(temperature),
-                   z_loss_scale=float(z_loss_scale), **fields)
+                   z_loss_scale=float(z_loss_scale), label_smoothing=float(label_smoothing),
+                   has_class_weight=int(bool(has_class_weight)), **fields)
 
 
 def forward_workspace_size(problem):

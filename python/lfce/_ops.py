@@ -6,19 +6,22 @@ output shapes and dtypes come from the fake implementations below (symbolic in t
 so a new N needs no recompilation), and the ctypes calls into liblfce.so run only inside the real
 implementations, on CUDA tensors. The autograd formula is registered on ``lfce::forward``.
 
-    lfce::forward(hidden [N, H], weight [V, H], bias [V]?, targets [N], ignore_index, reduction,
-                  mode, chunk_size?, workspace_budget?, softcap?, temperature, z_loss_scale,
-                  need_hidden, need_weight, need_bias)
-        -> (loss, lse [N], valid_count [1], grad_hidden, grad_weight, grad_bias)
+    lfce::forward(hidden [N, H], weight [V, H], bias [V]?, targets [N], class_weight [V]?,
+                  ignore_index, reduction, mode, chunk_size?, workspace_budget?, softcap?,
+                  temperature, z_loss_scale, label_smoothing, need_hidden, need_weight, need_bias)
+        -> (loss, lse [N], valid_count, grad_hidden, grad_weight, grad_bias)
 
-    loss is fp32: 0-dim for "mean" / "sum", [N] for "none". In mode "eager" the gradients (for an
-    upstream gradient of 1; with "mean" or "sum" only) are computed here for the inputs whose
-    need_* is set; every gradient
-    not computed is an empty tensor of shape [0] (an operator returns no None).
+    loss is fp32: 0-dim for "mean" / "sum", [N] for "none". valid_count is fp32 [1] (the count
+    of targets != ignore_index), or [3] with class_weight (fp32 contiguous: the count, the sum of
+    the counted tokens' class weights, the sum of all V class weights; lfce.h). In mode "eager"
+    the gradients (for an upstream gradient of 1; with "mean" or "sum" only) are computed here
+    for the inputs whose need_* is set; every gradient not computed is an empty tensor of shape
+    [0] (an operator returns no None). class_weight gets no gradient (as PyTorch's ``weight``).
 
-    lfce::backward(hidden, weight, bias?, targets, lse, valid_count, grad_loss (fp32, [1] or [N]),
-                   ignore_index, reduction, chunk_size?, workspace_budget?, softcap?, temperature,
-                   z_loss_scale, need_hidden, need_weight, need_bias)
+    lfce::backward(hidden, weight, bias?, targets, class_weight?, lse, valid_count,
+                   grad_loss (fp32, [1] or [N]), ignore_index, reduction, chunk_size?,
+                   workspace_budget?, softcap?, temperature, z_loss_scale, label_smoothing,
+                   need_hidden, need_weight, need_bias)
         -> (grad_hidden, grad_weight, grad_bias), each [0] when not needed
 
 A gradient not needed is never allocated and its kernel never runs (a NULL pointer in the C API).
@@ -92,14 +95,23 @@ def _eager(mode, reduction):
     return mode == "eager" and reduction != "none"
 
 
-def _problem(hidden, weight, bias, targets, ignore_index, reduction, mode, chunk_size, workspace_budget, softcap,
-             temperature, z_loss_scale):
+def _problem(hidden, weight, bias, targets, class_weight, ignore_index, reduction, mode, chunk_size,
+             workspace_budget, softcap, temperature, z_loss_scale, label_smoothing):
     return _lib.make_problem(
         hidden.shape[0], hidden.shape[1], weight.shape[0], DTYPES[hidden.dtype],
         target_dtype=INDEX_DTYPES[targets.dtype], has_bias=bias is not None,
         reduction=_lib.REDUCTIONS[reduction], mode=_lib.MODES[mode], ignore_index=ignore_index,
         chunk_size=chunk_size, workspace_budget=workspace_budget, softcap=softcap, temperature=temperature,
-        z_loss_scale=z_loss_scale)
+        z_loss_scale=z_loss_scale, label_smoothing=label_smoothing, has_class_weight=class_weight is not None)
+
+
+def _valid_count(hidden, class_weight):
+    """The forward's valid_count: [1], or [3] with class weights. Zeroed then: the library writes
+    the last (the sum of all class weights) only with label smoothing, and an output must not
+    carry stale memory."""
+    if class_weight is None:
+        return hidden.new_empty(1, dtype=_F32)
+    return hidden.new_zeros(3, dtype=_F32)
 
 
 # Problems whose kernels this process has loaded, per device and pass: the only ones a CUDA graph
@@ -121,7 +133,7 @@ def _require_loaded(key, problem, what):
         "step once outside the capture first (a warm-up call with the same shapes and options)")
 
 
-def backward_kernels(problem, hidden, weight, bias, targets, lse, valid_count, grad_loss, wanted):
+def backward_kernels(problem, hidden, weight, bias, targets, class_weight, lse, valid_count, grad_loss, wanted):
     """Enqueue lfce_backward for the gradients ``wanted`` (need_hidden, need_weight, need_bias);
     return (grad_hidden, grad_weight, grad_bias), None for each one not wanted.
 
@@ -138,7 +150,7 @@ def backward_kernels(problem, hidden, weight, bias, targets, lse, valid_count, g
     workspace = _workspace(_lib.backward_workspace_size(problem), device)
     args = _lib.BackwardArgs(
         hidden=_ptr(hidden), weight=_ptr(weight), bias=_ptr(bias), targets=_ptr(targets),
-        lse=_ptr(lse), valid_count=_ptr(valid_count), grad_loss=_ptr(grad_loss),
+        class_weight=_ptr(class_weight), lse=_ptr(lse), valid_count=_ptr(valid_count), grad_loss=_ptr(grad_loss),
         grad_hidden=_ptr(grad_hidden), grad_weight=_ptr(grad_weight), grad_bias=_ptr(grad_bias),
         workspace=_ptr(workspace), workspace_bytes=workspace.numel(),
         device=device.index, stream=_stream(device),
@@ -153,15 +165,17 @@ def _or_empty(grads, like):
     return tuple(like.new_empty(0) if g is None else g for g in grads)
 
 
-def _forward_impl(hidden: Tensor, weight: Tensor, bias: OptionalTensor, targets: Tensor, ignore_index: int,
-                  reduction: str, mode: str, chunk_size: OptionalInt, workspace_budget: OptionalInt,
-                  softcap: OptionalFloat, temperature: float, z_loss_scale: float, need_hidden: bool,
-                  need_weight: bool, need_bias: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+def _forward_impl(hidden: Tensor, weight: Tensor, bias: OptionalTensor, targets: Tensor, class_weight: OptionalTensor,
+                  ignore_index: int, reduction: str, mode: str, chunk_size: OptionalInt, workspace_budget: OptionalInt,
+                  softcap: OptionalFloat, temperature: float, z_loss_scale: float, label_smoothing: float,
+                  need_hidden: bool, need_weight: bool, need_bias: bool
+                  ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     hidden, weight = _rows_aligned(hidden), _rows_aligned(weight)
-    bias, targets = _aligned(bias), _aligned(targets)
+    bias, targets, class_weight = _aligned(bias), _aligned(targets), _aligned(class_weight)
     eager = _eager(mode, reduction)
-    problem = _problem(hidden, weight, bias, targets, ignore_index, reduction, "eager" if eager else "recompute",
-                       chunk_size, workspace_budget, softcap, temperature, z_loss_scale)
+    problem = _problem(hidden, weight, bias, targets, class_weight, ignore_index, reduction,
+                       "eager" if eager else "recompute", chunk_size, workspace_budget, softcap, temperature,
+                       z_loss_scale, label_smoothing)
     wanted = (need_hidden, need_weight, need_bias) if eager else (False, False, False)
     device = hidden.device
     key = _key(problem, device, "forward", wanted)
@@ -171,38 +185,39 @@ def _forward_impl(hidden: Tensor, weight: Tensor, bias: OptionalTensor, targets:
         lse = hidden.new_empty(n, dtype=_F32)
         token_loss = hidden.new_empty(n, dtype=_F32)
         loss = token_loss if reduction == "none" else hidden.new_empty((), dtype=_F32)
-        valid_count = hidden.new_empty(1, dtype=_F32)
+        valid_count = _valid_count(hidden, class_weight)
         workspace = _workspace(_lib.forward_workspace_size(problem), device)
         args = _lib.ForwardArgs(
             hidden=_ptr(hidden), weight=_ptr(weight), bias=_ptr(bias), targets=_ptr(targets),
-            lse=_ptr(lse), token_loss=_ptr(token_loss), loss=None if reduction == "none" else _ptr(loss),
-            valid_count=_ptr(valid_count),
+            class_weight=_ptr(class_weight), lse=_ptr(lse), token_loss=_ptr(token_loss),
+            loss=None if reduction == "none" else _ptr(loss), valid_count=_ptr(valid_count),
             workspace=_ptr(workspace), workspace_bytes=workspace.numel(),
             device=device.index, stream=_stream(device),
         )
         _lib.check(_lib.load().lfce_forward(ctypes.byref(problem), ctypes.byref(args)))
         del workspace
         # Eager: grad_loss NULL means an upstream gradient of 1; autograd's backward rescales.
-        grads = backward_kernels(problem, hidden, weight, bias, targets, lse, valid_count, None, wanted)
+        grads = backward_kernels(problem, hidden, weight, bias, targets, class_weight, lse, valid_count, None,
+                                 wanted)
     _loaded.add(key)
     return (loss, lse, valid_count) + _or_empty(grads, hidden)
 
 
-def _backward_impl(hidden: Tensor, weight: Tensor, bias: OptionalTensor, targets: Tensor, lse: Tensor,
-                   valid_count: Tensor, grad_loss: Tensor, ignore_index: int, reduction: str,
+def _backward_impl(hidden: Tensor, weight: Tensor, bias: OptionalTensor, targets: Tensor, class_weight: OptionalTensor,
+                   lse: Tensor, valid_count: Tensor, grad_loss: Tensor, ignore_index: int, reduction: str,
                    chunk_size: OptionalInt, workspace_budget: OptionalInt, softcap: OptionalFloat,
-                   temperature: float, z_loss_scale: float, need_hidden: bool, need_weight: bool,
-                   need_bias: bool) -> tuple[Tensor, Tensor, Tensor]:
+                   temperature: float, z_loss_scale: float, label_smoothing: float, need_hidden: bool,
+                   need_weight: bool, need_bias: bool) -> tuple[Tensor, Tensor, Tensor]:
     hidden, weight = _rows_aligned(hidden), _rows_aligned(weight)
-    bias, targets, grad_loss = (_aligned(t) for t in (bias, targets, grad_loss))
-    problem = _problem(hidden, weight, bias, targets, ignore_index, reduction, "recompute", chunk_size,
-                       workspace_budget, softcap, temperature, z_loss_scale)
+    bias, targets, class_weight, grad_loss = (_aligned(t) for t in (bias, targets, class_weight, grad_loss))
+    problem = _problem(hidden, weight, bias, targets, class_weight, ignore_index, reduction, "recompute", chunk_size,
+                       workspace_budget, softcap, temperature, z_loss_scale, label_smoothing)
     wanted = (need_hidden, need_weight, need_bias)
     key = _key(problem, hidden.device, "backward", wanted)
     _require_loaded(key, problem, "backward")
     with torch.cuda.device(hidden.device):
-        grads = backward_kernels(problem, hidden, weight, bias, targets, lse.contiguous(), valid_count.contiguous(),
-                                 grad_loss, wanted)
+        grads = backward_kernels(problem, hidden, weight, bias, targets, class_weight, lse.contiguous(),
+                                 valid_count.contiguous(), grad_loss, wanted)
     _loaded.add(key)
     return _or_empty(grads, hidden)
 
@@ -213,18 +228,21 @@ def _empty_unless(wanted, like):
     return like.new_empty(like.shape) if wanted else like.new_empty(0)
 
 
-def _forward_fake(hidden, weight, bias, targets, ignore_index, reduction, mode, chunk_size, workspace_budget,
-                  softcap, temperature, z_loss_scale, need_hidden, need_weight, need_bias):
+def _forward_fake(hidden, weight, bias, targets, class_weight, ignore_index, reduction, mode, chunk_size,
+                  workspace_budget, softcap, temperature, z_loss_scale, label_smoothing, need_hidden, need_weight,
+                  need_bias):
     n = hidden.shape[0]
     eager = _eager(mode, reduction)
     loss = hidden.new_empty((n,) if reduction == "none" else (), dtype=_F32)
     grad_bias = _empty_unless(eager and need_bias, bias) if bias is not None else hidden.new_empty(0)
-    return (loss, hidden.new_empty(n, dtype=_F32), hidden.new_empty(1, dtype=_F32),
+    valid_count = hidden.new_empty(1 if class_weight is None else 3, dtype=_F32)
+    return (loss, hidden.new_empty(n, dtype=_F32), valid_count,
             _empty_unless(eager and need_hidden, hidden), _empty_unless(eager and need_weight, weight), grad_bias)
 
 
-def _backward_fake(hidden, weight, bias, targets, lse, valid_count, grad_loss, ignore_index, reduction, chunk_size,
-                   workspace_budget, softcap, temperature, z_loss_scale, need_hidden, need_weight, need_bias):
+def _backward_fake(hidden, weight, bias, targets, class_weight, lse, valid_count, grad_loss, ignore_index, reduction,
+                   chunk_size, workspace_budget, softcap, temperature, z_loss_scale, label_smoothing, need_hidden,
+                   need_weight, need_bias):
     grad_bias = _empty_unless(need_bias, bias) if bias is not None else hidden.new_empty(0)
     return _empty_unless(need_hidden, hidden), _empty_unless(need_weight, weight), grad_bias
 
@@ -232,22 +250,23 @@ def _backward_fake(hidden, weight, bias, targets, lse, valid_count, grad_loss, i
 # --- autograd ---------------------------------------------------------------------------------
 
 def _setup_context(ctx, inputs, output):
-    hidden, weight, bias, targets, ignore_index, reduction, mode, chunk_size, workspace_budget = inputs[:9]
-    loss_options = inputs[9:12]  # softcap, temperature, z_loss_scale
+    hidden, weight, bias, targets, class_weight, ignore_index, reduction, mode, chunk_size, workspace_budget = \
+        inputs[:10]
+    loss_options = inputs[10:14]  # softcap, temperature, z_loss_scale, label_smoothing
     _, lse, valid_count, grad_hidden, grad_weight, grad_bias = output
     ctx.options = (ignore_index, reduction, chunk_size, workspace_budget) + tuple(loss_options)
     ctx.eager = _eager(mode, reduction)
     ctx.has_bias = bias is not None
     if ctx.eager:
         # Only the gradients of inputs that required one at forward time were computed.
-        ctx.computed = inputs[12:15]
+        ctx.computed = inputs[14:17]
         ctx.save_for_backward(grad_hidden, grad_weight, grad_bias)
     else:
-        ctx.save_for_backward(hidden, weight, bias, targets, lse, valid_count)
+        ctx.save_for_backward(hidden, weight, bias, targets, class_weight, lse, valid_count)
 
 
 def _backward_rule(ctx, grad_loss, *unused):
-    """Gradients of lfce::forward's 15 inputs from the loss's upstream gradient (fp32)."""
+    """Gradients of lfce::forward's 17 inputs from the loss's upstream gradient (fp32)."""
     need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
     need_bias = need_bias and ctx.has_bias
     if ctx.eager:
@@ -257,16 +276,16 @@ def _backward_rule(ctx, grad_loss, *unused):
                       for g, need, computed in zip(ctx.saved_tensors, (need_hidden, need_weight, need_bias),
                                                    ctx.computed))
     else:
-        hidden, weight, bias, targets, lse, valid_count = ctx.saved_tensors
+        hidden, weight, bias, targets, class_weight, lse, valid_count = ctx.saved_tensors
         grad_loss = grad_loss.to(_F32).reshape(-1)  # [1] or [N]
         if not (need_hidden or need_weight or need_bias):
             grads = (None, None, None)
         else:
             backward_op = _backward_impl if getattr(ctx, "direct", False) else _backward_op
-            grads = backward_op(hidden, weight, bias, targets, lse, valid_count, grad_loss, *ctx.options,
-                                need_hidden, need_weight, need_bias)
+            grads = backward_op(hidden, weight, bias, targets, class_weight, lse, valid_count, grad_loss,
+                                *ctx.options, need_hidden, need_weight, need_bias)
             grads = tuple(g if need else None for g, need in zip(grads, (need_hidden, need_weight, need_bias)))
-    return grads + (None,) * 12
+    return grads + (None,) * 14  # none for targets, class_weight (not differentiable) and the options
 
 
 # --- registration (once per process) ----------------------------------------------------------

@@ -32,7 +32,7 @@ import torch
 
 from . import _check, _lib, _ops
 
-__all__ = ["linear_cross_entropy", "validate_options"]
+__all__ = ["check_class_weight", "linear_cross_entropy", "validate_options"]
 
 logger = logging.getLogger("lfce")
 
@@ -57,11 +57,13 @@ def _log_once(level, message, *args):
 
 
 def validate_options(ignore_index=-100, reduction="mean", mode="recompute", chunk_size=None,
-                     workspace_budget=None, softcap=None, temperature=None, z_loss_scale=None, return_z_loss=False):
+                     workspace_budget=None, softcap=None, temperature=None, z_loss_scale=None, return_z_loss=False,
+                     label_smoothing=None):
     """Check the non-tensor options; raise ValueError/TypeError naming the bad value."""
     _check.softcap(softcap)
     _check.temperature(temperature)
     _check.z_loss_scale(z_loss_scale)
+    _check.label_smoothing(label_smoothing)
     _check.flag("return_z_loss", return_z_loss)
     _check.integer("ignore_index", ignore_index)
     _check.choice("reduction", reduction, _lib.REDUCTIONS)
@@ -70,7 +72,20 @@ def validate_options(ignore_index=-100, reduction="mean", mode="recompute", chun
     _check.positive("workspace_budget", workspace_budget, allow_none=True)
 
 
-def _validate_tensors(hidden, weight, targets, bias):
+def check_class_weight(value, name="class_weight"):
+    """What a class weight tensor can be checked for without the other inputs: None, or a 1-D
+    floating torch.Tensor. Its length, its device and the dtype of the inputs are checked with them."""
+    if value is None:
+        return
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be None or a torch.Tensor of shape [V], got {type(value).__name__}")
+    if not value.is_floating_point():
+        raise TypeError(f"{name} must have a floating dtype, got {value.dtype}")
+    if value.dim() != 1:
+        raise ValueError(f"{name} must have shape [V], got shape {tuple(value.shape)}")
+
+
+def _validate_tensors(hidden, weight, targets, bias, class_weight=None):
     """Check types, shapes, dtypes, then devices; return (tokens, hidden size, vocab).
 
     Devices come last so that every other mistake is reported the same way on a
@@ -82,6 +97,7 @@ def _validate_tensors(hidden, weight, targets, bias):
     for name, value in named:
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    check_class_weight(class_weight)
 
     if hidden.dim() < 1:
         raise ValueError("hidden must have shape [..., H], got a 0-dim tensor")
@@ -104,6 +120,9 @@ def _validate_tensors(hidden, weight, targets, bias):
     if tuple(targets.shape) != tuple(hidden.shape[:-1]):
         raise ValueError(f"targets must have shape hidden.shape[:-1] = {tuple(hidden.shape[:-1])}, "
                          f"got shape {tuple(targets.shape)}")
+    if class_weight is not None and tuple(class_weight.shape) != (V,):
+        raise ValueError(f"class_weight must have shape [V] = ({V},) with V from weight, got shape "
+                         f"{tuple(class_weight.shape)}")
 
     if targets.dtype not in _INDEX_DTYPES:
         raise TypeError(f"targets must be torch.int64 or torch.int32, got {targets.dtype}")
@@ -112,6 +131,10 @@ def _validate_tensors(hidden, weight, targets, bias):
     for name, value in named[1:]:
         if name != "targets" and value.dtype != hidden.dtype:
             raise TypeError(f"{name} must have the dtype of hidden ({hidden.dtype}), got {value.dtype}")
+    if class_weight is not None and hidden.dtype == torch.float16:
+        # lfce keeps fp16's dz scaled for unweighted tokens (the C library refuses it too).
+        raise ValueError("class_weight is not supported with torch.float16 inputs (lfce's fp16 gradient "
+                         "scaling assumes unweighted tokens); use torch.bfloat16 or torch.float32")
 
     for name, value in named:
         if value.device.type != _DEVICE_TYPE:
@@ -120,7 +143,16 @@ def _validate_tensors(hidden, weight, targets, bias):
         if value.device != hidden.device:
             raise ValueError(f"{name} is on {value.device} but hidden is on {hidden.device}; "
                              "all tensors must be on one CUDA device")
+    if class_weight is not None and class_weight.device != hidden.device:
+        raise ValueError(f"class_weight is on {class_weight.device} but hidden is on {hidden.device}; "
+                         "it must be on hidden's device")
     return N, H, V
+
+
+def _fp32_class_weight(class_weight):
+    """The class weights as the kernels read them: fp32, contiguous (a copy only when needed),
+    detached (they get no gradient, as PyTorch's cross_entropy ``weight``)."""
+    return None if class_weight is None else class_weight.detach().to(torch.float32).contiguous()
 
 
 def _autocast_dtype():
@@ -144,12 +176,13 @@ def _autocast(tensors):
 
 def linear_cross_entropy(hidden, weight, targets, bias=None, *, ignore_index=-100, reduction="mean",
                          mode="recompute", chunk_size=None, workspace_budget=None, softcap=None, temperature=None,
-                         z_loss_scale=None, return_z_loss=False):
+                         z_loss_scale=None, label_smoothing=None, class_weight=None, return_z_loss=False):
     """Cross-entropy of ``hidden @ weight.T + bias`` against ``targets``, fused.
 
     Same result as ``F.cross_entropy(F.linear(hidden, weight, bias).flatten(0, -2),
-    targets.flatten(), ignore_index=ignore_index, reduction=reduction)`` (with the
-    "none" loss shaped like ``targets``), differentiable w.r.t. hidden, weight and bias.
+    targets.flatten(), weight=class_weight, ignore_index=ignore_index, reduction=reduction,
+    label_smoothing=label_smoothing)`` (with the "none" loss shaped like ``targets``),
+    differentiable w.r.t. hidden, weight and bias.
 
     Args:
         hidden: [..., H] CUDA tensor, bfloat16, float16 or float32.
@@ -173,8 +206,21 @@ def linear_cross_entropy(hidden, weight, targets, bias=None, *, ignore_index=-10
         z_loss_scale: s in [0, 1e6]: each counted token's loss gains ``s * LSE**2`` (PaLM's
             z-loss, Liger-Kernel's lse_square_scale; LSE of the logits the softmax sees), with
             its gradient ``2 s LSE softmax``; reduced with the loss ("mean": over the counted
-            tokens). None or 0.0 for none. (The defaults are None, not floats: torch.compile
-            traces a float default as an input and then retraces to specialise it.)
+            tokens, also with class weights). None or 0.0 for none. (The defaults are None, not
+            floats: torch.compile traces a float default as an input and then retraces to
+            specialise it.)
+        label_smoothing: eps in [0, 1], PyTorch's cross_entropy ``label_smoothing``: each
+            counted token's cross-entropy becomes ``(1 - eps) * (LSE - z_y) + eps / V *
+            sum_v (LSE - z_v)``. None or 0.0 for none.
+        class_weight: None, or the per-class weights w [V] (PyTorch's cross_entropy ``weight``,
+            Liger-Kernel's ce_weight): any floating dtype, on hidden's device; used as fp32 (a
+            copy only when it is not fp32 and contiguous), and gets no gradient. Each counted
+            token's cross-entropy is scaled by w_y (with label smoothing, the smoothing term
+            is ``eps / V * sum_v w_v (LSE - z_v)``), and "mean" divides the cross-entropy by
+            the sum of w_y over the counted tokens (the z-loss still by their count, as
+            Liger-Kernel). Not with float16 inputs (ValueError). The values are not checked
+            (that would wait for the GPU): they must be finite and >= 0; a NaN gives NaN
+            losses.
         return_z_loss: also return the z-loss term alone, reduced as the loss, without a
             gradient (for logging, as Liger-Kernel's): ``(loss, z_loss)``.
 
@@ -191,11 +237,13 @@ def linear_cross_entropy(hidden, weight, targets, bias=None, *, ignore_index=-10
         fails to compile; lfce.CudaError if the driver fails.
     """
     validate_options(ignore_index, reduction, mode, chunk_size, workspace_budget, softcap, temperature, z_loss_scale,
-                     return_z_loss)
+                     return_z_loss, label_smoothing)
     softcap = _check.softcap(softcap)
     temperature, z_loss_scale = _check.temperature(temperature), _check.z_loss_scale(z_loss_scale)
+    label_smoothing = _check.label_smoothing(label_smoothing)
     hidden, weight, bias = _autocast((hidden, weight, bias))
-    N, H, _ = _validate_tensors(hidden, weight, targets, bias)
+    N, H, _ = _validate_tensors(hidden, weight, targets, bias, class_weight)
+    class_weight = _fp32_class_weight(class_weight)
     batch_shape = hidden.shape[:-1]
 
     hidden = hidden.reshape(N, H)
@@ -208,8 +256,8 @@ def linear_cross_entropy(hidden, weight, targets, bias=None, *, ignore_index=-10
     # off); eager mode computes only those (none when grad mode is off).
     wanted = tuple(torch.is_grad_enabled() and t is not None and t.requires_grad for t in (hidden, weight, bias))
     options = [None if v is None else operator.index(v) for v in (ignore_index, chunk_size, workspace_budget)]
-    out = _ops.forward(hidden, weight, bias, targets, options[0], reduction, mode, *options[1:], softcap, temperature,
-                       z_loss_scale, *wanted)
+    out = _ops.forward(hidden, weight, bias, targets, class_weight, options[0], reduction, mode, *options[1:], softcap,
+                       temperature, z_loss_scale, label_smoothing, *wanted)
     loss = out[0].reshape(batch_shape) if reduction == "none" else out[0]
     if not return_z_loss:
         return loss
@@ -219,7 +267,8 @@ def linear_cross_entropy(hidden, weight, targets, bias=None, *, ignore_index=-10
 
 def _z_loss(lse, valid_count, targets, ignore_index, z_loss_scale, reduction):
     """s * LSE**2 of the counted tokens, reduced as the loss, from the forward's LSE (no kernel);
-    detached: a gradient through it would be dropped, so it has none."""
+    detached: a gradient through it would be dropped, so it has none. "mean" divides by the count
+    valid_count[0], class weights or not (they weight the cross-entropy only)."""
     lse, valid_count = lse.detach(), valid_count.detach()
     term = torch.where(targets != ignore_index, z_loss_scale * lse * lse, torch.zeros_like(lse))
     if reduction == "none":

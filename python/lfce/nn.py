@@ -1,8 +1,10 @@
 """``LinearCrossEntropyLoss``: the fused loss as an ``nn.Module``."""
 
+from __future__ import annotations
+
 import torch
 
-from .functional import linear_cross_entropy, validate_options
+from .functional import check_class_weight, linear_cross_entropy, validate_options
 
 __all__ = ["LinearCrossEntropyLoss"]
 
@@ -17,17 +19,26 @@ class LinearCrossEntropyLoss(torch.nn.Module):
         loss = loss_fn(hidden_states, model.lm_head.weight, labels)
 
     Args: see :func:`lfce.linear_cross_entropy` (ignore_index, reduction, mode,
-    chunk_size, workspace_budget, softcap, temperature, z_loss_scale, return_z_loss).
+    chunk_size, workspace_budget, softcap, temperature, z_loss_scale, label_smoothing,
+    class_weight, return_z_loss). ``class_weight`` is a registered buffer, as
+    ``torch.nn.CrossEntropyLoss``'s ``weight``: it follows ``module.to(device)`` and is in the
+    state dict; its length and device are checked against the inputs at each call.
     """
 
+    class_weight: torch.Tensor | None
+
     def __init__(self, *, ignore_index=-100, reduction="mean", mode="recompute", chunk_size=None,
-                 workspace_budget=None, softcap=None, temperature=None, z_loss_scale=None, return_z_loss=False):
+                 workspace_budget=None, softcap=None, temperature=None, z_loss_scale=None, label_smoothing=None,
+                 class_weight=None, return_z_loss=False):
         super().__init__()
         validate_options(ignore_index, reduction, mode, chunk_size, workspace_budget, softcap, temperature, z_loss_scale,
-                         return_z_loss)
+                         return_z_loss, label_smoothing)
+        check_class_weight(class_weight)
+        self.register_buffer("class_weight", class_weight)
         self.softcap = softcap
         self.temperature = temperature
         self.z_loss_scale = z_loss_scale
+        self.label_smoothing = label_smoothing
         self.return_z_loss = return_z_loss
         self.ignore_index = ignore_index
         self.reduction = reduction
@@ -41,21 +52,16 @@ class LinearCrossEntropyLoss(torch.nn.Module):
             hidden, weight, targets, bias, ignore_index=self.ignore_index, reduction=self.reduction,
             mode=self.mode, chunk_size=self.chunk_size, workspace_budget=self.workspace_budget,
             softcap=self.softcap, temperature=self.temperature, z_loss_scale=self.z_loss_scale,
-            return_z_loss=self.return_z_loss,
+            label_smoothing=self.label_smoothing, class_weight=self.class_weight, return_z_loss=self.return_z_loss,
         )
 
     def extra_repr(self):
         options = [f"ignore_index={self.ignore_index!r}", f"reduction={self.reduction!r}", f"mode={self.mode!r}"]
-        if self.chunk_size is not None:
-            options.append(f"chunk_size={self.chunk_size!r}")
-        if self.workspace_budget is not None:
-            options.append(f"workspace_budget={self.workspace_budget!r}")
-        if self.softcap is not None:
-            options.append(f"softcap={self.softcap!r}")
-        if self.temperature is not None:
-            options.append(f"temperature={self.temperature!r}")
-        if self.z_loss_scale is not None:
-            options.append(f"z_loss_scale={self.z_loss_scale!r}")
+        for name in ("chunk_size", "workspace_budget", "softcap", "temperature", "z_loss_scale", "label_smoothing"):
+            if getattr(self, name) is not None:
+                options.append(f"{name}={getattr(self, name)!r}")
+        if self.class_weight is not None:
+            options.append(f"class_weight=[{self.class_weight.shape[0]}]")
         if self.return_z_loss:
             options.append("return_z_loss=True")
         return ", ".join(options)

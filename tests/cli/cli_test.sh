@@ -97,6 +97,16 @@ case $test in
     expect_status 2 "temperature.*inf" "$lfce" compile --vocab 100 --hidden 16 --temperature inf -o "$work/x"
     expect_status 2 "z_loss_scale.*-0.5" "$lfce" compile --vocab 100 --hidden 16 --z-loss-scale -0.5 -o "$work/x"
     expect_status 2 "z_loss_scale.*nan" "$lfce" compile --vocab 100 --hidden 16 --z-loss-scale nan -o "$work/x" ;;
+  compile_label_smoothing_and_class_weights_change_only_their_kernels)
+    compile_plain
+    changes_only "--label-smoothing 0.1" "label_smoothing=0.1" "lse_forward lse_combine dlogits_backward"
+    changes_only "--class-weight" "class_weight=1" "lse_combine loss_reduce dlogits_backward"
+    changes_only "--class-weight --label-smoothing 0.1" "label_smoothing=0.1\|class_weight=1" \
+      "lse_forward lse_combine loss_reduce dlogits_backward"
+    expect_status 2 "label_smoothing.*1.5" "$lfce" compile --vocab 100 --hidden 16 --label-smoothing 1.5 -o "$work/x"
+    expect_status 2 "label_smoothing.*nan" "$lfce" compile --vocab 100 --hidden 16 --label-smoothing nan -o "$work/x"
+    expect_status 2 "has_class_weight = 1 with fp16" "$lfce" compile --vocab 100 --hidden 16 --class-weight --dtype fp16 \
+      -o "$work/x" ;;
   every_command_has_help)
     for cmd in "" compile precompile tune cache "cache ls" "cache info" "cache verify" "cache clear"; do
       # shellcheck disable=SC2086

@@ -82,14 +82,25 @@ INSTANTIATE_TEST_SUITE_P(AllTemplates, Codegen, testing::ValuesIn(all_cases()), 
 TEST(Codegen, EachSetOfLossOptionsGivesItsOwnKernelWithoutCallsOrSpills) {
   if (!testing_ptxas::have_ptxas()) GTEST_SKIP() << "ptxas not found at configure time (install the CUDA toolkit)";
   struct Options {
-    float softcap, temperature, z_loss_scale;
+    float softcap, temperature, z_loss_scale, label_smoothing;
+    bool class_weight;
   };
-  const Options sets[] = {{0.f, 1.f, 0.f},  {30.f, 1.f, 0.f},  {0.f, 0.7f, 0.f},   {0.f, 1.f, 1e-4f},
-                          {30.f, 1.f, 1e-4f}, {30.f, 0.7f, 0.f}, {30.f, 0.7f, 1e-4f}};
+  const Options sets[] = {{0.f, 1.f, 0.f, 0.f, false},    {30.f, 1.f, 0.f, 0.f, false},  {0.f, 0.7f, 0.f, 0.f, false},
+                          {0.f, 1.f, 1e-4f, 0.f, false},  {30.f, 1.f, 1e-4f, 0.f, false}, {30.f, 0.7f, 0.f, 0.f, false},
+                          {30.f, 0.7f, 1e-4f, 0.f, false}, {0.f, 1.f, 0.f, 0.1f, false},  {0.f, 1.f, 0.f, 0.f, true},
+                          {0.f, 1.f, 0.f, 0.1f, true},    {0.f, 1.f, 1e-4f, 0.f, true},  {30.f, 1.f, 1e-4f, 0.1f, true}};
+  // Distinct kernels per kind over these sets: lse_forward tells apart the logit maps and the
+  // smoothing (the class weights only with it), lse_combine the z-loss and both target terms,
+  // loss_reduce the class weights (and with them the z-loss), dlogits_backward every set.
+  const std::map<KernelKind, size_t> distinct_sets = {{KernelKind::LseForward, 7},
+                                                      {KernelKind::LseCombine, 7},
+                                                      {KernelKind::LossReduce, 3},
+                                                      {KernelKind::DlogitsBackward, 12}};
   for (Arch arch : {Arch::SM80, Arch::SM90A})
     for (DType dtype : {DType::BF16, DType::FP32})
-      for (KernelKind kind : {KernelKind::LseForward, KernelKind::DlogitsBackward, KernelKind::LseCombine}) {
-        KernelSpec plain = spec_for({kind, dtype, arch, dtype == DType::BF16});  // fp32: its mma.sync-free tile
+      for (bool bias : dtype == DType::BF16 ? std::vector<bool>{true, false} : std::vector<bool>{false})
+      for (const auto& [kind, expected] : distinct_sets) {
+        KernelSpec plain = spec_for({kind, dtype, arch, bias});  // fp32: its mma.sync-free tile
         if (arch == Arch::SM90A && dtype != DType::FP32)                         // the default wgmma tiles
           plain.tile = kind == KernelKind::LseForward ? TileConfig{128, 128, 64, 1, 1, 4, 2}
                                                       : TileConfig{128, 256, 64, 1, 1, 4, 2};
@@ -99,7 +110,14 @@ TEST(Codegen, EachSetOfLossOptionsGivesItsOwnKernelWithoutCallsOrSpills) {
           KernelSpec s = plain;
           if (reads & kFieldSoftcap) s.softcap = o.softcap;
           if (reads & kFieldTemperature) s.temperature = o.temperature;
-          if (reads & kFieldZLoss) s.z_loss_scale = o.z_loss_scale;
+          s.label_smoothing = o.label_smoothing;  // (fields_read depends on these two)
+          s.class_weight = o.class_weight;
+          if (reads & kFieldZLoss || s.fields_read() & kFieldZLoss) s.z_loss_scale = o.z_loss_scale;
+          s = s.normalised();
+          // The tiles Plan::tile gives these two combinations on sm_90a (a wgmma tile spilled).
+          if (s.tile.wgmma() && s.kind == KernelKind::LseForward && s.class_weight) s.tile = TileConfig{128, 128, 64, 2, 4, 3};
+          if (s.tile.wgmma() && s.kind == KernelKind::DlogitsBackward && s.bias && s.class_weight && s.label_smoothing != 0.f)
+            s.tile = TileConfig{128, 128, 64, 1, 1, 4, 2};
           const std::string what = s.text();
           if (ptx_of.count(what)) continue;
           const std::string ptx = generate_kernel(s).ptx;
@@ -110,8 +128,7 @@ TEST(Codegen, EachSetOfLossOptionsGivesItsOwnKernelWithoutCallsOrSpills) {
         }
         std::set<std::string> distinct;
         for (const auto& [what, ptx] : ptx_of) EXPECT_TRUE(distinct.insert(ptx).second) << what << ": PTX of another set";
-        EXPECT_EQ(ptx_of.size(), kind == KernelKind::LseCombine ? 2u : kind == KernelKind::LseForward ? 4u : 7u)
-            << plain.text();
+        EXPECT_EQ(ptx_of.size(), expected) << plain.text();
       }
 }
 

@@ -41,6 +41,8 @@ const std::vector<FieldChange>& field_changes() {
       {kFieldSoftcap, "softcap", [](KernelSpec& s) { s.softcap = 30.f; }},
       {kFieldTemperature, "temperature", [](KernelSpec& s) { s.temperature = 0.7f; }},
       {kFieldZLoss, "z_loss_scale", [](KernelSpec& s) { s.z_loss_scale = 1e-4f; }},
+      {kFieldLabelSmoothing, "label_smoothing", [](KernelSpec& s) { s.label_smoothing = 0.1f; }},
+      {kFieldClassWeight, "class_weight", [](KernelSpec& s) { s.class_weight = true; }},
   };
   return changes;
 }
@@ -91,7 +93,7 @@ TEST_P(KindFields, UnreadFieldsLeaveThePtxAndKeyAloneAndReadOnesChangeBoth) {
     if (reads & f.field) {
       EXPECT_NE(generate_kernel(changed).ptx, base_ptx) << f.name << " is marked read but does not change the code";
       EXPECT_NE(changed.normalised().text(), base.normalised().text()) << "normalised() drops " << f.name;
-    } else if (f.field & (kLogitMapFields | kFieldZLoss)) {
+    } else if (f.field & (kLogitMapFields | kFieldZLoss | kTargetTermFields)) {
       EXPECT_THROW(generate_kernel(changed), SpecError) << f.name << " set on a kind that does not read it";
       EXPECT_EQ(changed.normalised(), base.normalised());
     } else {
@@ -116,6 +118,45 @@ std::vector<Base> bases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllKinds, KindFields, testing::ValuesIn(bases()), base_name);
+
+// Reads that depend on the options themselves (KernelSpec::fields_read): lse_forward reads the
+// class weights only with label smoothing, loss_reduce the z-loss only for mean with class weights.
+TEST(KernelKindTable, ConditionalReadsChangeTheCodeExactlyWhereTheyAreRead) {
+  KernelSpec fwd = small_spec(KernelKind::LseForward, DType::BF16, Reduction::Mean);
+  fwd.label_smoothing = 0.1f;
+  ASSERT_TRUE(fwd.fields_read() & kFieldClassWeight);
+  KernelSpec weighted = fwd;
+  weighted.class_weight = true;
+  EXPECT_NE(generate_kernel(weighted).ptx, generate_kernel(fwd).ptx);
+  fwd.label_smoothing = 0.f;
+  EXPECT_FALSE(fwd.fields_read() & kFieldClassWeight);
+
+  KernelSpec reduce = small_spec(KernelKind::LossReduce, DType::BF16, Reduction::Mean).normalised();
+  EXPECT_FALSE(reduce.fields_read() & kFieldVocab);
+  reduce.class_weight = true;
+  ASSERT_TRUE(reduce.fields_read() & kFieldZLoss);
+  EXPECT_TRUE(reduce.fields_read() & kFieldVocab);  // a target's bound before its weight is read
+  reduce.vocab = 1000;
+  KernelSpec z_loss = reduce;
+  z_loss.z_loss_scale = 1e-4f;
+  EXPECT_NE(generate_kernel(z_loss).ptx, generate_kernel(reduce).ptx);
+  // dlogits_backward reads V with either target term (eps / V; a target's bound).
+  KernelSpec dlogits = small_spec(KernelKind::DlogitsBackward, DType::BF16, Reduction::Mean);
+  EXPECT_FALSE(dlogits.fields_read() & kFieldVocab);
+  dlogits.label_smoothing = 0.1f;
+  EXPECT_TRUE(dlogits.fields_read() & kFieldVocab);
+  KernelSpec other_vocab = dlogits;
+  other_vocab.vocab += 1;
+  EXPECT_NE(generate_kernel(other_vocab).ptx, generate_kernel(dlogits).ptx);
+  dlogits.label_smoothing = 0.f;
+  dlogits.class_weight = true;
+  EXPECT_TRUE(dlogits.fields_read() & kFieldVocab);
+  for (Reduction r : {Reduction::Sum, Reduction::None}) {
+    z_loss.reduction = r;
+    EXPECT_FALSE(z_loss.fields_read() & kFieldZLoss) << reduction_name(r);
+    EXPECT_EQ(z_loss.normalised().z_loss_scale, 0.f);
+  }
+}
 
 TEST(KernelKindTable, ListsEveryKindOnceWithATemplate) {
   std::set<std::string_view> names;

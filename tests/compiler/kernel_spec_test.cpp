@@ -78,7 +78,45 @@ std::vector<LossOption> loss_options() {
       {"z_loss_scale", &KernelSpec::z_loss_scale, 0.f, {1e-4f, 0.5f, 1e6f}, {-1e-4f, 2e6f, nan, inf},
        {KernelKind::LseCombine, KernelKind::DlogitsBackward},
        {KernelKind::LseForward, KernelKind::GradWeight, KernelKind::GradInput, KernelKind::LossReduce}},
+      {"label_smoothing", &KernelSpec::label_smoothing, 0.f, {0.1f, 0.5f, 1.f}, {-0.1f, 1.5f, nan, inf},
+       {KernelKind::LseForward, KernelKind::LseCombine, KernelKind::DlogitsBackward},
+       {KernelKind::GradWeight, KernelKind::GradInput, KernelKind::LossReduce}},
   };
+}
+
+// Class weights: a flag, ";class_weight=1" when set; on the kinds that read the weights only
+// (lse_forward only with label smoothing).
+TEST(KernelSpec, ClassWeightIsPartOfTheTextOnlyWhenSetAndOnlyWhereRead) {
+  KernelSpec s = sample();
+  EXPECT_EQ(s.text().find("class_weight"), std::string::npos);
+  s.class_weight = true;
+  EXPECT_EQ(s.text().substr(s.text().size() - 15), ";class_weight=1");
+  EXPECT_EQ(KernelSpec::parse(s.text()), s);
+  EXPECT_NO_THROW(s.validate());
+  const std::string text = s.text();
+  for (const char* bad : {"0", "2", "true", ""}) {
+    const std::string t = text.substr(0, text.size() - 1) + bad;
+    EXPECT_NE(spec_error([&] { KernelSpec::parse(t); }).find("class_weight"), std::string::npos) << t;
+  }
+  for (KernelKind kind : {KernelKind::LseCombine, KernelKind::LossReduce, KernelKind::DlogitsBackward}) {
+    s.kind = kind;
+    EXPECT_NO_THROW(s.validate()) << kind_name(kind);
+    EXPECT_TRUE(s.normalised().class_weight) << kind_name(kind);
+  }
+  for (KernelKind kind : {KernelKind::GradWeight, KernelKind::GradInput, KernelKind::GradBias}) {
+    s.kind = kind;
+    EXPECT_FALSE(s.normalised().class_weight) << kind_name(kind);
+    EXPECT_NE(spec_error([&] { s.validate(); }).find("class_weight is set on a kernel that reads no class weights"),
+              std::string::npos)
+        << kind_name(kind);
+  }
+  s.kind = KernelKind::LseForward;
+  EXPECT_NE(spec_error([&] { s.validate(); }).find("class_weight is set on lse_forward without label smoothing"),
+            std::string::npos);
+  EXPECT_FALSE(s.normalised().class_weight);
+  s.label_smoothing = 0.1f;
+  EXPECT_NO_THROW(s.validate());
+  EXPECT_TRUE(s.normalised().class_weight);
 }
 
 TEST(KernelSpec, LossOptionsArePartOfTheTextOnlyWhenSet) {
@@ -135,7 +173,10 @@ TEST(KernelSpec, AllLossOptionsTogetherRoundTrip) {
   s.softcap = 30.f;
   s.temperature = 0.7f;
   s.z_loss_scale = 1e-4f;
-  EXPECT_EQ(s.text().substr(s.text().find(";softcap")), ";softcap=30;temperature=0.7;z_loss_scale=1e-04");
+  s.label_smoothing = 0.1f;
+  s.class_weight = true;
+  EXPECT_EQ(s.text().substr(s.text().find(";softcap")),
+            ";softcap=30;temperature=0.7;z_loss_scale=1e-04;label_smoothing=0.1;class_weight=1");
   EXPECT_EQ(KernelSpec::parse(s.text()), s);
   EXPECT_NO_THROW(s.validate());
 }
@@ -241,7 +282,7 @@ TEST(KernelSpec, ValidateNamesWhatAWgmmaTileNeeds) {
 
 TEST(KernelSpec, EveryFieldChangesTheKey) {
   KernelSpec base = sample();
-  std::vector<KernelSpec> variants(17, base);
+  std::vector<KernelSpec> variants(19, base);
   variants[0].kind = KernelKind::GradInput;
   variants[1].vocab += 1;
   variants[2].hidden += 8;
@@ -259,6 +300,8 @@ TEST(KernelSpec, EveryFieldChangesTheKey) {
   variants[14].softcap = 30.f;
   variants[15].temperature = 0.7f;
   variants[16].z_loss_scale = 1e-4f;
+  variants[17].label_smoothing = 0.1f;
+  variants[18].class_weight = true;
   std::set<std::string> texts{base.text()};
   for (const KernelSpec& v : variants) {
     EXPECT_NE(v, base);

@@ -76,12 +76,26 @@ NAN, INF = float("nan"), float("inf")
     ("z_loss_scale", -1e-4, ValueError), ("z_loss_scale", NAN, ValueError), ("z_loss_scale", INF, ValueError),
     ("z_loss_scale", -INF, ValueError), ("z_loss_scale", 2e6, ValueError), ("z_loss_scale", 2**1024, ValueError),
     ("z_loss_scale", "1e-4", TypeError), ("z_loss_scale", False, TypeError),
+    ("label_smoothing", -0.1, ValueError), ("label_smoothing", 1.5, ValueError), ("label_smoothing", NAN, ValueError),
+    ("label_smoothing", INF, ValueError), ("label_smoothing", -INF, ValueError), ("label_smoothing", 2, ValueError),
+    ("label_smoothing", "0.1", TypeError), ("label_smoothing", True, TypeError),
     ("return_z_loss", 1, TypeError), ("return_z_loss", "yes", TypeError), ("return_z_loss", None, TypeError)])
 def test_bad_loss_option_is_named(option, value, exception):
     with raises(exception, option, repr(value)):
         lfce.linear_cross_entropy(*inputs(), **{option: value})
     with raises(exception, option, repr(value)):
         lfce.LinearCrossEntropyLoss(**{option: value})
+
+
+def test_label_smoothing_range_message_gives_the_bounds():
+    with raises(ValueError, "label_smoothing must be None or a number in [0, 1]", "got 1.5"):
+        lfce.linear_cross_entropy(*inputs(), label_smoothing=1.5)
+
+
+@pytest.mark.parametrize("value", [0, 0.0, 1, 1.0, 0.1])
+def test_label_smoothing_accepts_the_closed_range(value):
+    with raises(ValueError, "CUDA tensors only"):  # accepted: the device check answers
+        lfce.linear_cross_entropy(*inputs(), label_smoothing=value)
 
 
 def test_bool_chunk_size_is_named():
@@ -160,6 +174,96 @@ def test_cpu_tensors_are_refused_through_the_module():
         lfce.LinearCrossEntropyLoss()(*inputs())
 
 
+# --- class weights -------------------------------------------------------------------------
+
+@pytest.fixture
+def on_cpu(monkeypatch):
+    """CPU tensors pass the device check, so the checks after it answer."""
+    monkeypatch.setattr(functional, "_DEVICE_TYPE", "cpu")
+
+
+def test_class_weight_that_is_not_a_tensor_is_named():
+    with raises(TypeError, "class_weight must be None or a torch.Tensor", "list"):
+        lfce.linear_cross_entropy(*inputs(), class_weight=[1.0] * V)
+    with raises(TypeError, "class_weight must be None or a torch.Tensor", "list"):
+        lfce.LinearCrossEntropyLoss(class_weight=[1.0] * V)
+
+
+def test_integer_class_weight_is_named():
+    with raises(TypeError, "class_weight must have a floating dtype", "torch.int64"):
+        lfce.linear_cross_entropy(*inputs(), class_weight=torch.ones(V, dtype=torch.int64))
+    with raises(TypeError, "class_weight must have a floating dtype", "torch.int64"):
+        lfce.LinearCrossEntropyLoss(class_weight=torch.ones(V, dtype=torch.int64))
+
+
+def test_two_dimensional_class_weight_is_named():
+    with raises(ValueError, "class_weight must have shape [V]", f"({V}, 1)"):
+        lfce.linear_cross_entropy(*inputs(), class_weight=torch.ones(V, 1))
+    with raises(ValueError, "class_weight must have shape [V]", f"({V}, 1)"):
+        lfce.LinearCrossEntropyLoss(class_weight=torch.ones(V, 1))
+
+
+def test_class_weight_of_another_length_than_the_vocabulary_is_named():
+    with raises(ValueError, "class_weight", f"[V] = ({V},)", f"got shape ({V + 1},)"):
+        lfce.linear_cross_entropy(*inputs(), class_weight=torch.ones(V + 1))
+
+
+def test_module_checks_the_class_weight_length_at_each_call():
+    loss_fn = lfce.LinearCrossEntropyLoss(class_weight=torch.ones(V + 1))  # V is known only at the call
+    with raises(ValueError, "class_weight", f"[V] = ({V},)", f"got shape ({V + 1},)"):
+        loss_fn(*inputs())
+
+
+def test_class_weight_with_fp16_inputs_is_refused():
+    with raises(ValueError, "class_weight", "torch.float16", "torch.bfloat16 or torch.float32"):
+        lfce.linear_cross_entropy(*inputs(dtype=torch.float16), class_weight=torch.ones(V))
+
+
+def test_class_weight_on_another_device_than_hidden_is_named(on_cpu):
+    with raises(ValueError, "class_weight is on meta but hidden is on cpu"):
+        lfce.linear_cross_entropy(*inputs(), class_weight=torch.ones(V, device="meta"))
+
+
+def operator_spy(monkeypatch):
+    """Stand in for the operator; return the list of class_weight tensors it was given."""
+    seen = []
+
+    def operator(hidden, weight, bias, targets, class_weight, *rest):
+        seen.append(class_weight)
+        return (torch.zeros(()),)
+
+    monkeypatch.setattr(_ops, "forward", operator)
+    return seen
+
+
+def test_fp32_contiguous_class_weight_reaches_the_operator_uncopied(on_cpu, monkeypatch):
+    seen = operator_spy(monkeypatch)
+    weights = torch.rand(V)
+    lfce.linear_cross_entropy(*inputs(), class_weight=weights)
+    assert seen[0].data_ptr() == weights.data_ptr() and seen[0].dtype == torch.float32
+
+
+def test_class_weight_reaches_the_operator_as_detached_contiguous_fp32(on_cpu, monkeypatch):
+    seen = operator_spy(monkeypatch)
+    weights = torch.rand(2 * V, dtype=torch.float64, requires_grad=True)
+    lfce.linear_cross_entropy(*inputs(), class_weight=weights[::2])
+    got = seen[0]
+    assert got.dtype == torch.float32 and got.is_contiguous() and not got.requires_grad
+    assert torch.equal(got, weights.detach()[::2].float())
+
+
+def test_module_keeps_its_class_weight_as_a_buffer_as_cross_entropy_loss_does(on_cpu, monkeypatch):
+    weights = torch.rand(V)
+    loss_fn = lfce.LinearCrossEntropyLoss(class_weight=weights, label_smoothing=0.1)
+    assert dict(loss_fn.named_buffers()) == {"class_weight": weights}
+    assert "class_weight" in loss_fn.state_dict()
+    assert "class_weight=[10]" in repr(loss_fn) and "label_smoothing=0.1" in repr(loss_fn)
+    assert "class_weight" not in lfce.LinearCrossEntropyLoss().state_dict()  # None: no entry, as PyTorch's
+    seen = operator_spy(monkeypatch)
+    loss_fn(*inputs())
+    assert seen[0].data_ptr() == weights.data_ptr()
+
+
 # --- the C library's own checks, through ctypes (no GPU) ---------------------------------
 
 def problem(**changes):
@@ -199,7 +303,8 @@ def test_library_names_hidden_above_the_limit():
 @pytest.mark.parametrize("field, value", [
     ("softcap", -1.0), ("softcap", NAN), ("softcap", INF), ("softcap", 2e6),
     ("temperature", -1.0), ("temperature", 1e-7), ("temperature", NAN), ("temperature", INF), ("temperature", 2e6),
-    ("z_loss_scale", -1e-4), ("z_loss_scale", NAN), ("z_loss_scale", INF), ("z_loss_scale", 2e6)])
+    ("z_loss_scale", -1e-4), ("z_loss_scale", NAN), ("z_loss_scale", INF), ("z_loss_scale", 2e6),
+    ("label_smoothing", -0.1), ("label_smoothing", 1.5), ("label_smoothing", NAN), ("label_smoothing", INF)])
 def test_library_names_a_bad_loss_option(field, value):
     p = problem()
     setattr(p, field, value)
@@ -212,6 +317,19 @@ def test_library_refuses_an_fp16_temperature_that_could_overflow_dz():
     p = problem(dtype=_lib.DTYPE_FP16, temperature=0.5)
     with raises(ValueError, "lfce_problem.temperature = 0.5 with fp16", "bf16"):
         check_problem(p)
+
+
+@pytest.mark.lib
+def test_library_refuses_class_weights_with_fp16():
+    with raises(ValueError, "has_class_weight", "fp16"):
+        check_problem(problem(dtype=_lib.DTYPE_FP16, has_class_weight=True))
+
+
+@pytest.mark.lib
+@pytest.mark.parametrize("dtype", [_lib.DTYPE_BF16, _lib.DTYPE_FP32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1, 1.0])
+def test_library_accepts_label_smoothing_and_class_weights(dtype, label_smoothing):
+    check_problem(problem(dtype=dtype, label_smoothing=label_smoothing, has_class_weight=True))
 
 
 @pytest.mark.lib

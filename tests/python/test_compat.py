@@ -7,6 +7,7 @@ before any tensor is looked at.
 """
 
 import inspect
+import re
 
 import pytest
 import torch
@@ -60,8 +61,8 @@ def cpu_inputs():
 
 
 @pytest.mark.parametrize("option, value", [
-    ("ce_weight", torch.ones(10)), ("label_smoothing", 0.1), ("accum_dtype", torch.bfloat16), ("use_token_scaling", True),
-    ("return_token_accuracy", True), ("return_predicted_tokens", True)])
+    ("accum_dtype", torch.bfloat16), ("use_token_scaling", True), ("return_token_accuracy", True),
+    ("return_predicted_tokens", True)])
 def test_liger_functional_names_an_option_lfce_lacks(option, value):
     x, w, y = cpu_inputs()
     with pytest.raises(NotImplementedError, match=f"Liger-Kernel's option {option}="):
@@ -69,8 +70,8 @@ def test_liger_functional_names_an_option_lfce_lacks(option, value):
 
 
 def test_liger_module_names_an_option_lfce_lacks_at_construction():
-    with pytest.raises(NotImplementedError, match="Liger-Kernel's option label_smoothing=0.1"):
-        liger.LigerFusedLinearCrossEntropyLoss(label_smoothing=0.1)
+    with pytest.raises(NotImplementedError, match="Liger-Kernel's option use_token_scaling=True"):
+        liger.LigerFusedLinearCrossEntropyLoss(use_token_scaling=True)
 
 
 def test_liger_accepts_fp32_accumulation_which_lfce_always_uses():
@@ -99,6 +100,44 @@ def test_liger_z_loss_reaches_lfces_own_checks_under_liger_kernels_name(call):
         call(x, w, y, -1e-4)
     with pytest.raises(ValueError, match="CUDA tensors only"):  # accepted: the device check answers
         call(x, w, y, 1e-4)
+
+
+@pytest.mark.parametrize("call", [
+    lambda x, w, y, **options: liger.liger_fused_linear_cross_entropy(x, w, y, **options),
+    lambda x, w, y, **options: liger.LigerFusedLinearCrossEntropyLoss(**options)(w, x, y)], ids=["liger", "module"])
+def test_liger_ce_weight_and_label_smoothing_reach_lfce_as_class_weight_and_label_smoothing(call, monkeypatch):
+    seen = []
+    monkeypatch.setattr(liger, "linear_cross_entropy", lambda *args, **options: seen.append(options))
+    x, w, y = cpu_inputs()
+    ce_weight = torch.rand(10)
+    call(x, w, y, ce_weight=ce_weight, label_smoothing=0.1, lse_square_scale=1e-4, reduction="sum")
+    assert seen[0]["class_weight"] is ce_weight and seen[0]["label_smoothing"] == 0.1
+    assert seen[0]["z_loss_scale"] == 1e-4 and seen[0]["reduction"] == "sum"
+
+
+@pytest.mark.parametrize("call", [
+    lambda x, w, y, **options: liger.liger_fused_linear_cross_entropy(x, w, y, **options),
+    lambda x, w, y, **options: liger.LigerFusedLinearCrossEntropyLoss(**options)(w, x, y)], ids=["liger", "module"])
+@pytest.mark.parametrize("option, value, exception, message", [
+    ("ce_weight", [1.0] * 10, TypeError, "ce_weight must be None or a torch.Tensor of shape [V], got list"),
+    ("ce_weight", torch.ones(10, dtype=torch.int64), TypeError, "ce_weight must have a floating dtype"),
+    ("ce_weight", torch.ones(10, 2), ValueError, "ce_weight must have shape [V], got shape (10, 2)"),
+    ("label_smoothing", 1.5, ValueError, "label_smoothing must be None or a number in [0, 1]"),
+    ("label_smoothing", "0.1", TypeError, "label_smoothing must be None or a number")])
+def test_liger_ce_weight_and_label_smoothing_are_checked_under_liger_kernels_names(call, option, value, exception,
+                                                                                  message):
+    x, w, y = cpu_inputs()
+    with pytest.raises(exception, match=re.escape(message)):
+        call(x, w, y, **{option: value})
+
+
+@pytest.mark.parametrize("call", [
+    lambda x, w, y, **options: liger.liger_fused_linear_cross_entropy(x, w, y, **options),
+    lambda x, w, y, **options: liger.LigerFusedLinearCrossEntropyLoss(**options)(w, x, y)], ids=["liger", "module"])
+def test_liger_ce_weight_and_label_smoothing_are_accepted(call):
+    x, w, y = cpu_inputs()
+    with pytest.raises(ValueError, match="CUDA tensors only"):  # accepted: the device check answers
+        call(x, w, y, ce_weight=torch.rand(10), label_smoothing=0.1)
 
 
 def test_cce_names_a_shift_other_than_one():

@@ -164,6 +164,14 @@ def test_a_bad_reduction_is_named():
         lfce_dist.linear_cross_entropy(*args(), reduction="avg")
 
 
+@pytest.mark.parametrize("option, value", [("label_smoothing", 0.1), ("class_weight", torch.ones(5))])
+def test_loss_options_not_supported_yet_are_named(option, value):
+    with pytest.raises(TypeError, match=f"unexpected keyword argument '{option}'"):
+        lfce_dist.linear_cross_entropy(*args(), **{option: value})
+    with pytest.raises(TypeError, match=f"unexpected keyword argument '{option}'"):
+        lfce_dist.VocabParallelLinearCrossEntropyLoss(**{option: value})
+
+
 def test_without_a_process_group_the_error_says_how_to_start_one(monkeypatch):
     monkeypatch.setattr(lfce_dist.functional, "_DEVICE_TYPE", "cpu")
     assert not dist.is_initialized()

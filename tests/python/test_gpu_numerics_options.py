@@ -1,10 +1,13 @@
-"""The temperature and the z-loss, alone and with the softcap: lfce against an fp64 reference
-written here from the definitions, independent of the kernels and of checks.reference:
+"""The temperature, the z-loss, label smoothing and class weights, alone and together: lfce against
+an fp64 reference written here from the definitions, independent of the kernels and of
+checks.reference:
 
-    u = c * tanh(z / c) (with a softcap c), then u / T;  loss_i = CE(u_i, y_i) + s * logsumexp(u_i)**2
+    u = c * tanh(z / c) (with a softcap c), then u / T;
+    loss = F.cross_entropy(u, y, weight=w, label_smoothing=eps, ignore_index, reduction)
+           + s * logsumexp(u_i)**2 of each counted token, reduced as the loss ("mean": / the count)
 
-for each counted token (F.cross_entropy on u, an explicit logsumexp for the z-loss), reduced as the
-loss ("mean" over the counted tokens), differentiated by autograd.
+differentiated by autograd. So "mean" divides the (weighted, smoothed) cross-entropy by the sum of
+the counted tokens' class weights (PyTorch's) and the z-loss by their count (Liger-Kernel's).
 
 The options are strong here (T = 0.6 or 1.7 against logits of std 2.5, s = 0.05 or 0.2 where LSE
 is 12 to 14, c = 3), so that a kernel that ignores one, or drops its term of the gradient, misses
@@ -12,6 +15,12 @@ by far more than the tolerance: each test checks that the reference without each
 than 10x the tolerance away (checked on the CPU for bf16: 12x to 120x). PaLM's s = 1e-4 runs at V = 256000. V = 64007 is a multiple of no
 tile; bias on and off covers both forms of the sm_90a forward epilogue (registers without a
 bias, staged with one). With LFCE_DEVICE_ARCH=sm_80 the same tests run the mma.sync path.
+
+Label smoothing and class weights barely move a mean loss over random targets (the smoothed
+term's mean is the plain one's; weights independent of the loss average out), so their tests
+use predicted_inputs: every other counted token's target is the class its logits rank first
+(as a trained model's), and the weights favour those classes. Each option then moves the loss
+and grad_hidden by more than 10x the tolerance (checked in each test, as above).
 """
 
 import pytest
@@ -42,7 +51,8 @@ CASES = {
 }
 
 
-def options_reference(x, w, b, y, reduction, grad, softcap=None, temperature=1.0, z_loss_scale=0.0):
+def options_reference(x, w, b, y, reduction, grad, softcap=None, temperature=1.0, z_loss_scale=0.0,
+                      label_smoothing=0.0, class_weight=None):
     """fp64 (loss, grad_hidden, grad_weight, grad_bias) and the z-loss term alone, reduced as the loss."""
     x64 = x.detach().double().requires_grad_()
     w64 = w.detach().double().requires_grad_()
@@ -52,18 +62,15 @@ def options_reference(x, w, b, y, reduction, grad, softcap=None, temperature=1.0
         logits = softcap * torch.tanh(logits / softcap)
     logits = logits / temperature
     counted = y != IGNORE
-    ce = F.cross_entropy(logits, y.long(), ignore_index=IGNORE, reduction="none")
-    z_loss = torch.where(counted, z_loss_scale * torch.logsumexp(logits, dim=-1) ** 2, torch.zeros_like(ce))
-    per_token = ce + z_loss
-    if reduction == "none":
-        loss, z_reduced = per_token, z_loss
-    else:
-        loss, z_reduced = per_token.sum(), z_loss.sum()
-        if reduction == "mean":
-            count = counted.sum().double()
-            loss, z_reduced = loss / count, z_reduced / count
+    weight = None if class_weight is None else class_weight.double()
+    ce = F.cross_entropy(logits, y.long(), weight=weight, ignore_index=IGNORE, label_smoothing=label_smoothing,
+                         reduction=reduction)
+    z_loss = torch.where(counted, z_loss_scale * torch.logsumexp(logits, dim=-1) ** 2, torch.zeros_like(logits[:, 0]))
+    if reduction != "none":
+        z_loss = z_loss.sum() / (counted.sum().double() if reduction == "mean" else 1.0)
+    loss = ce + z_loss
     loss.backward(grad.double())
-    return (loss.detach(), x64.grad, w64.grad, None if b is None else b64.grad), z_reduced.detach()
+    return (loss.detach(), x64.grad, w64.grad, None if b is None else b64.grad), z_loss.detach()
 
 
 def run(x, w, b, y, reduction, grad, **options):
@@ -80,14 +87,16 @@ def rel_l2(a, b):
     return float((a - b).norm() / b.norm())
 
 
-def assert_each_option_matters(x, w, b, y, reduction, grad, dtype, softcap, temperature, z_loss_scale, ref):
+NO_OPTION = {"softcap": None, "temperature": 1.0, "z_loss_scale": 0.0, "label_smoothing": 0.0, "class_weight": None}
+
+
+def assert_each_option_matters(x, w, b, y, reduction, grad, dtype, ref, **options):
     """The reference without each option set is far outside the tolerances (loss and grad_hidden)."""
-    options = {"softcap": softcap, "temperature": temperature, "z_loss_scale": z_loss_scale}
-    none = {"softcap": None, "temperature": 1.0, "z_loss_scale": 0.0}
     for name, value in options.items():
-        if value == none[name]:
+        none = NO_OPTION[name]
+        if value is none or (not isinstance(value, torch.Tensor) and value == none):
             continue
-        without, _ = options_reference(x, w, b, y, reduction, grad, **{**options, name: none[name]})
+        without, _ = options_reference(x, w, b, y, reduction, grad, **{**options, name: none})
         assert rel_l2(without[0], ref[0]) > 10 * LOSS[dtype].rel_l2, f"{name} barely changes the loss here"
         assert rel_l2(without[1], ref[1]) > 10 * GRAD[dtype].rel_l2, f"{name} barely changes grad_hidden here"
 
@@ -108,7 +117,70 @@ def test_options_match_an_fp64_reference(mode, reduction, dtype, case, record_er
         assert_close(f"z_loss ({reduction})", z_ours, z_ref, LOSS[dtype], record_error)
     else:
         assert int(torch.count_nonzero(z_ours)) == 0, "z-loss without a z_loss_scale"
-    assert_each_option_matters(x, w, b, y, reduction, grad, dtype, softcap, temperature, z_loss_scale, ref)
+    assert_each_option_matters(x, w, b, y, reduction, grad, dtype, ref, softcap=softcap, temperature=temperature,
+                               z_loss_scale=z_loss_scale)
+
+
+def predicted_inputs(n, h, v, dtype, bias, every=2, device="cuda"):
+    """make_inputs (every fifth token ignored) with the target of every ``every``-th counted token the
+    class its logits rank first (cross-entropy about 3 instead of 14), and class weights [V] (fp32)
+    in [0.25, 2.25), those of the predicted targets' classes 2 and of the other targets' 0.5."""
+    x, w, b, y = make_inputs(n, h, v, dtype, bias=bias, device=device)
+    logits = F.linear(x.float(), w.float(), None if b is None else b.float())
+    counted = y != IGNORE
+    predicted = counted & (torch.arange(n, device=device) % every == 0)
+    y = torch.where(predicted, logits.argmax(dim=-1), y)
+    weights = torch.rand(v, device=device, generator=torch.Generator(device=device).manual_seed(7)) * 2 + 0.25
+    weights[y[counted & ~predicted]] = 0.5
+    weights[y[predicted]] = 2.0
+    return x, w, b, y, weights
+
+
+# name: (options, bias, every how many counted tokens a target is predicted); every case has ignored
+# tokens; "class_weight": True stands for predicted_inputs' weights. The weights matter to "mean" as the
+# predicted and the other tokens' losses differ (every = 2); label smoothing most where all are
+# predicted (every = 1), which the softcap's flattened logits need. Dropping any one option moves
+# the bf16 reference by 14x to 130x the loss tolerance and grad_hidden by 24x to 780x (measured
+# on the CPU with these shapes).
+WEIGHTED_CASES = {
+    "label_smoothing": ({"label_smoothing": 0.2}, False, 1),
+    "class_weight": ({"class_weight": True}, True, 2),
+    "smoothing_class_weight": ({"label_smoothing": 0.2, "class_weight": True}, False, 2),
+    "class_weight_z_loss": ({"class_weight": True, "z_loss_scale": 0.05}, True, 2),  # two "mean" denominators
+    "smoothing_softcap": ({"label_smoothing": 0.2, "softcap": 7.0}, True, 1),
+}
+
+
+def weighted_case(case, n, h, v, dtype, device="cuda"):
+    """(x, w, b, y) and the options of a WEIGHTED_CASES entry, with its class weights."""
+    options, bias, every = WEIGHTED_CASES[case]
+    x, w, b, y, weights = predicted_inputs(n, h, v, dtype, bias, every, device)
+    return (x, w, b, y), {**options, "class_weight": weights if options.get("class_weight") else None}
+
+
+@pytest.mark.parametrize("case", list(WEIGHTED_CASES))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("mode", ["recompute", "eager"])
+def test_smoothing_and_class_weights_match_pytorchs_cross_entropy(mode, reduction, dtype, case, record_error):
+    (x, w, b, y), options = weighted_case(case, 300, 512, 64007, dtype)
+    grad = upstream(reduction, y.shape, dtype)  # per token for "none", not uniform
+    ours, z_ours = run(x, w, b, y, reduction, grad, mode=mode, **options)
+    ref, z_ref = options_reference(x, w, b, y, reduction, grad, **options)
+    assert_gradients_match(ours, ref, dtype, reduction, record_error)
+    if options.get("z_loss_scale"):
+        assert_close(f"z_loss ({reduction})", z_ours, z_ref, LOSS[dtype], record_error)
+    assert_each_option_matters(x, w, b, y, reduction, grad, dtype, ref, **options)
+
+
+def test_smoothing_class_weights_and_z_loss_at_a_large_vocabulary(record_error):
+    x, w, b, y, weights = predicted_inputs(128, 256, 256000, torch.bfloat16, bias=False)
+    grad = upstream("mean", (), torch.bfloat16)
+    options = {"label_smoothing": 0.1, "class_weight": weights, "z_loss_scale": 1e-4, "softcap": 30.0}
+    ours, z_ours = run(x, w, b, y, "mean", grad, **options)
+    ref, z_ref = options_reference(x, w, b, y, "mean", grad, **options)
+    assert_gradients_match(ours, ref, torch.bfloat16, "mean", record_error)
+    assert_close("z_loss (mean)", z_ours, z_ref, LOSS[torch.bfloat16], record_error)
 
 
 def test_palm_z_loss_with_a_temperature_at_a_large_vocabulary(record_error):
@@ -127,21 +199,32 @@ def test_z_loss_of_every_ignored_token_is_zero_and_all_ignored_gives_nan():
     assert int(torch.count_nonzero(loss)) == 0 and int(torch.count_nonzero(z_loss)) == 0
     loss, z_loss = lfce.linear_cross_entropy(x, w, y, z_loss_scale=0.05, return_z_loss=True)
     assert torch.isnan(loss) and torch.isnan(z_loss), "mean over no counted token is NaN, as PyTorch's"
+    weights = torch.rand(5000, device="cuda") + 0.5
+    options = {"label_smoothing": 0.1, "class_weight": weights}
+    loss = lfce.linear_cross_entropy(x, w, y, reduction="none", **options)
+    assert int(torch.count_nonzero(loss)) == 0, "an ignored token's smoothed, weighted loss is not 0"
+    assert torch.isnan(lfce.linear_cross_entropy(x, w, y, **options)), "mean over no class weight is NaN"
 
 
 @pytest.mark.parametrize("mode", ["recompute", "eager"])
-def test_options_are_deterministic_and_independent_of_the_vocab_chunk(mode):
+@pytest.mark.parametrize("target_terms", [False, True], ids=["logit_options", "smoothing_and_class_weights"])
+def test_options_are_deterministic_and_independent_of_the_vocab_chunk(mode, target_terms):
     """Run to run bit-identical; with a narrower chunk, grad_weight and grad_bias bit-identical
-    (each row is computed whole inside one chunk) and grad_hidden within fp32 reassociation."""
-    x, w, b, y = make_inputs(64, 2304, 151937, torch.bfloat16, bias=True)
+    (each row is computed whole inside one chunk) and grad_hidden within fp32 reassociation.
+    Softcap, temperature and z-loss; or label smoothing and class weights with a z-loss and a softcap."""
+    if target_terms:
+        x, w, b, y, weights = predicted_inputs(64, 2304, 151937, torch.bfloat16, bias=True)
+        options = {"softcap": 10.0, "z_loss_scale": 0.05, "label_smoothing": 0.2, "class_weight": weights}
+    else:
+        x, w, b, y = make_inputs(64, 2304, 151937, torch.bfloat16, bias=True)
+        options = {"softcap": 3.0, "temperature": 1.7, "z_loss_scale": 0.05}
     grad = upstream("mean", (), torch.bfloat16)
-    options = {"mode": mode, "softcap": 3.0, "temperature": 1.7, "z_loss_scale": 0.05}
-    first, z_first = run(x, w, b, y, "mean", grad, **options)
-    again, z_again = run(x, w, b, y, "mean", grad, **options)
+    first, z_first = run(x, w, b, y, "mean", grad, mode=mode, **options)
+    again, z_again = run(x, w, b, y, "mean", grad, mode=mode, **options)
     for name, a, e in zip(("loss", "grad_hidden", "grad_weight", "grad_bias", "z_loss"), again + (z_again,),
                           first + (z_first,)):
         assert_bitwise_equal(name, a, e)
-    chunked, _ = run(x, w, b, y, "mean", grad, chunk_size=256, **options)
+    chunked, _ = run(x, w, b, y, "mean", grad, chunk_size=256, mode=mode, **options)
     assert_bitwise_equal("loss", chunked[0], first[0])
     assert_bitwise_equal("grad_weight", chunked[2], first[2])
     assert_bitwise_equal("grad_bias", chunked[3], first[3])
@@ -154,8 +237,11 @@ def test_problems_that_differ_only_in_an_option_get_their_own_kernels():
     x, w, _, y = make_inputs(96, 256, 5000, torch.bfloat16)
     plain = lfce.linear_cross_entropy(x, w, y)
     losses = {"plain": plain}
+    weights = torch.rand(5000, device="cuda") + 0.5
     for name, options in (("temperature", {"temperature": 0.7}), ("z_loss", {"z_loss_scale": 1e-3}),
-                          ("temperature_z_loss", {"temperature": 0.7, "z_loss_scale": 1e-3})):
+                          ("temperature_z_loss", {"temperature": 0.7, "z_loss_scale": 1e-3}),
+                          ("label_smoothing", {"label_smoothing": 0.1}), ("class_weight", {"class_weight": weights}),
+                          ("smoothing_class_weight", {"label_smoothing": 0.1, "class_weight": weights})):
         losses[name] = lfce.linear_cross_entropy(x, w, y, **options)
     values = {name: float(loss) for name, loss in losses.items()}
     assert len(set(values.values())) == len(values), f"two problems shared a result: {values}"
@@ -182,3 +268,14 @@ def test_options_reach_the_module_and_liger_kernels_entry_points():
         t = lfce.LinearCrossEntropyLoss(reduction=reduction, temperature=0.7)(x, w, y, b)
         assert_bitwise_equal(f"module temperature ({reduction})", t,
                              lfce.linear_cross_entropy(x, w, y, b, reduction=reduction, temperature=0.7))
+        weights = torch.rand(5000, device="cuda", dtype=torch.float64) + 0.5  # used as fp32
+        expected = lfce.linear_cross_entropy(x, w, y, b, reduction=reduction, label_smoothing=0.1,
+                                             class_weight=weights.float())
+        module = lfce.LinearCrossEntropyLoss(reduction=reduction, label_smoothing=0.1, class_weight=weights)
+        for name, got in (
+                ("module", module(x, w, y, b)),
+                ("liger", liger.liger_fused_linear_cross_entropy(x, w, y, b, ce_weight=weights, label_smoothing=0.1,
+                                                                 reduction=reduction)),
+                ("liger module", liger.LigerFusedLinearCrossEntropyLoss(
+                    ce_weight=weights, label_smoothing=0.1, reduction=reduction)(w, x, y, b))):
+            assert_bitwise_equal(f"{name} smoothed, weighted loss ({reduction})", got, expected)

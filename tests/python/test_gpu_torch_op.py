@@ -93,25 +93,39 @@ def test_compiled_model_matches_eager_execution_and_compiles_once_for_two_token_
 
 # --- opcheck -------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("options", [(None, 1.0, 0.0), (30.0, 0.7, 1e-3)], ids=["plain", "loss_options"])
+# (softcap, temperature, z_loss_scale, label_smoothing), class weights
+OPTIONS = {"plain": ((None, 1.0, 0.0, 0.0), False), "loss_options": ((30.0, 0.7, 1e-3, 0.0), False),
+           "smoothing_class_weight": ((30.0, 0.7, 1e-3, 0.1), True)}
+
+
+def class_weights(vocab):
+    return torch.rand(vocab, device="cuda", generator=torch.Generator("cuda").manual_seed(2)) + 0.5
+
+
+@pytest.mark.parametrize("options", list(OPTIONS))
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 @pytest.mark.parametrize("mode", MODES)
 def test_opcheck_passes_for_the_forward(mode, reduction, options):
+    loss_options, weighted = OPTIONS[options]
     x, w, b, y = make_inputs(70, 128, 1000, BF16, bias=True)
-    args = (x.requires_grad_(), w.requires_grad_(), b.requires_grad_(), y, -100, reduction, mode, None, None,
-            *options, True, True, True)
+    args = (x.requires_grad_(), w.requires_grad_(), b.requires_grad_(), y, class_weights(1000) if weighted else None,
+            -100, reduction, mode, None, None, *loss_options, True, True, True)
     torch.library.opcheck(torch.ops.lfce.forward.default, args)
 
 
+@pytest.mark.parametrize("weighted", [False, True], ids=["plain", "smoothing_class_weight"])
 @pytest.mark.parametrize("wanted", [(True, True, True), (False, True, False), (True, False, True)])
 @pytest.mark.parametrize("reduction", ["mean", "none"])
-def test_opcheck_passes_for_the_backward(reduction, wanted):
+def test_opcheck_passes_for_the_backward(reduction, wanted, weighted):
     x, w, b, y = make_inputs(70, 128, 1000, BF16, bias=True)
-    _, lse, count, *_ = torch.ops.lfce.forward(x, w, b, y, -100, reduction, "recompute", None, None,
-                                               None, 1.0, 0.0, False, False, False)
+    cw = class_weights(1000) if weighted else None
+    smoothing = 0.1 if weighted else 0.0
+    _, lse, count, *_ = torch.ops.lfce.forward(x, w, b, y, cw, -100, reduction, "recompute", None, None,
+                                               None, 1.0, 0.0, smoothing, False, False, False)
     grad = torch.rand(70 if reduction == "none" else 1, device="cuda") + 0.5
     torch.library.opcheck(torch.ops.lfce.backward.default,
-                          (x, w, b, y, lse, count, grad, -100, reduction, None, None, None, 1.0, 0.0, *wanted))
+                          (x, w, b, y, cw, lse, count, grad, -100, reduction, None, None, None, 1.0, 0.0, smoothing,
+                           *wanted))
 
 
 # --- loss dtype -----------------------------------------------------------------------------------

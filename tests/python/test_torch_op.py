@@ -49,42 +49,69 @@ def _softmax_logits(hidden, weight, bias, softcap, temperature):
     return logits / temperature, slope / temperature
 
 
-def _grads(hidden, weight, bias, targets, lse, count, grad_loss, ignore_index, reduction, options, wanted):
-    softcap, temperature, z_loss_scale = options
+def _class_weights(class_weight, vocab):
+    return torch.ones(vocab) if class_weight is None else class_weight
+
+
+def _grads(hidden, weight, bias, targets, class_weight, lse, count, grad_loss, ignore_index, reduction, options,
+           wanted):
+    """dz_v = (P p_v - T [v = y] - U w_v) * slope per row, the constants as lfce's (docs/design.md):
+    P = a ((1 - eps) w_y + eps W / V) + b 2 s LSE, T = a (1 - eps) w_y, U = a eps / V; a scales the
+    cross-entropy (the upstream gradient, / sum of w_y for mean), b the z-loss (/ the count)."""
+    softcap, temperature, z_loss_scale, eps = options
     logits, slope = _softmax_logits(hidden, weight, bias, softcap, temperature)
+    vocab = weight.shape[0]
     valid = targets != ignore_index
-    dz = torch.exp(logits - lse[:, None]) * (1 + 2 * z_loss_scale * lse)[:, None]  # the forward's LSE, as lfce
-    dz = (dz - F.one_hot(torch.where(valid, targets, 0).long(), weight.shape[0]).float()) * slope
-    scale = grad_loss.float().expand(hidden.shape[0]) if grad_loss is not None else torch.ones(hidden.shape[0])
+    target = torch.where(valid, targets, 0).long()
+    w = _class_weights(class_weight, vocab)
+    w_sum = count[2] if class_weight is not None else vocab  # the forward's sum (written with smoothing)
+    g = grad_loss.float().expand(hidden.shape[0]) if grad_loss is not None else torch.ones(hidden.shape[0])
+    a = b = g * valid
     if reduction == "mean":
-        scale = scale / count
-    dz = dz * (scale * valid)[:, None]
+        a, b = a / (count[1] if class_weight is not None else count[0]), b / count[0]
+    p = torch.exp(logits - lse[:, None])  # the forward's LSE, as lfce
+    big_p = a * ((1 - eps) * w[target] + eps * w_sum / vocab) + b * 2 * z_loss_scale * lse
+    dz = big_p[:, None] * p - (a * (1 - eps) * w[target])[:, None] * F.one_hot(target, vocab).float()
+    dz = (dz - (a * eps / vocab)[:, None] * w[None, :]) * slope
     grads = (dz @ weight.float(), dz.t() @ hidden.float(), dz.sum(0))
     likes = (hidden, weight, bias)
     return tuple(g.to(like.dtype) if want and like is not None else hidden.new_empty(0)
                  for g, like, want in zip(grads, likes, wanted))
 
 
-def _forward_cpu(hidden, weight, bias, targets, ignore_index, reduction, mode, chunk_size, workspace_budget,
-                 softcap, temperature, z_loss_scale, need_hidden, need_weight, need_bias):
+def _forward_cpu(hidden, weight, bias, targets, class_weight, ignore_index, reduction, mode, chunk_size,
+                 workspace_budget, softcap, temperature, z_loss_scale, label_smoothing, need_hidden, need_weight,
+                 need_bias):
     logits, _ = _softmax_logits(hidden, weight, bias, softcap, temperature)
+    vocab = weight.shape[0]
     lse = logits.logsumexp(-1)
     valid = targets != ignore_index
-    picked = logits.gather(1, torch.where(valid, targets, 0).long()[:, None])[:, 0]
-    token_loss = torch.where(valid, lse - picked + z_loss_scale * lse * lse, torch.zeros_like(lse))
+    target = torch.where(valid, targets, 0).long()
+    w = _class_weights(class_weight, vocab)
+    picked = logits.gather(1, target[:, None])[:, 0]
+    smoothed = (w * (lse[:, None] - logits)).sum(-1) / vocab
+    cross_entropy = torch.where(valid, (1 - label_smoothing) * w[target] * (lse - picked)
+                                + label_smoothing * smoothed, torch.zeros_like(lse))
+    z_loss = torch.where(valid, z_loss_scale * lse * lse, torch.zeros_like(lse))
     count = valid.sum().float().reshape(1)
-    loss = {"none": token_loss, "sum": token_loss.sum(), "mean": token_loss.sum() / count[0]}[reduction]
+    if class_weight is not None:  # lfce.h: the count, the sum of w_y, the sum of w (with smoothing only)
+        count = torch.stack([count[0], (w[target] * valid).sum(), w.sum() if label_smoothing else torch.tensor(0.0)])
+    token_loss = cross_entropy + z_loss
+    mean = cross_entropy.sum() / count[1 if class_weight is not None else 0] + z_loss.sum() / count[0]
+    loss = {"none": token_loss, "sum": token_loss.sum(), "mean": mean}[reduction]
     eager = mode == "eager" and reduction != "none"  # "none" recomputes, as in lfce
     wanted = (need_hidden, need_weight, need_bias) if eager else (False, False, False)
-    options = (softcap, temperature, z_loss_scale)
-    grads = _grads(hidden, weight, bias, targets, lse, count, None, ignore_index, reduction, options, wanted)
+    options = (softcap, temperature, z_loss_scale, label_smoothing)
+    grads = _grads(hidden, weight, bias, targets, class_weight, lse, count, None, ignore_index, reduction, options,
+                   wanted)
     return (loss, lse, count) + grads
 
 
-def _backward_cpu(hidden, weight, bias, targets, lse, valid_count, grad_loss, ignore_index, reduction, chunk_size,
-                  workspace_budget, softcap, temperature, z_loss_scale, need_hidden, need_weight, need_bias):
-    return _grads(hidden, weight, bias, targets, lse, valid_count, grad_loss, ignore_index, reduction,
-                  (softcap, temperature, z_loss_scale), (need_hidden, need_weight, need_bias))
+def _backward_cpu(hidden, weight, bias, targets, class_weight, lse, valid_count, grad_loss, ignore_index, reduction,
+                  chunk_size, workspace_budget, softcap, temperature, z_loss_scale, label_smoothing, need_hidden,
+                  need_weight, need_bias):
+    return _grads(hidden, weight, bias, targets, class_weight, lse, valid_count, grad_loss, ignore_index, reduction,
+                  (softcap, temperature, z_loss_scale, label_smoothing), (need_hidden, need_weight, need_bias))
 
 
 @pytest.fixture(scope="module")
@@ -142,15 +169,16 @@ def torch_loss(x, w, b, y, reduction):
 
 # --- fake implementations --------------------------------------------------------------------
 
-def fake_call(reduction, mode, wanted, bias, dtype=BF16, n=7, h=64, v=100):
+def fake_call(reduction, mode, wanted, bias, dtype=BF16, n=7, h=64, v=100, class_weight=False):
     with FakeTensorMode():
         x = torch.empty(n, h, dtype=dtype)
         w = torch.empty(v, h, dtype=dtype)
         b = torch.empty(v, dtype=dtype) if bias else None
         y = torch.empty(n, dtype=torch.int64)
-        out = torch.ops.lfce.forward(x, w, b, y, -100, reduction, mode, None, None, None, 1.0, 0.0, *wanted)
-        back = torch.ops.lfce.backward(x, w, b, y, out[1], out[2], torch.empty(n if reduction == "none" else 1),
-                                       -100, reduction, None, None, None, 1.0, 0.0, *wanted)
+        cw = torch.empty(v) if class_weight else None
+        out = torch.ops.lfce.forward(x, w, b, y, cw, -100, reduction, mode, None, None, None, 1.0, 0.0, 0.0, *wanted)
+        back = torch.ops.lfce.backward(x, w, b, y, cw, out[1], out[2], torch.empty(n if reduction == "none" else 1),
+                                       -100, reduction, None, None, None, 1.0, 0.0, 0.0, *wanted)
     return [(tuple(t.shape), t.dtype) for t in out], [(tuple(t.shape), t.dtype) for t in back]
 
 
@@ -176,6 +204,11 @@ def test_fake_backward_gives_the_wanted_gradients_in_the_input_dtype(wanted):
     assert back == [(shape if want else (0,), BF16) for shape, want in zip(shapes, wanted)]
 
 
+def test_fake_forward_gives_three_counts_with_class_weights():
+    out, _ = fake_call("mean", "recompute", (True, True, True), bias=False, class_weight=True)
+    assert out[2] == ((3,), torch.float32)
+
+
 def test_fake_backward_without_bias_gives_an_empty_grad_bias():
     _, back = fake_call("sum", "recompute", (True, True, True), bias=False)
     assert back[2] == ((0,), BF16)
@@ -191,18 +224,21 @@ def test_operators_are_defined_once_per_process():
     assert str(torch.ops.lfce.forward.default._schema) == schema
 
 
-@pytest.mark.parametrize("options", [(None, 1.0, 0.0), (30.0, 0.7, 1e-2)], ids=["plain", "loss_options"])
+@pytest.mark.parametrize("options, class_weight", [((None, 1.0, 0.0, 0.0), False), ((30.0, 0.7, 1e-2, 0.0), False),
+                                                   ((30.0, 0.7, 1e-2, 0.1), True)],
+                         ids=["plain", "loss_options", "smoothing_class_weight"])
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 @pytest.mark.parametrize("mode", ["recompute", "eager"])
-def test_opcheck_passes_with_the_reference_kernel(on_cpu, mode, reduction, options):
+def test_opcheck_passes_with_the_reference_kernel(on_cpu, mode, reduction, options, class_weight):
     x, w, b, y = inputs(6, bias=True)
-    args = (x, w, b, y, -100, reduction, mode, None, None, *options, True, True, True)
+    cw = torch.rand(40) + 0.5 if class_weight else None
+    args = (x, w, b, y, cw, -100, reduction, mode, None, None, *options, True, True, True)
     torch.library.opcheck(torch.ops.lfce.forward.default, args)
     fwd = torch.ops.lfce.forward(*(a.detach() if isinstance(a, torch.Tensor) else a for a in args))
     grad = torch.ones(6 if reduction == "none" else 1)
     torch.library.opcheck(torch.ops.lfce.backward.default,
-                          (x.detach(), w.detach(), b.detach(), y, fwd[1], fwd[2], grad, -100, reduction, None, None,
-                           *options, True, False, True))
+                          (x.detach(), w.detach(), b.detach(), y, cw, fwd[1], fwd[2], grad, -100, reduction, None,
+                           None, *options, True, False, True))
 
 
 @pytest.mark.parametrize("reduction", REDUCTIONS)
@@ -307,3 +343,108 @@ def test_loss_without_return_z_loss_is_a_tensor(on_cpu):
     assert isinstance(lfce.linear_cross_entropy(x, w, y, z_loss_scale=0.1), torch.Tensor)
     loss, z_loss = lfce.LinearCrossEntropyLoss(z_loss_scale=0.1, return_z_loss=True)(x, w, y)
     assert z_loss.shape == () and 0 < z_loss < loss
+
+
+# --- label smoothing and class weights through the Python layer ----------------------------------
+
+def weighted_reference(x, w, b, y, reduction, softcap, z_loss_scale, label_smoothing, class_weight):
+    """fp64 (loss, z_loss): F.cross_entropy(weight=class_weight, label_smoothing=, ignore_index=-100) of
+    the (capped) logits, plus s * logsumexp**2 of each counted token reduced as the loss ("mean": over
+    the count, class weights or not, as Liger-Kernel)."""
+    logits = F.linear(x.double(), w.double(), None if b is None else b.double())
+    if softcap is not None:
+        logits = softcap * torch.tanh(logits / softcap)
+    weight = None if class_weight is None else class_weight.double()
+    ce = F.cross_entropy(logits, y, weight=weight, label_smoothing=label_smoothing, reduction=reduction)
+    counted = y != -100
+    z_loss = torch.where(counted, z_loss_scale * logits.logsumexp(-1) ** 2, torch.zeros((), dtype=torch.float64))
+    z_loss = {"none": z_loss, "sum": z_loss.sum(), "mean": z_loss.sum() / counted.sum()}[reduction]
+    return ce + z_loss, z_loss
+
+
+def class_weights(v=40, seed=3):
+    """Weights in [0.1, 2.1), one class (a counted token's target in inputs(9)) at 0."""
+    weights = torch.rand(v, generator=torch.Generator().manual_seed(seed)) * 2 + 0.1
+    weights[inputs(9)[3][1]] = 0.0
+    return weights
+
+
+# name: (softcap, z_loss_scale, label_smoothing, class weights); every case has ignored tokens
+WEIGHTED_CASES = {
+    "label_smoothing": (None, 0.0, 0.2, False),
+    "class_weight": (None, 0.0, 0.0, True),
+    "smoothing_class_weight": (None, 0.0, 0.2, True),
+    "class_weight_z_loss": (None, 0.05, 0.0, True),  # two denominators for "mean"
+    "smoothing_softcap": (3.0, 0.0, 0.2, False),
+    "all": (3.0, 0.05, 0.2, True),
+}
+# The CPU model's fp32 against fp64, measured over these cases (N = 9, V = 40, logits of a few
+# units): loss and z-loss within 1.8e-7 relative; gradients within 1e-5 relative + 6.3e-7
+# (3.7e-6 at most, on values up to about 1). About 2.5x those:
+LOSS_TOL = {"rtol": 5e-7, "atol": 1e-7}
+GRAD_TOL = {"rtol": 2e-5, "atol": 2e-6}
+
+
+def assert_each_option_matters(x, w, b, y, reduction, options, ref):
+    """The reference without each option set is far outside the tolerances."""
+    none = {"softcap": None, "z_loss_scale": 0.0, "label_smoothing": 0.0, "class_weight": None}
+    for name, value in options.items():
+        if value is None or (not isinstance(value, torch.Tensor) and value == none[name]):
+            continue
+        without, _ = weighted_reference(x, w, b, y, reduction, **{**options, name: none[name]})
+        gap = float((without - ref).abs().max() / ref.abs().max())
+        assert gap > 1000 * LOSS_TOL["rtol"], f"{name} barely changes the loss here ({gap:.3g})"
+
+
+@pytest.mark.parametrize("case", list(WEIGHTED_CASES))
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager_call", "compiled"])
+@pytest.mark.parametrize("mode", ["recompute", "eager"])
+def test_label_smoothing_and_class_weights_match_pytorchs_cross_entropy(on_cpu, mode, compiled, reduction, case):
+    softcap, z_loss_scale, label_smoothing, weighted = WEIGHTED_CASES[case]
+    class_weight = class_weights() if weighted else None
+    options = {"softcap": softcap, "z_loss_scale": z_loss_scale, "label_smoothing": label_smoothing,
+               "class_weight": class_weight}
+
+    def call(x, w, b, y, class_weight):
+        return lfce.linear_cross_entropy(x, w, y, b, reduction=reduction, mode=mode, softcap=softcap,
+                                         z_loss_scale=z_loss_scale, label_smoothing=label_smoothing,
+                                         class_weight=class_weight, return_z_loss=True)
+
+    if compiled:
+        torch._dynamo.reset()  # one code object, many sets of closure values: past the recompile limit
+    fn = torch.compile(call, backend="aot_eager", fullgraph=True) if compiled else call
+    x, w, b, y = inputs(9, bias=True)
+    w.data *= 4  # logits of a few units: each option changes the loss by far more than the tolerance
+    loss, z_loss = fn(x, w, b, y, class_weight)
+    assert not z_loss.requires_grad
+    grad = torch.linspace(0.5, 2.0, 9) if reduction == "none" else torch.tensor(1.5)
+    loss.backward(grad)
+    xr, wr, br = (t.detach().double().requires_grad_() for t in (x, w, b))
+    ref, z_ref = weighted_reference(xr, wr, br, y, reduction, **options)
+    ref.backward(grad.double())
+    torch.testing.assert_close(loss.double(), ref.detach(), **LOSS_TOL)
+    torch.testing.assert_close(z_loss.double(), z_ref.detach(), **LOSS_TOL)
+    for name, ours, theirs in (("hidden", x, xr), ("weight", w, wr), ("bias", b, br)):
+        torch.testing.assert_close(ours.grad.double(), theirs.grad, **GRAD_TOL,
+                                   msg=lambda m, name=name: f"grad_{name}: {m}")
+    assert_each_option_matters(x.detach(), w.detach(), b.detach(), y, reduction, options, ref.detach())
+
+
+def test_class_weights_get_no_gradient_and_change_no_input(on_cpu):
+    x, w, _, y = inputs(9)
+    class_weight = class_weights().requires_grad_()
+    before = class_weight.detach().clone()
+    lfce.linear_cross_entropy(x, w, y, class_weight=class_weight, label_smoothing=0.1).backward()
+    assert class_weight.grad is None and torch.equal(class_weight.detach(), before)
+    assert x.grad is not None and w.grad is not None
+
+
+def test_compiled_loss_with_class_weights_compiles_once_for_two_token_counts(on_cpu):
+    counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+    fn = torch.compile(lambda x, w, y, cw: lfce.linear_cross_entropy(x, w, y, class_weight=cw, label_smoothing=0.1),
+                       backend=counter, fullgraph=True, dynamic=True)
+    for n in (10, 13):
+        x, w, _, y = inputs(n, seed=n)
+        fn(x, w, y, class_weights()).backward()
+    assert counter.frame_count == 1, f"{counter.frame_count} compilations for two values of N"

@@ -64,7 +64,7 @@ TEST(Plan, ExplicitChunkIsUsedAndClampedToVocab) {
 // the plan (and kernels) of another that differs only there, e.g. a softcap's.
 TEST(Plan, EveryProblemFieldChangesTheProblemText) {
   const Problem base = problem(llama3(8192));
-  std::vector<Problem> variants(17, base);
+  std::vector<Problem> variants(20, base);
   variants[0].tokens += 1;
   variants[1].hidden += 8;
   variants[2].vocab += 1;
@@ -82,6 +82,9 @@ TEST(Plan, EveryProblemFieldChangesTheProblemText) {
   variants[14].temperature = 0.70000005f;
   variants[15].z_loss_scale = 1e-4f;
   variants[16].z_loss_scale = 1.00000005e-4f;
+  variants[17].label_smoothing = 0.1f;
+  variants[18].label_smoothing = 0.100000009f;
+  variants[19].class_weight = true;
   std::set<std::string> texts{problem_text(base)};
   for (const Problem& v : variants) texts.insert(problem_text(v));
   EXPECT_EQ(texts.size(), variants.size() + 1);
@@ -105,7 +108,11 @@ TEST(Plan, LossOptionsOfTheCStructAreCheckedAndNamed) {
                        Bad{&lfce_problem::temperature, "temperature", nan, "nan"},
                        Bad{&lfce_problem::z_loss_scale, "z_loss_scale", -1e-4f, "-1e-04"},
                        Bad{&lfce_problem::z_loss_scale, "z_loss_scale", inf, "inf"},
-                       Bad{&lfce_problem::z_loss_scale, "z_loss_scale", nan, "nan"}}) {
+                       Bad{&lfce_problem::z_loss_scale, "z_loss_scale", nan, "nan"},
+                       Bad{&lfce_problem::label_smoothing, "label_smoothing", -0.1f, "-0.1"},
+                       Bad{&lfce_problem::label_smoothing, "label_smoothing", 1.5f, "1.5"},
+                       Bad{&lfce_problem::label_smoothing, "label_smoothing", inf, "inf"},
+                       Bad{&lfce_problem::label_smoothing, "label_smoothing", nan, "nan"}}) {
     lfce_problem c = llama3(8192);
     c.*b.field = b.value;
     const std::string message = error_of(c);
@@ -125,6 +132,48 @@ TEST(Plan, LossOptionsOfTheCStructAreCheckedAndNamed) {
   EXPECT_EQ(problem_spec(KernelKind::LseCombine, p, Arch::SM90A).z_loss_scale, 1e-4f);
   EXPECT_EQ(problem_spec(KernelKind::DlogitsBackward, p, Arch::SM90A).z_loss_scale, 1e-4f);
   EXPECT_EQ(problem_spec(KernelKind::GradWeight, p, Arch::SM90A).temperature, 1.f);
+}
+
+// Label smoothing and class weights: the flag is 0 or 1, fp16 refuses class weights, and each
+// kernel gets the options its code reads (lse_forward the class weights only with smoothing,
+// loss_reduce the z-loss only for mean with class weights).
+TEST(Plan, LabelSmoothingAndClassWeightsReachTheKernelsThatReadThem) {
+  lfce_problem c = llama3(8192);
+  c.has_class_weight = 2;
+  std::string message = error_of(c);
+  EXPECT_NE(message.find("lfce_problem.has_class_weight must be 0 or 1, got 2"), std::string::npos) << message;
+  c.has_class_weight = 1;
+  c.dtype = LFCE_DTYPE_FP16;
+  message = error_of(c);
+  EXPECT_NE(message.find("has_class_weight = 1 with fp16 is not supported"), std::string::npos) << message;
+  c.dtype = LFCE_DTYPE_BF16;
+  c.z_loss_scale = 1e-4f;
+  Problem p = problem_from_c(&c);
+  EXPECT_TRUE(p.class_weight);
+  auto spec = [&](KernelKind kind) { return problem_spec(kind, p, Arch::SM90A); };
+  EXPECT_FALSE(spec(KernelKind::LseForward).class_weight);  // no smoothing: the plain forward
+  EXPECT_TRUE(spec(KernelKind::LseCombine).class_weight);
+  EXPECT_TRUE(spec(KernelKind::LossReduce).class_weight);
+  EXPECT_EQ(spec(KernelKind::LossReduce).z_loss_scale, 1e-4f);  // mean with class weights
+  EXPECT_TRUE(spec(KernelKind::DlogitsBackward).class_weight);
+  EXPECT_FALSE(spec(KernelKind::GradWeight).class_weight);
+  for (KernelKind kind : {KernelKind::LseForward, KernelKind::LseCombine, KernelKind::LossReduce,
+                          KernelKind::DlogitsBackward, KernelKind::GradWeight, KernelKind::GradInput})
+    EXPECT_NO_THROW(spec(kind).validate()) << kind_name(kind);
+  const size_t plain_bytes = Plan(p, Arch::SM90A).forward_layout().bytes;
+  c.label_smoothing = 0.1f;
+  p = problem_from_c(&c);
+  EXPECT_TRUE(spec(KernelKind::LseForward).class_weight);
+  EXPECT_EQ(spec(KernelKind::LseForward).label_smoothing, 0.1f);
+  EXPECT_EQ(spec(KernelKind::LossReduce).label_smoothing, 0.f);
+  // The forward's workspace gains the partial logit sums and the per-split weight totals.
+  const Plan plan(p, Arch::SM90A);
+  const Plan::ForwardLayout layout = plan.forward_layout();
+  EXPECT_EQ(layout.partial_logit_sum, plain_bytes);
+  EXPECT_GE(layout.weight_total - layout.partial_logit_sum, sizeof(float) * 8192 * static_cast<size_t>(plan.splits()));
+  EXPECT_GT(layout.bytes, layout.weight_total);
+  c.reduction = LFCE_REDUCTION_SUM;
+  EXPECT_EQ(problem_spec(KernelKind::LossReduce, problem_from_c(&c), Arch::SM90A).z_loss_scale, 0.f);
 }
 
 // fp16's dz headroom is 2x (template_util.h, dz_scale): a temperature of 0.5 or less is refused there.

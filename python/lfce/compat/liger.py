@@ -4,13 +4,15 @@
 of ``liger_kernel.transformers`` (0.8): names, order and defaults. Note the module's forward takes
 the weight first: ``loss_fn(lm_head.weight, hidden, targets)``.
 
-Supported: ignore_index, reduction ("mean", "sum", "none"), bias, softcap, lse_square_scale
+Supported: ignore_index, reduction ("mean", "sum", "none"), bias, softcap, ce_weight (per-class
+weights: lfce's class_weight, same semantics: "mean" divides by the sum of the counted tokens'
+weights, the z-loss by their count; not with fp16 inputs), label_smoothing, lse_square_scale
 (z-loss: lfce's z_loss_scale) and return_z_loss (then a ``CrossEntropyOutput`` with the loss and
 the z-loss term, as Liger returns; the z-loss has no gradient, as Liger's); accum_dtype None or
 torch.float32 (lfce always accumulates in fp32); chunk_mem_const is a memory knob of Liger's and
 changes no result (lfce sizes its own chunks: see workspace_budget). Not implemented yet, and a
-NotImplementedError naming the option unless left at its default: ce_weight, label_smoothing,
-use_token_scaling, return_token_accuracy, return_predicted_tokens. The loss is fp32.
+NotImplementedError naming the option unless left at its default: use_token_scaling,
+return_token_accuracy, return_predicted_tokens. The loss is fp32.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import dataclasses
 import torch
 
 from .. import _check
-from ..functional import linear_cross_entropy
+from ..functional import check_class_weight, linear_cross_entropy
 from . import unsupported
 
 __all__ = ["CrossEntropyOutput", "LigerFusedLinearCrossEntropyLoss", "liger_fused_linear_cross_entropy"]
@@ -40,9 +42,9 @@ class CrossEntropyOutput:
 
 def _check_options(ce_weight, lse_square_scale, label_smoothing, softcap, return_z_loss, accum_dtype,
                    use_token_scaling, return_token_accuracy, return_predicted_tokens):
-    unsupported(_PACKAGE, "ce_weight", ce_weight, None)
+    check_class_weight(ce_weight, "ce_weight")  # lfce's class_weight; its length is checked with the inputs
     _check.z_loss_scale(lse_square_scale, "lse_square_scale")  # lfce's z_loss_scale, named as the caller knows it
-    unsupported(_PACKAGE, "label_smoothing", label_smoothing, 0.0)
+    _check.label_smoothing(label_smoothing)
     if accum_dtype is not None and accum_dtype != torch.float32:
         unsupported(_PACKAGE, "accum_dtype", accum_dtype, None)
     unsupported(_PACKAGE, "use_token_scaling", use_token_scaling, False)
@@ -71,12 +73,15 @@ def liger_fused_linear_cross_entropy(
     """Cross-entropy of ``input @ weight.T + bias`` against ``target`` (Liger-Kernel's functional form)."""
     _check_options(ce_weight, lse_square_scale, label_smoothing, softcap, return_z_loss, accum_dtype,
                    use_token_scaling, return_token_accuracy, return_predicted_tokens)
-    return _loss(input, weight, target, bias, ignore_index, reduction, softcap, lse_square_scale, return_z_loss)
+    return _loss(input, weight, target, bias, ce_weight, ignore_index, reduction, softcap, lse_square_scale,
+                 label_smoothing, return_z_loss)
 
 
-def _loss(hidden, weight, target, bias, ignore_index, reduction, softcap, lse_square_scale, return_z_loss):
+def _loss(hidden, weight, target, bias, ce_weight, ignore_index, reduction, softcap, lse_square_scale,
+          label_smoothing, return_z_loss):
     out = linear_cross_entropy(hidden, weight, target, bias, ignore_index=ignore_index, reduction=reduction,
-                               softcap=softcap, z_loss_scale=lse_square_scale, return_z_loss=return_z_loss)
+                               softcap=softcap, z_loss_scale=lse_square_scale, label_smoothing=label_smoothing,
+                               class_weight=ce_weight, return_z_loss=return_z_loss)
     return CrossEntropyOutput(*out) if return_z_loss else out
 
 
@@ -115,5 +120,5 @@ class LigerFusedLinearCrossEntropyLoss(torch.nn.Module):
         self.return_predicted_tokens = return_predicted_tokens
 
     def forward(self, lin_weight, _input, target, bias=None):
-        return _loss(_input, lin_weight, target, bias, self.ignore_index, self.reduction, self.softcap,
-                     self.lse_square_scale, self.return_z_loss)
+        return _loss(_input, lin_weight, target, bias, self.ce_weight, self.ignore_index, self.reduction,
+                     self.softcap, self.lse_square_scale, self.label_smoothing, self.return_z_loss)
