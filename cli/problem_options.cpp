@@ -110,6 +110,10 @@ void ProblemOptions::add_to(CLI::App& app) {
   app.add_flag("--class-weight", class_weight,
                "per-class weights (PyTorch's cross_entropy weight): the kernels of a weighted problem "
                "(compile and precompile only: the weights are run-time data)");
+  app.add_flag("--accumulate-grad-weight", accumulate_grad_weight,
+               "the backward adds grad_weight into an fp32 buffer (Megatron's main_grad); recompute mode");
+  app.add_flag("--accumulate-grad-bias", accumulate_grad_bias,
+               "the backward adds grad_bias into an fp32 buffer; needs --bias, recompute mode");
 }
 
 lfce_problem ProblemOptions::problem(int64_t vocab, int64_t hidden) const {
@@ -130,6 +134,8 @@ lfce_problem ProblemOptions::problem(int64_t vocab, int64_t hidden) const {
   p.z_loss_scale = z_loss_scale;
   p.label_smoothing = label_smoothing;
   p.has_class_weight = class_weight ? 1 : 0;
+  p.accumulate_grad_weight = accumulate_grad_weight ? 1 : 0;
+  p.accumulate_grad_bias = accumulate_grad_bias ? 1 : 0;
   return p;
 }
 

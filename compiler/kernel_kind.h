@@ -40,8 +40,9 @@ enum SpecField : uint32_t {
   kFieldZLoss = 1u << 11,
   kFieldLabelSmoothing = 1u << 12,
   kFieldClassWeight = 1u << 13,
+  kFieldAccumulate = 1u << 14,
 };
-inline constexpr uint32_t kAllSpecFields = (1u << 14) - 1;
+inline constexpr uint32_t kAllSpecFields = (1u << 15) - 1;
 
 struct KernelKindInfo {
   KernelKind kind;
@@ -90,11 +91,11 @@ inline constexpr KernelKindInfo kKernelKinds[] = {
          kTargetTermFields,
      false},
     {KernelKind::GradWeight, "grad_weight", true, true, true, false, Layout::KMajor, Layout::MNMajor, 0, 0, false,
-     kGemmFields, true},
+     kGemmFields | kFieldAccumulate, true},
     {KernelKind::GradInput, "grad_input", true, true, true, false, Layout::MNMajor, Layout::MNMajor, 0, 0, false,
      kGemmFields, true, true},
     {KernelKind::GradBias, "grad_bias", false, true, true, true, Layout::KMajor, Layout::KMajor, 0, 0, false,
-     kFieldDType, true},
+     kFieldDType | kFieldAccumulate, true},
 };
 
 constexpr bool kinds_in_enum_order() {

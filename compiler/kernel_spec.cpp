@@ -133,6 +133,7 @@ std::string KernelSpec::text() const {
   if (z_loss_scale != 0.f) out << ";z_loss_scale=" << float_text(z_loss_scale);
   if (label_smoothing != 0.f) out << ";label_smoothing=" << float_text(label_smoothing);
   if (class_weight) out << ";class_weight=1";
+  if (accumulate) out << ";accumulate=1";
   return out.str();
 }
 
@@ -195,12 +196,17 @@ KernelSpec KernelSpec::parse(std::string_view text) {
   take_float("temperature", spec.temperature);
   take_float("z_loss_scale", spec.z_loss_scale);
   take_float("label_smoothing", spec.label_smoothing);
-  if (fields.count("class_weight")) {
-    const std::string text = take("class_weight");
+  // Flags: "1" when set, no field otherwise.
+  auto take_flag = [&](const char* name, bool& value, const char* unset) {
+    if (!fields.count(name)) return;
+    const std::string text = take(name);
     if (text != "1")
-      throw SpecError("KernelSpec field 'class_weight' must be 1 (without class weights: no field), got '" + text + "'");
-    spec.class_weight = true;
-  }
+      throw SpecError(std::string("KernelSpec field '") + name + "' must be 1 (" + unset + ": no field), got '" + text +
+                      "'");
+    value = true;
+  };
+  take_flag("class_weight", spec.class_weight, "without class weights");
+  take_flag("accumulate", spec.accumulate, "storing the gradient");
   if (!fields.empty()) throw SpecError("KernelSpec has unknown field '" + fields.begin()->first + "'");
   return spec;
 }
@@ -252,6 +258,7 @@ void KernelSpec::validate() const {
     fail(kind == KernelKind::LseForward ? "class_weight is set on lse_forward without label smoothing (it reads the "
                                           "class weights only for the smoothing term)"
                                         : "class_weight is set on a kernel that reads no class weights");
+  if (accumulate && !(reads & kFieldAccumulate)) fail("accumulate is set on a kernel that writes no weight or bias gradient");
   if (!info.gemm) return;
   const ArchInfo& limits = arch_info(arch);
   const TileConfig& t = tile;
@@ -376,6 +383,7 @@ KernelSpec KernelSpec::normalised() const {
   if (reads & kFieldZLoss) out.z_loss_scale = z_loss_scale;
   if (reads & kFieldLabelSmoothing) out.label_smoothing = label_smoothing;
   if (reads & kFieldClassWeight) out.class_weight = class_weight;
+  if (reads & kFieldAccumulate) out.accumulate = accumulate;
   return out;
 }
 

@@ -172,6 +172,9 @@ void run_backward(const Problem& problem, const lfce_backward_args& a, const Pla
   const bool want_bias = problem.bias && a.grad_bias != nullptr;
   // grad_input writes (and for fp32 accumulates in) grad_hidden one element at a time.
   if (want_hidden) require_aligned(a.grad_hidden, "grad_hidden", dtype_bytes(problem.dtype));
+  // Added into as fp32 pairs (grad_weight) or fp32 elements (grad_bias).
+  if (want_weight && problem.accumulate_grad_weight) require_aligned(a.grad_weight, "grad_weight (accumulated, fp32)", 8);
+  if (want_bias && problem.accumulate_grad_bias) require_aligned(a.grad_bias, "grad_bias (accumulated, fp32)", 4);
   if (!want_hidden && !want_weight && !want_bias) {
     spdlog::debug("backward: no gradient asked for, nothing launched");
     return;

@@ -103,7 +103,8 @@ std::string problem_text(const Problem& p) {
          std::string(mode_name(p.mode)) + "," + std::to_string(p.ignore_index) + "," + std::to_string(p.chunk_size) +
          "," + std::to_string(p.workspace_budget) + ",softcap=" + float_text(p.softcap) +
          ",temperature=" + float_text(p.temperature) + ",z_loss_scale=" + float_text(p.z_loss_scale) +
-         ",label_smoothing=" + float_text(p.label_smoothing) + ",class_weight=" + (p.class_weight ? "1" : "0");
+         ",label_smoothing=" + float_text(p.label_smoothing) + ",class_weight=" + (p.class_weight ? "1" : "0") +
+         ",accumulate=" + (p.accumulate_grad_weight ? "w" : "") + (p.accumulate_grad_bias ? "b" : "");
 }
 
 Problem problem_from_c(const lfce_problem* c) {
@@ -139,6 +140,13 @@ Problem problem_from_c(const lfce_problem* c) {
   if (c->has_class_weight != 0 && c->has_class_weight != 1)
     throw SpecError("lfce_problem.has_class_weight must be 0 or 1, got " + std::to_string(c->has_class_weight));
   p.class_weight = c->has_class_weight == 1;
+  auto flag = [](int32_t value, const char* field) {
+    if (value != 0 && value != 1)
+      throw SpecError(std::string("lfce_problem.") + field + " must be 0 or 1, got " + std::to_string(value));
+    return value == 1;
+  };
+  p.accumulate_grad_weight = flag(c->accumulate_grad_weight, "accumulate_grad_weight");
+  p.accumulate_grad_bias = flag(c->accumulate_grad_bias, "accumulate_grad_bias");
   p.ignore_index = c->ignore_index;
   p.chunk_size = c->chunk_size;
   if (c->workspace_budget < 0)
@@ -172,6 +180,16 @@ void check_problem(const Problem& p) {
   if (p.dtype == DType::FP16 && p.temperature <= 0.5f)
     throw SpecError("lfce_problem.temperature = " + float_text(p.temperature) +
                     " with fp16: dz (up to 1 / T times its bound) could overflow fp16; use T > 0.5, bf16 or fp32");
+  // Eager mode computes the gradients in the forward, scaled later by the upstream gradient:
+  // nothing can be added to a buffer before that scale is known.
+  for (auto [on, field] : {std::pair{p.accumulate_grad_weight, "accumulate_grad_weight"},
+                           std::pair{p.accumulate_grad_bias, "accumulate_grad_bias"}})
+    if (on && p.mode == Mode::Eager)
+      throw SpecError(std::string("lfce_problem.") + field +
+                      " = 1 needs mode LFCE_MODE_RECOMPUTE (eager mode computes the gradients before the upstream "
+                      "gradient is known)");
+  if (p.accumulate_grad_bias && !p.bias)
+    throw SpecError("lfce_problem.accumulate_grad_bias = 1 needs has_bias = 1 (there is no bias gradient)");
   // fp16 dz is scaled by the unweighted g; a class weight w_y multiplies it, unbounded.
   if (p.dtype == DType::FP16 && p.class_weight)
     throw SpecError("lfce_problem.has_class_weight = 1 with fp16 is not supported: dz's fp16 scaling assumes "
@@ -286,6 +304,9 @@ KernelSpec problem_spec(KernelKind kind, const Problem& p, Arch arch) {
   if (reads & kFieldZLoss) s.z_loss_scale = p.z_loss_scale;
   if (!(reads & kFieldLabelSmoothing)) s.label_smoothing = 0.f;
   if (!(reads & kFieldClassWeight)) s.class_weight = false;
+  // One flag in the spec, each gradient kernel its own from the problem.
+  s.accumulate = (kind == KernelKind::GradWeight && p.accumulate_grad_weight) ||
+                 (kind == KernelKind::GradBias && p.accumulate_grad_bias);
   return s;
 }
 

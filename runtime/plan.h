@@ -29,6 +29,8 @@ struct Problem {
   float z_loss_scale = 0.f;  // 0 = none
   float label_smoothing = 0.f;  // 0 = none
   bool class_weight = false;    // per-class weights given in the forward and backward arguments
+  // The backward adds grad_weight / grad_bias into fp32 buffers (recompute mode).
+  bool accumulate_grad_weight = false, accumulate_grad_bias = false;
 };
 
 // The most tokens a problem may have: grid x = ceil(N / BM) stays within CUDA's 2^31 - 1 CTAs.

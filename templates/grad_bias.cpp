@@ -32,7 +32,11 @@ KernelShape build_grad_bias(llvm::Module& module, const KernelSpec& spec) {
     Value* unscale = dz_unscale(kb, spec, kb.arg("grad_loss"), kb.arg("valid_count"));
     Value* sum = ir.CreateFMul(kb.warp_sum(kb.load(kb.f32(), slot)), unscale);
     kb.if_then(ir.CreateICmpEQ(lane, kb.c32(0)), [&] {
-      kb.store(kb.from_f32(sum, elem), kb.gep(kb.arg("grad_bias"), elem, ir.CreateAdd(kb.arg("v_begin"), v)));
+      // With spec.accumulate grad_bias is an fp32 buffer the sum is added to.
+      llvm::Type* out = spec.accumulate ? kb.f32() : elem;
+      Value* ptr = kb.gep(kb.arg("grad_bias"), out, ir.CreateAdd(kb.arg("v_begin"), v));
+      Value* value = spec.accumulate ? ir.CreateFAdd(kb.load(kb.f32(), ptr), sum) : sum;
+      kb.store(kb.from_f32(value, out), ptr);
     });
   });
   kb.finish();

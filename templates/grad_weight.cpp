@@ -2,6 +2,8 @@
 // K = tokens runs entirely inside the CTA with fp32 accumulators, so each grad_W row is
 // written exactly once, already final: no [V, H] accumulator, no atomics, deterministic.
 // A = dzᵀ (K-major, rows of `ld` tokens, zero past N); B = x [N, H] (MN-major: H contiguous).
+// With spec.accumulate grad_weight is an fp32 buffer (Megatron's main_grad) and each element is
+// added to it (one read-modify-write, still once per element: deterministic).
 #include "templates/gemm_skeleton.h"
 #include "templates/template_util.h"
 #include "templates/templates.h"
@@ -20,6 +22,8 @@ KernelShape build_grad_weight(llvm::Module& module, const KernelSpec& spec) {
                    t.threads());
   auto& ir = kb.ir();
   llvm::Type* elem = elem_type(kb, spec.dtype);
+  // The type grad_weight is stored in: the dtype, or fp32 when added into.
+  llvm::Type* out = spec.accumulate ? kb.f32() : elem;
   GemmSkeleton gemm(kb, spec, Layout::KMajor, Layout::MNMajor);
   Value* hidden = kb.c64(spec.hidden);
   const int row_align = hidden_row_align(spec.hidden, spec.dtype);  // rows of H elements
@@ -36,13 +40,20 @@ KernelShape build_grad_weight(llvm::Module& module, const KernelSpec& spec) {
                         [&](Value* m0, Value* n0, const Fragment& f) {
       for (int h = 0; h < f.rows(); ++h) {
         Value* v = f.row_at(kb, m0, h);
-        Value* row = kb.gep(kb.arg("grad_weight"), elem, ir.CreateMul(ir.CreateAdd(kb.arg("v_begin"), v), hidden));
+        Value* row = kb.gep(kb.arg("grad_weight"), out, ir.CreateMul(ir.CreateAdd(kb.arg("v_begin"), v), hidden));
         Value* in_rows = ir.CreateICmpSLT(v, v_len);
         for (int j = 0; j < f.blocks(); ++j) {
           Value* col = f.col_at(kb, n0, j);
           kb.if_then(ir.CreateAnd(in_rows, ir.CreateICmpSLT(col, hidden)), [&] {
-            store_pair(kb, ir.CreateFMul(f.at(j, h, 0), unscale), ir.CreateFMul(f.at(j, h, 1), unscale), elem,
-                       kb.gep(row, elem, col));
+            Value* a = ir.CreateFMul(f.at(j, h, 0), unscale);
+            Value* b = ir.CreateFMul(f.at(j, h, 1), unscale);
+            Value* ptr = kb.gep(row, out, col);
+            if (spec.accumulate) {  // an 8-byte aligned fp32 pair (H is even here)
+              auto [old_a, old_b] = load_pair_f32(kb, ptr);
+              a = ir.CreateFAdd(old_a, a);
+              b = ir.CreateFAdd(old_b, b);
+            }
+            store_pair(kb, a, b, out, ptr);
           });
         }
       }
@@ -63,7 +74,9 @@ KernelShape build_grad_weight(llvm::Module& module, const KernelSpec& spec) {
     kb.if_then(ir.CreateAnd(ir.CreateICmpSLT(v, v_len), ir.CreateICmpSLT(h, hidden)), [&] {
       Value* index = ir.CreateAdd(ir.CreateMul(ir.CreateAdd(kb.arg("v_begin"), v), hidden), h);
       Value* value = ir.CreateFMul(kb.load(kb.f32(), gemm.staged(r, c)), unscale);
-      kb.store(kb.from_f32(value, elem), kb.gep(kb.arg("grad_weight"), elem, index));
+      Value* ptr = kb.gep(kb.arg("grad_weight"), out, index);
+      if (spec.accumulate) value = ir.CreateFAdd(kb.load(kb.f32(), ptr), value);
+      kb.store(kb.from_f32(value, out), ptr);
     });
   });
   kb.finish();

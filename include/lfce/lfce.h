@@ -77,6 +77,11 @@ typedef struct lfce_problem {
                                each counted token's cross-entropy term by w_y; "mean" divides the
                                cross-entropy and smoothing terms by the sum of w_y over counted tokens and the
                                z-loss by their count. Not with fp16. */
+  int32_t accumulate_grad_weight; /* 0 or 1: lfce_backward_args.grad_weight is an fp32 [vocab, hidden]
+                               buffer (e.g. Megatron's main_grad) to which the backward adds grad_weight in
+                               place, in any dtype: no [V, H] temporary. Recompute mode only (eager mode
+                               computes the gradients before the upstream gradient is known). */
+  int32_t accumulate_grad_bias; /* 0 or 1: likewise grad_bias, an fp32 [vocab] buffer (needs has_bias) */
   int64_t ignore_index;     /* targets equal to this contribute no loss and no gradient */
   int64_t chunk_size;       /* vocabulary chunk of the backward, <= 2^20 (larger than V: V);
                                0 = derive from workspace_budget (also at most 2^20) */
@@ -116,8 +121,9 @@ typedef struct lfce_backward_args {
   /* The gradients: each may be NULL when the caller does not need it (a frozen LM head, a frozen
    * input, LoRA); the kernel that would compute it is then neither compiled nor launched. */
   void* grad_hidden;         /* [tokens, hidden] out, in dtype (aligned to its elements); or NULL */
-  void* grad_weight;         /* [vocab, hidden] out, in dtype; or NULL */
-  void* grad_bias;           /* [vocab] out, in dtype; or NULL (always unused without has_bias) */
+  void* grad_weight;         /* [vocab, hidden] out, in dtype (with accumulate_grad_weight: fp32, added to); or NULL */
+  void* grad_bias;           /* [vocab] out, in dtype (with accumulate_grad_bias: fp32, added to); or NULL
+                                (always unused without has_bias) */
   void* workspace;           /* lfce_backward_workspace_size() bytes, 256-byte aligned */
   size_t workspace_bytes;
   int32_t device;

@@ -90,6 +90,8 @@ class Problem(ctypes.Structure):
         ("z_loss_scale", ctypes.c_float),
         ("label_smoothing", ctypes.c_float),
         ("has_class_weight", ctypes.c_int32),
+        ("accumulate_grad_weight", ctypes.c_int32),  # 1: grad_weight is an fp32 buffer added to
+        ("accumulate_grad_bias", ctypes.c_int32),  # 1: grad_bias likewise
         ("ignore_index", ctypes.c_int64),
         ("chunk_size", ctypes.c_int64),
         ("workspace_budget", ctypes.c_int64),
@@ -129,8 +131,8 @@ class BackwardArgs(ctypes.Structure):
         ("valid_count", ctypes.c_void_p),  # const float*
         ("grad_loss", ctypes.c_void_p),  # const float*; NULL means 1
         ("grad_hidden", ctypes.c_void_p),
-        ("grad_weight", ctypes.c_void_p),
-        ("grad_bias", ctypes.c_void_p),
+        ("grad_weight", ctypes.c_void_p),  # in dtype, or float* added to with accumulate_grad_weight
+        ("grad_bias", ctypes.c_void_p),  # in dtype, or float* added to with accumulate_grad_bias
         ("workspace", ctypes.c_void_p),
         ("workspace_bytes", ctypes.c_size_t),
         ("device", ctypes.c_int32),
@@ -372,10 +374,12 @@ def check(status):
 def make_problem(tokens, hidden, vocab, dtype, target_dtype=INDEX_INT64, has_bias=False,
                  reduction=REDUCTION_MEAN, mode=MODE_RECOMPUTE, ignore_index=-100,
                  chunk_size=None, workspace_budget=None, softcap=None, temperature=1.0, z_loss_scale=0.0,
-                 label_smoothing=0.0, has_class_weight=False):
+                 label_smoothing=0.0, has_class_weight=False, accumulate_grad_weight=False,
+                 accumulate_grad_bias=False):
     """Fill an lfce_problem; None for chunk_size / workspace_budget means the library's default,
     None for softcap no softcap; temperature 1, z_loss_scale 0 and label_smoothing 0 are none
-    (the library checks the ranges of the four).
+    (the library checks the ranges of the four). accumulate_grad_weight / _bias: the backward adds
+    into fp32 gradient buffers (recompute mode only).
 
     Every field is checked to fit its C type (ctypes would wrap it silently); whether the
     values make a valid problem is the library's check (lfce_check_problem).
@@ -388,7 +392,9 @@ def make_problem(tokens, hidden, vocab, dtype, target_dtype=INDEX_INT64, has_bia
                   for name, value in narrow.items())
     return Problem(has_bias=int(bool(has_bias)), softcap=float(softcap or 0.0), temperature=float(temperature),
                    z_loss_scale=float(z_loss_scale), label_smoothing=float(label_smoothing),
-                   has_class_weight=int(bool(has_class_weight)), **fields)
+                   has_class_weight=int(bool(has_class_weight)),
+                   accumulate_grad_weight=int(bool(accumulate_grad_weight)),
+                   accumulate_grad_bias=int(bool(accumulate_grad_bias)), **fields)
 
 
 def forward_workspace_size(problem):

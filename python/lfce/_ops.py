@@ -7,8 +7,9 @@ so a new N needs no recompilation), and the ctypes calls into liblfce.so run onl
 implementations, on CUDA tensors. The autograd formula is registered on ``lfce::forward``.
 
     lfce::forward(hidden [N, H], weight [V, H], bias [V]?, targets [N], class_weight [V]?,
-                  ignore_index, reduction, mode, chunk_size?, workspace_budget?, softcap?,
-                  temperature, z_loss_scale, label_smoothing, need_hidden, need_weight, need_bias)
+                  weight_grad_accumulator [V, H]?, bias_grad_accumulator [V]?, ignore_index, reduction,
+                  mode, chunk_size?, workspace_budget?, softcap?, temperature, z_loss_scale,
+                  label_smoothing, need_hidden, need_weight, need_bias)
         -> (loss, lse [N], valid_count, grad_hidden, grad_weight, grad_bias)
 
     loss is fp32: 0-dim for "mean" / "sum", [N] for "none". valid_count is fp32 [1] (the count
@@ -17,12 +18,21 @@ implementations, on CUDA tensors. The autograd formula is registered on ``lfce::
     the gradients (for an upstream gradient of 1; with "mean" or "sum" only) are computed here
     for the inputs whose need_* is set; every gradient not computed is an empty tensor of shape
     [0] (an operator returns no None). class_weight gets no gradient (as PyTorch's ``weight``).
+    The forward neither reads nor writes the two accumulators (fp32, contiguous; mode "recompute"
+    only): they are inputs so that the autograd rule can hand them to lfce::backward.
 
     lfce::backward(hidden, weight, bias?, targets, class_weight?, lse, valid_count,
-                   grad_loss (fp32, [1] or [N]), ignore_index, reduction, chunk_size?,
+                   grad_loss (fp32, [1] or [N]), weight_grad_accumulator(a!)?,
+                   bias_grad_accumulator(b!)?, ignore_index, reduction, chunk_size?,
                    workspace_budget?, softcap?, temperature, z_loss_scale, label_smoothing,
                    need_hidden, need_weight, need_bias)
         -> (grad_hidden, grad_weight, grad_bias), each [0] when not needed
+
+    With an accumulator, the needed grad_weight (grad_bias) is added into it in place, in fp32,
+    by the kernel that would have written it (lfce_problem.accumulate_grad_weight / _bias): no
+    [V, H] temporary; the operator returns [0] for that gradient and declares the accumulators
+    mutated, so torch.compile orders and keeps the write. Autograd gives weight (bias) no
+    gradient then.
 
 A gradient not needed is never allocated and its kernel never runs (a NULL pointer in the C API).
 
@@ -96,13 +106,29 @@ def _eager(mode, reduction):
 
 
 def _problem(hidden, weight, bias, targets, class_weight, ignore_index, reduction, mode, chunk_size,
-             workspace_budget, softcap, temperature, z_loss_scale, label_smoothing):
+             workspace_budget, softcap, temperature, z_loss_scale, label_smoothing, accumulate=(False, False)):
     return _lib.make_problem(
         hidden.shape[0], hidden.shape[1], weight.shape[0], DTYPES[hidden.dtype],
         target_dtype=INDEX_DTYPES[targets.dtype], has_bias=bias is not None,
         reduction=_lib.REDUCTIONS[reduction], mode=_lib.MODES[mode], ignore_index=ignore_index,
         chunk_size=chunk_size, workspace_budget=workspace_budget, softcap=softcap, temperature=temperature,
-        z_loss_scale=z_loss_scale, label_smoothing=label_smoothing, has_class_weight=class_weight is not None)
+        z_loss_scale=z_loss_scale, label_smoothing=label_smoothing, has_class_weight=class_weight is not None,
+        accumulate_grad_weight=accumulate[0], accumulate_grad_bias=accumulate[1])
+
+
+def _accumulated(wanted, accumulators):
+    """(accumulate grad_weight, accumulate grad_bias): an accumulator given for a wanted gradient."""
+    return tuple(want and acc is not None for want, acc in zip(wanted[1:], accumulators))
+
+
+def _accumulator(name, tensor, like):
+    """``tensor`` as the kernels add into it: fp32, contiguous, like's shape (the Python layer
+    checks this with the user's names; here it guards direct calls of the operator). Never a copy:
+    the sum would be lost."""
+    if tensor.dtype != _F32 or not tensor.is_contiguous() or tuple(tensor.shape) != tuple(like.shape):
+        raise ValueError(f"{name} must be a contiguous torch.float32 tensor of shape {tuple(like.shape)}, got "
+                         f"{tensor.dtype} of shape {tuple(tensor.shape)} and strides {tensor.stride()}")
+    return tensor
 
 
 def _valid_count(hidden, class_weight):
@@ -133,9 +159,12 @@ def _require_loaded(key, problem, what):
         "step once outside the capture first (a warm-up call with the same shapes and options)")
 
 
-def backward_kernels(problem, hidden, weight, bias, targets, class_weight, lse, valid_count, grad_loss, wanted):
+def backward_kernels(problem, hidden, weight, bias, targets, class_weight, lse, valid_count, grad_loss, wanted,
+                     accumulators=(None, None)):
     """Enqueue lfce_backward for the gradients ``wanted`` (need_hidden, need_weight, need_bias);
-    return (grad_hidden, grad_weight, grad_bias), None for each one not wanted.
+    return (grad_hidden, grad_weight, grad_bias), None for each one not wanted or added into its
+    accumulator (weight_grad_accumulator, bias_grad_accumulator: fp32 buffers, or None; the
+    problem's accumulate flags must match what _accumulated() says).
 
     A gradient not wanted is never allocated and its kernel never runs (NULL in the C API).
     """
@@ -144,9 +173,16 @@ def backward_kernels(problem, hidden, weight, bias, targets, class_weight, lse, 
     if not (need_hidden or need_weight or need_bias):
         return None, None, None
     device = hidden.device
+    add_weight, add_bias = problem.accumulate_grad_weight, problem.accumulate_grad_bias
     grad_hidden = hidden.new_empty(hidden.shape) if need_hidden else None
-    grad_weight = weight.new_empty(weight.shape) if need_weight else None
-    grad_bias = bias.new_empty(bias.shape) if need_bias else None
+    grad_weight = None
+    if need_weight:
+        grad_weight = (_accumulator("weight_grad_accumulator", accumulators[0], weight) if add_weight
+                       else weight.new_empty(weight.shape))
+    grad_bias = None
+    if need_bias:
+        grad_bias = (_accumulator("bias_grad_accumulator", accumulators[1], bias) if add_bias
+                     else bias.new_empty(bias.shape))
     workspace = _workspace(_lib.backward_workspace_size(problem), device)
     args = _lib.BackwardArgs(
         hidden=_ptr(hidden), weight=_ptr(weight), bias=_ptr(bias), targets=_ptr(targets),
@@ -157,7 +193,7 @@ def backward_kernels(problem, hidden, weight, bias, targets, class_weight, lse, 
     )
     _lib.check(_lib.load().lfce_backward(ctypes.byref(problem), ctypes.byref(args)))
     # The workspace goes back to the caching allocator here; reuse is ordered on this stream.
-    return grad_hidden, grad_weight, grad_bias
+    return grad_hidden, None if add_weight else grad_weight, None if add_bias else grad_bias
 
 
 def _or_empty(grads, like):
@@ -166,13 +202,17 @@ def _or_empty(grads, like):
 
 
 def _forward_impl(hidden: Tensor, weight: Tensor, bias: OptionalTensor, targets: Tensor, class_weight: OptionalTensor,
-                  ignore_index: int, reduction: str, mode: str, chunk_size: OptionalInt, workspace_budget: OptionalInt,
+                  weight_grad_accumulator: OptionalTensor, bias_grad_accumulator: OptionalTensor, ignore_index: int,
+                  reduction: str, mode: str, chunk_size: OptionalInt, workspace_budget: OptionalInt,
                   softcap: OptionalFloat, temperature: float, z_loss_scale: float, label_smoothing: float,
                   need_hidden: bool, need_weight: bool, need_bias: bool
                   ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    eager = _eager(mode, reduction)
+    if eager and (weight_grad_accumulator is not None or bias_grad_accumulator is not None):
+        # The accumulators are the backward's; eager mode has no backward kernels to add in (as the library).
+        raise ValueError("lfce::forward: gradient accumulators need mode 'recompute', got mode 'eager'")
     hidden, weight = _rows_aligned(hidden), _rows_aligned(weight)
     bias, targets, class_weight = _aligned(bias), _aligned(targets), _aligned(class_weight)
-    eager = _eager(mode, reduction)
     problem = _problem(hidden, weight, bias, targets, class_weight, ignore_index, reduction,
                        "eager" if eager else "recompute", chunk_size, workspace_budget, softcap, temperature,
                        z_loss_scale, label_smoothing)
@@ -204,20 +244,23 @@ def _forward_impl(hidden: Tensor, weight: Tensor, bias: OptionalTensor, targets:
 
 
 def _backward_impl(hidden: Tensor, weight: Tensor, bias: OptionalTensor, targets: Tensor, class_weight: OptionalTensor,
-                   lse: Tensor, valid_count: Tensor, grad_loss: Tensor, ignore_index: int, reduction: str,
+                   lse: Tensor, valid_count: Tensor, grad_loss: Tensor, weight_grad_accumulator: OptionalTensor,
+                   bias_grad_accumulator: OptionalTensor, ignore_index: int, reduction: str,
                    chunk_size: OptionalInt, workspace_budget: OptionalInt, softcap: OptionalFloat,
                    temperature: float, z_loss_scale: float, label_smoothing: float, need_hidden: bool,
                    need_weight: bool, need_bias: bool) -> tuple[Tensor, Tensor, Tensor]:
     hidden, weight = _rows_aligned(hidden), _rows_aligned(weight)
     bias, targets, class_weight, grad_loss = (_aligned(t) for t in (bias, targets, class_weight, grad_loss))
+    wanted = (need_hidden, need_weight, need_bias and bias is not None)
+    accumulators = (weight_grad_accumulator, bias_grad_accumulator)
     problem = _problem(hidden, weight, bias, targets, class_weight, ignore_index, reduction, "recompute", chunk_size,
-                       workspace_budget, softcap, temperature, z_loss_scale, label_smoothing)
-    wanted = (need_hidden, need_weight, need_bias)
+                       workspace_budget, softcap, temperature, z_loss_scale, label_smoothing,
+                       _accumulated(wanted, accumulators))
     key = _key(problem, hidden.device, "backward", wanted)
     _require_loaded(key, problem, "backward")
     with torch.cuda.device(hidden.device):
         grads = backward_kernels(problem, hidden, weight, bias, targets, class_weight, lse.contiguous(),
-                                 valid_count.contiguous(), grad_loss, wanted)
+                                 valid_count.contiguous(), grad_loss, wanted, accumulators)
     _loaded.add(key)
     return _or_empty(grads, hidden)
 
@@ -228,9 +271,9 @@ def _empty_unless(wanted, like):
     return like.new_empty(like.shape) if wanted else like.new_empty(0)
 
 
-def _forward_fake(hidden, weight, bias, targets, class_weight, ignore_index, reduction, mode, chunk_size,
-                  workspace_budget, softcap, temperature, z_loss_scale, label_smoothing, need_hidden, need_weight,
-                  need_bias):
+def _forward_fake(hidden, weight, bias, targets, class_weight, weight_grad_accumulator, bias_grad_accumulator,
+                  ignore_index, reduction, mode, chunk_size, workspace_budget, softcap, temperature, z_loss_scale,
+                  label_smoothing, need_hidden, need_weight, need_bias):
     n = hidden.shape[0]
     eager = _eager(mode, reduction)
     loss = hidden.new_empty((n,) if reduction == "none" else (), dtype=_F32)
@@ -240,9 +283,12 @@ def _forward_fake(hidden, weight, bias, targets, class_weight, ignore_index, red
             _empty_unless(eager and need_hidden, hidden), _empty_unless(eager and need_weight, weight), grad_bias)
 
 
-def _backward_fake(hidden, weight, bias, targets, class_weight, lse, valid_count, grad_loss, ignore_index, reduction,
-                   chunk_size, workspace_budget, softcap, temperature, z_loss_scale, label_smoothing, need_hidden,
-                   need_weight, need_bias):
+def _backward_fake(hidden, weight, bias, targets, class_weight, lse, valid_count, grad_loss, weight_grad_accumulator,
+                   bias_grad_accumulator, ignore_index, reduction, chunk_size, workspace_budget, softcap, temperature,
+                   z_loss_scale, label_smoothing, need_hidden, need_weight, need_bias):
+    # A gradient added into its accumulator is returned as [0], as one not needed.
+    need_weight = need_weight and weight_grad_accumulator is None
+    need_bias = need_bias and bias_grad_accumulator is None
     grad_bias = _empty_unless(need_bias, bias) if bias is not None else hidden.new_empty(0)
     return _empty_unless(need_hidden, hidden), _empty_unless(need_weight, weight), grad_bias
 
@@ -250,23 +296,28 @@ def _backward_fake(hidden, weight, bias, targets, class_weight, lse, valid_count
 # --- autograd ---------------------------------------------------------------------------------
 
 def _setup_context(ctx, inputs, output):
-    hidden, weight, bias, targets, class_weight, ignore_index, reduction, mode, chunk_size, workspace_budget = \
-        inputs[:10]
-    loss_options = inputs[10:14]  # softcap, temperature, z_loss_scale, label_smoothing
+    hidden, weight, bias, targets, class_weight = inputs[:5]
+    ignore_index, reduction, mode, chunk_size, workspace_budget = inputs[7:12]
+    loss_options = inputs[12:16]  # softcap, temperature, z_loss_scale, label_smoothing
     _, lse, valid_count, grad_hidden, grad_weight, grad_bias = output
     ctx.options = (ignore_index, reduction, chunk_size, workspace_budget) + tuple(loss_options)
     ctx.eager = _eager(mode, reduction)
     ctx.has_bias = bias is not None
+    # Kept on ctx, not saved: save_for_backward's version check would fail a second forward into
+    # the same buffer before this backward (and any in-place write to a view of its storage, such
+    # as Megatron's flat gradient buffer). Under torch.compile AOTAutograd saves it with the check.
+    ctx.accumulators = inputs[5:7]
     if ctx.eager:
         # Only the gradients of inputs that required one at forward time were computed.
-        ctx.computed = inputs[14:17]
+        ctx.computed = inputs[16:19]
         ctx.save_for_backward(grad_hidden, grad_weight, grad_bias)
     else:
         ctx.save_for_backward(hidden, weight, bias, targets, class_weight, lse, valid_count)
 
 
 def _backward_rule(ctx, grad_loss, *unused):
-    """Gradients of lfce::forward's 17 inputs from the loss's upstream gradient (fp32)."""
+    """Gradients of lfce::forward's 19 inputs from the loss's upstream gradient (fp32); none for
+    weight (bias) when its gradient was added into weight_grad_accumulator (bias_grad_accumulator)."""
     need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
     need_bias = need_bias and ctx.has_bias
     if ctx.eager:
@@ -283,9 +334,11 @@ def _backward_rule(ctx, grad_loss, *unused):
         else:
             backward_op = _backward_impl if getattr(ctx, "direct", False) else _backward_op
             grads = backward_op(hidden, weight, bias, targets, class_weight, lse, valid_count, grad_loss,
-                                *ctx.options, need_hidden, need_weight, need_bias)
-            grads = tuple(g if need else None for g, need in zip(grads, (need_hidden, need_weight, need_bias)))
-    return grads + (None,) * 14  # none for targets, class_weight (not differentiable) and the options
+                                *ctx.accumulators, *ctx.options, need_hidden, need_weight, need_bias)
+            returned = (need_hidden, need_weight and ctx.accumulators[0] is None,
+                        need_bias and ctx.accumulators[1] is None)
+            grads = tuple(g if want else None for g, want in zip(grads, returned))
+    return grads + (None,) * 16  # none for targets, class_weight, the accumulators (not differentiable), options
 
 
 # --- registration (once per process) ----------------------------------------------------------
@@ -297,7 +350,8 @@ def _registered(name):
 def _register():
     """Define lfce::forward and lfce::backward unless this process already has them."""
     if not _registered("backward"):
-        op = torch.library.custom_op("lfce::backward", mutates_args=(), device_types="cuda")(_backward_impl)
+        op = torch.library.custom_op("lfce::backward", mutates_args=("weight_grad_accumulator", "bias_grad_accumulator"),
+                                     device_types="cuda")(_backward_impl)
         op.register_fake(_backward_fake)
     if not _registered("forward"):
         op = torch.library.custom_op("lfce::forward", mutates_args=(), device_types="cuda")(_forward_impl)

@@ -23,6 +23,10 @@ The work is done by the operators ``torch.ops.lfce.forward`` / ``lfce.backward``
 whatever the input dtype; the gradients are in the inputs' dtypes. Under
 ``torch.autocast("cuda")`` hidden, weight and bias are cast to the autocast dtype first, as
 ``F.linear`` would cast them, so fp32 parameters get fp32 gradients.
+
+``weight_grad_accumulator`` / ``bias_grad_accumulator`` (recompute mode) make the backward add
+grad_weight / grad_bias in place into fp32 buffers, such as Megatron's ``main_grad``, instead of
+returning them: the kernel that computes each gradient row adds it there, no [V, H] temporary.
 """
 
 import logging
@@ -85,7 +89,60 @@ def check_class_weight(value, name="class_weight"):
         raise ValueError(f"{name} must have shape [V], got shape {tuple(value.shape)}")
 
 
-def _validate_tensors(hidden, weight, targets, bias, class_weight=None):
+_ACCUMULATOR_NAMES = ("weight_grad_accumulator", "bias_grad_accumulator")
+_ACCUMULATOR_ALIGNMENT = 8  # bytes: grad_weight is added into as fp32 pairs (lfce.h)
+
+
+def _check_accumulator_mode(mode, accumulators):
+    """The accumulators are the backward's: refused in eager mode, which computes the gradients in
+    the forward, before the upstream gradient is known (the library refuses it too)."""
+    for name, value in zip(_ACCUMULATOR_NAMES, accumulators):
+        if value is not None and mode == "eager":
+            raise ValueError(f"{name} needs mode='recompute', got mode='eager' (eager mode computes the gradients "
+                             "in the forward, before the upstream gradient is known)")
+
+
+def _check_accumulators(accumulators, weight, bias):
+    """Types, the bias's presence, shapes, dtype, layout and requires_grad of the accumulators."""
+    checked = tuple(zip(_ACCUMULATOR_NAMES, accumulators, ("weight", "bias"), (weight, bias), ("[V, H]", "[V]")))
+    for name, value, _, _, shape in checked:
+        if value is not None and not isinstance(value, torch.Tensor):
+            raise TypeError(f"{name} must be None or an fp32 torch.Tensor of shape {shape}, got {type(value).__name__}")
+    if accumulators[1] is not None and bias is None:
+        raise ValueError("bias_grad_accumulator needs a bias: bias is None, so there is no bias gradient")
+    for name, value, like_name, like, shape in checked:
+        if value is None:
+            continue
+        if tuple(value.shape) != tuple(like.shape):
+            raise ValueError(f"{name} must have the shape of {like_name}, {shape} = {tuple(like.shape)}, got shape "
+                             f"{tuple(value.shape)}")
+        if value.dtype != torch.float32:
+            raise TypeError(f"{name} must be torch.float32 (an fp32 gradient buffer such as Megatron's main_grad, "
+                            f"whatever the inputs' dtype), got {value.dtype}")
+        if not value.is_contiguous():
+            raise ValueError(f"{name} must be contiguous (the backward adds into it in place: a copy would lose the "
+                             f"sum), got strides {value.stride()} for shape {tuple(value.shape)}")
+        if value.requires_grad:
+            raise ValueError(f"{name} must not require grad: it is a gradient buffer the backward writes outside "
+                             "autograd (use a detached tensor or one made under torch.no_grad())")
+
+
+def _check_accumulator_devices(accumulators, hidden):
+    for name, value in zip(_ACCUMULATOR_NAMES, accumulators):
+        if value is None:
+            continue
+        if value.device != hidden.device:
+            raise ValueError(f"{name} is on {value.device} but hidden is on {hidden.device}; it must be on "
+                             "hidden's device")
+        # data_ptr() has no value while torch.compile traces; the library checks it again.
+        if not _compiling() and value.data_ptr() % _ACCUMULATOR_ALIGNMENT:
+            raise ValueError(f"{name} must start on an {_ACCUMULATOR_ALIGNMENT}-byte boundary (the kernels add "
+                             f"fp32 pairs), got data_ptr() % {_ACCUMULATOR_ALIGNMENT} = "
+                             f"{value.data_ptr() % _ACCUMULATOR_ALIGNMENT} (storage offset "
+                             f"{value.storage_offset()})")
+
+
+def _validate_tensors(hidden, weight, targets, bias, class_weight=None, accumulators=(None, None)):
     """Check types, shapes, dtypes, then devices; return (tokens, hidden size, vocab).
 
     Devices come last so that every other mistake is reported the same way on a
@@ -135,6 +192,7 @@ def _validate_tensors(hidden, weight, targets, bias, class_weight=None):
         # lfce keeps fp16's dz scaled for unweighted tokens (the C library refuses it too).
         raise ValueError("class_weight is not supported with torch.float16 inputs (lfce's fp16 gradient "
                          "scaling assumes unweighted tokens); use torch.bfloat16 or torch.float32")
+    _check_accumulators(accumulators, weight, bias)
 
     for name, value in named:
         if value.device.type != _DEVICE_TYPE:
@@ -146,6 +204,7 @@ def _validate_tensors(hidden, weight, targets, bias, class_weight=None):
     if class_weight is not None and class_weight.device != hidden.device:
         raise ValueError(f"class_weight is on {class_weight.device} but hidden is on {hidden.device}; "
                          "it must be on hidden's device")
+    _check_accumulator_devices(accumulators, hidden)
     return N, H, V
 
 
@@ -176,7 +235,8 @@ def _autocast(tensors):
 
 def linear_cross_entropy(hidden, weight, targets, bias=None, *, ignore_index=-100, reduction="mean",
                          mode="recompute", chunk_size=None, workspace_budget=None, softcap=None, temperature=None,
-                         z_loss_scale=None, label_smoothing=None, class_weight=None, return_z_loss=False):
+                         z_loss_scale=None, label_smoothing=None, class_weight=None, return_z_loss=False,
+                         weight_grad_accumulator=None, bias_grad_accumulator=None):
     """Cross-entropy of ``hidden @ weight.T + bias`` against ``targets``, fused.
 
     Same result as ``F.cross_entropy(F.linear(hidden, weight, bias).flatten(0, -2),
@@ -223,11 +283,27 @@ def linear_cross_entropy(hidden, weight, targets, bias=None, *, ignore_index=-10
             losses.
         return_z_loss: also return the z-loss term alone, reduced as the loss, without a
             gradient (for logging, as Liger-Kernel's): ``(loss, z_loss)``.
+        weight_grad_accumulator: None, or an fp32 [V, H] contiguous tensor on hidden's device
+            that does not require grad (Megatron's ``weight.main_grad``): the backward ADDS
+            grad_weight to it in place, in fp32 whatever the inputs' dtype, and gives weight
+            no gradient: ``weight.grad`` is left untouched (None stays None). No [V, H]
+            gradient is allocated. It is filled exactly when autograd would have given weight
+            a gradient: weight requires grad (and grad mode was on at this call); otherwise it
+            is left as it is. Mode "recompute" only (ValueError with "eager"). It must start on
+            8 bytes (an even storage offset). Hooks on weight's AccumulateGrad node still run,
+            with no gradient (Megatron's own fused layers return a dummy gradient instead, so
+            that its DDP hooks run on autograd's main thread). Under torch.compile,
+            AOTAutograd saves the buffer with autograd's version check: a second compiled call
+            into it (or an in-place write to any view of its storage) before this call's
+            backward makes that backward raise "modified by an inplace operation"; call
+            backward once per call, or put both calls' tokens in one. Outside torch.compile
+            the buffer is held without that check.
+        bias_grad_accumulator: likewise for grad_bias, an fp32 [V] tensor; needs a bias.
 
     Returns:
         The loss in fp32: 0-dim for mean/sum, shape hidden.shape[:-1] for none; with
         return_z_loss, ``(loss, z_loss)`` of those shapes. Gradients are in the dtypes of
-        hidden, weight and bias.
+        hidden, weight and bias (those added into an accumulator: in it, in fp32).
 
     Under ``torch.autocast("cuda", dtype=...)`` hidden, weight and bias are first cast to the
     autocast dtype (as for F.linear); their gradients come back in their own dtypes.
@@ -238,11 +314,13 @@ def linear_cross_entropy(hidden, weight, targets, bias=None, *, ignore_index=-10
     """
     validate_options(ignore_index, reduction, mode, chunk_size, workspace_budget, softcap, temperature, z_loss_scale,
                      return_z_loss, label_smoothing)
+    accumulators = (weight_grad_accumulator, bias_grad_accumulator)
+    _check_accumulator_mode(mode, accumulators)
     softcap = _check.softcap(softcap)
     temperature, z_loss_scale = _check.temperature(temperature), _check.z_loss_scale(z_loss_scale)
     label_smoothing = _check.label_smoothing(label_smoothing)
     hidden, weight, bias = _autocast((hidden, weight, bias))
-    N, H, _ = _validate_tensors(hidden, weight, targets, bias, class_weight)
+    N, H, _ = _validate_tensors(hidden, weight, targets, bias, class_weight, accumulators)
     class_weight = _fp32_class_weight(class_weight)
     batch_shape = hidden.shape[:-1]
 
@@ -256,8 +334,8 @@ def linear_cross_entropy(hidden, weight, targets, bias=None, *, ignore_index=-10
     # off); eager mode computes only those (none when grad mode is off).
     wanted = tuple(torch.is_grad_enabled() and t is not None and t.requires_grad for t in (hidden, weight, bias))
     options = [None if v is None else operator.index(v) for v in (ignore_index, chunk_size, workspace_budget)]
-    out = _ops.forward(hidden, weight, bias, targets, class_weight, options[0], reduction, mode, *options[1:], softcap,
-                       temperature, z_loss_scale, label_smoothing, *wanted)
+    out = _ops.forward(hidden, weight, bias, targets, class_weight, *accumulators, options[0], reduction, mode,
+                       *options[1:], softcap, temperature, z_loss_scale, label_smoothing, *wanted)
     loss = out[0].reshape(batch_shape) if reduction == "none" else out[0]
     if not return_z_loss:
         return loss

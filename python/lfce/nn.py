@@ -23,6 +23,15 @@ class LinearCrossEntropyLoss(torch.nn.Module):
     class_weight, return_z_loss). ``class_weight`` is a registered buffer, as
     ``torch.nn.CrossEntropyLoss``'s ``weight``: it follows ``module.to(device)`` and is in the
     state dict; its length and device are checked against the inputs at each call.
+
+    The gradient accumulators are arguments of ``forward``, not of the module: like the weight,
+    the fp32 buffer (Megatron's ``main_grad``) belongs to the parameter, and a module shared by
+    several heads or rebuilt buffers must not hold a stale one::
+
+        loss = loss_fn(hidden_states, head.weight, labels, weight_grad_accumulator=head.weight.main_grad)
+
+    The backward then adds grad_weight into ``head.weight.main_grad`` and leaves ``head.weight.grad``
+    untouched (see :func:`lfce.linear_cross_entropy` for when it is filled); recompute mode only.
     """
 
     class_weight: torch.Tensor | None
@@ -46,13 +55,16 @@ class LinearCrossEntropyLoss(torch.nn.Module):
         self.chunk_size = chunk_size
         self.workspace_budget = workspace_budget
 
-    def forward(self, hidden, weight, targets, bias=None):
-        """Loss of ``hidden @ weight.T + bias`` against ``targets``; see linear_cross_entropy."""
+    def forward(self, hidden, weight, targets, bias=None, *, weight_grad_accumulator=None, bias_grad_accumulator=None):
+        """Loss of ``hidden @ weight.T + bias`` against ``targets``; with an accumulator, the backward
+        adds grad_weight (grad_bias) into it instead of giving weight (bias) a gradient. See
+        linear_cross_entropy."""
         return linear_cross_entropy(
             hidden, weight, targets, bias, ignore_index=self.ignore_index, reduction=self.reduction,
             mode=self.mode, chunk_size=self.chunk_size, workspace_budget=self.workspace_budget,
             softcap=self.softcap, temperature=self.temperature, z_loss_scale=self.z_loss_scale,
             label_smoothing=self.label_smoothing, class_weight=self.class_weight, return_z_loss=self.return_z_loss,
+            weight_grad_accumulator=weight_grad_accumulator, bias_grad_accumulator=bias_grad_accumulator,
         )
 
     def extra_repr(self):

@@ -132,6 +132,31 @@ TEST(Codegen, EachSetOfLossOptionsGivesItsOwnKernelWithoutCallsOrSpills) {
       }
 }
 
+// grad_weight and grad_bias adding into fp32 buffers: each path (wgmma, ping-pong-free CTA pairs
+// aside; mma.sync; fp32 SIMT) loads the old fp32 values and stores fp32, with no spill or call.
+TEST(Codegen, AccumulatingGradientKernelsAddIntoFp32WithoutCallsOrSpills) {
+  if (!testing_ptxas::have_ptxas()) GTEST_SKIP() << "ptxas not found at configure time (install the CUDA toolkit)";
+  for (Arch arch : {Arch::SM80, Arch::SM90A})
+    for (DType dtype : {DType::BF16, DType::FP32})
+      for (KernelKind kind : {KernelKind::GradWeight, KernelKind::GradBias}) {
+        KernelSpec plain = spec_for({kind, dtype, arch, false});
+        if (arch == Arch::SM90A && dtype != DType::FP32 && kind == KernelKind::GradWeight)
+          plain.tile = TileConfig{128, 256, 64, 1, 1, 4, 2};
+        plain = plain.normalised();
+        KernelSpec added = plain;
+        added.accumulate = true;
+        const std::string what = added.text();
+        const std::string ptx = generate_kernel(added).ptx;
+        EXPECT_NE(ptx, generate_kernel(plain).ptx) << what;
+        // The old value is read (a 64-bit pair on the wgmma path) and fp32 is written: no conversion.
+        EXPECT_TRUE(std::regex_search(ptx, std::regex(R"(ld\.global(\.v2)?\.f32)"))) << what;
+        EXPECT_EQ(ptx.find("cvt.rn.bf16"), std::string::npos) << what;
+        EXPECT_FALSE(std::regex_search(ptx, std::regex(R"(\bcall(\.uni)?\b)"))) << what;
+        EXPECT_EQ(ptx.find(".local"), std::string::npos) << what;
+        testing_ptxas::expect_assembles_without_spills(ptx, arch);
+      }
+}
+
 TEST(Codegen, RejectsTileOverSharedMemoryLimit) {
   KernelSpec s = spec_for({KernelKind::LseForward, DType::BF16, Arch::SM80, false});
   s.tile = TileConfig{256, 256, 64, 2, 4, 4};

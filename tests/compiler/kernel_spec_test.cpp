@@ -168,6 +168,30 @@ TEST(KernelSpec, LossOptionsAreReadOnlyByTheKernelsTheyChange) {
   }
 }
 
+// Adding into an fp32 gradient buffer: ";accumulate=1", on grad_weight and grad_bias only.
+TEST(KernelSpec, AccumulateIsPartOfTheTextOnlyWhenSetAndOnlyOnTheGradientKernels) {
+  KernelSpec s = sample();
+  s.kind = KernelKind::GradWeight;
+  s = s.normalised();
+  EXPECT_EQ(s.text().find("accumulate"), std::string::npos);
+  s.accumulate = true;
+  EXPECT_EQ(s.text().substr(s.text().size() - 13), ";accumulate=1");
+  EXPECT_EQ(KernelSpec::parse(s.text()), s);
+  EXPECT_NO_THROW(s.validate());
+  const std::string text = s.text();
+  EXPECT_NE(spec_error([&] { KernelSpec::parse(text.substr(0, text.size() - 1) + "0"); }).find("'accumulate' must be 1"),
+            std::string::npos);
+  for (KernelKind kind : {KernelKind::LseForward, KernelKind::DlogitsBackward, KernelKind::GradInput}) {
+    KernelSpec other = sample();
+    other.kind = kind;
+    other.accumulate = true;
+    EXPECT_FALSE(other.normalised().accumulate) << kind_name(kind);
+    EXPECT_NE(spec_error([&] { other.validate(); }).find("accumulate is set on a kernel that writes no weight or bias"),
+              std::string::npos)
+        << kind_name(kind);
+  }
+}
+
 TEST(KernelSpec, AllLossOptionsTogetherRoundTrip) {
   KernelSpec s = sample();
   s.softcap = 30.f;
@@ -282,7 +306,7 @@ TEST(KernelSpec, ValidateNamesWhatAWgmmaTileNeeds) {
 
 TEST(KernelSpec, EveryFieldChangesTheKey) {
   KernelSpec base = sample();
-  std::vector<KernelSpec> variants(19, base);
+  std::vector<KernelSpec> variants(20, base);
   variants[0].kind = KernelKind::GradInput;
   variants[1].vocab += 1;
   variants[2].hidden += 8;
@@ -302,6 +326,7 @@ TEST(KernelSpec, EveryFieldChangesTheKey) {
   variants[16].z_loss_scale = 1e-4f;
   variants[17].label_smoothing = 0.1f;
   variants[18].class_weight = true;
+  variants[19].accumulate = true;
   std::set<std::string> texts{base.text()};
   for (const KernelSpec& v : variants) {
     EXPECT_NE(v, base);

@@ -264,6 +264,91 @@ def test_module_keeps_its_class_weight_as_a_buffer_as_cross_entropy_loss_does(on
     assert seen[0].data_ptr() == weights.data_ptr()
 
 
+# --- gradient accumulators ----------------------------------------------------------------
+
+def with_bias(dtype=torch.bfloat16):
+    x, w, y = inputs(dtype=dtype)
+    return x, w, y, torch.randn(V).to(dtype)
+
+
+# name: (keyword arguments, exception, fragments of its message); each call has a bias but the last
+ACCUMULATOR_MISUSES = {
+    "weight_not_a_tensor": ({"weight_grad_accumulator": [0.0] * V}, TypeError,
+                            ("weight_grad_accumulator must be None or an fp32 torch.Tensor of shape [V, H]", "list")),
+    "bias_not_a_tensor": ({"bias_grad_accumulator": 0.0}, TypeError,
+                          ("bias_grad_accumulator must be None or an fp32 torch.Tensor of shape [V]", "float")),
+    "weight_transposed": ({"weight_grad_accumulator": torch.zeros(H, V)}, ValueError,
+                          ("weight_grad_accumulator must have the shape of weight", f"({V}, {H})", f"({H}, {V})")),
+    "bias_too_long": ({"bias_grad_accumulator": torch.zeros(V + 1)}, ValueError,
+                      ("bias_grad_accumulator must have the shape of bias", f"({V},)", f"({V + 1},)")),
+    "weight_in_bf16": ({"weight_grad_accumulator": torch.zeros(V, H, dtype=torch.bfloat16)}, TypeError,
+                       ("weight_grad_accumulator must be torch.float32", "got torch.bfloat16")),
+    "bias_in_fp64": ({"bias_grad_accumulator": torch.zeros(V, dtype=torch.float64)}, TypeError,
+                     ("bias_grad_accumulator must be torch.float32", "got torch.float64")),
+    "weight_not_contiguous": ({"weight_grad_accumulator": torch.zeros(H, V).t()}, ValueError,
+                              ("weight_grad_accumulator must be contiguous", f"strides (1, {V})")),
+    "bias_requires_grad": ({"bias_grad_accumulator": torch.zeros(V, requires_grad=True)}, ValueError,
+                           ("bias_grad_accumulator must not require grad",)),
+}
+
+
+@pytest.mark.parametrize("misuse", list(ACCUMULATOR_MISUSES))
+def test_a_bad_gradient_accumulator_is_named(misuse):
+    kwargs, exception, fragments = ACCUMULATOR_MISUSES[misuse]
+    with raises(exception, *fragments):
+        lfce.linear_cross_entropy(*with_bias(), **kwargs)
+
+
+def test_bias_grad_accumulator_without_a_bias_is_named():
+    with raises(ValueError, "bias_grad_accumulator needs a bias", "bias is None"):
+        lfce.linear_cross_entropy(*inputs(), bias_grad_accumulator=torch.zeros(V))
+
+
+@pytest.mark.parametrize("name, buffer", [("weight_grad_accumulator", torch.zeros(V, H)),
+                                          ("bias_grad_accumulator", torch.zeros(V))])
+@pytest.mark.parametrize("reduction", ["mean", "none"])  # "none" would recompute, but the request is eager
+def test_gradient_accumulators_in_eager_mode_are_refused_naming_both(name, buffer, reduction):
+    with raises(ValueError, f"{name} needs mode='recompute', got mode='eager'", "before the upstream gradient"):
+        lfce.linear_cross_entropy(*with_bias(), mode="eager", reduction=reduction, **{name: buffer})
+
+
+def test_module_names_a_gradient_accumulator_in_eager_mode_at_the_call():
+    loss_fn = lfce.LinearCrossEntropyLoss(mode="eager")  # the buffer comes with each call
+    with raises(ValueError, "weight_grad_accumulator needs mode='recompute'"):
+        loss_fn(*inputs(), weight_grad_accumulator=torch.zeros(V, H))
+
+
+def test_module_names_a_bad_gradient_accumulator():
+    with raises(TypeError, "weight_grad_accumulator must be torch.float32", "torch.float16"):
+        lfce.LinearCrossEntropyLoss()(*inputs(), weight_grad_accumulator=torch.zeros(V, H, dtype=torch.float16))
+
+
+def test_gradient_accumulator_on_another_device_than_hidden_is_named(on_cpu):
+    with raises(ValueError, "weight_grad_accumulator is on meta but hidden is on cpu"):
+        lfce.linear_cross_entropy(*inputs(), weight_grad_accumulator=torch.zeros(V, H, device="meta"))
+
+
+def test_misaligned_gradient_accumulator_is_named(on_cpu):
+    misaligned = torch.zeros(V * H + 1)[1:].view(V, H)  # 4 bytes past an aligned start
+    with raises(ValueError, "weight_grad_accumulator must start on an 8-byte boundary", "storage offset 1"):
+        lfce.linear_cross_entropy(*inputs(), weight_grad_accumulator=misaligned)
+
+
+def test_forward_operator_refuses_gradient_accumulators_in_eager_mode():
+    x, w, y = inputs()
+    with raises(ValueError, "gradient accumulators need mode 'recompute', got mode 'eager'"):
+        _ops._forward_impl(x, w, None, y, None, torch.zeros(V, H), None, -100, "mean", "eager", None, None, None, 1.0,
+                           0.0, 0.0, True, True, False)
+
+
+def test_gradient_accumulators_reach_the_operator_uncopied(on_cpu, monkeypatch):
+    seen = []
+    monkeypatch.setattr(_ops, "forward", lambda *args: seen.append(args[5:7]) or (torch.zeros(()),))
+    main_w, main_b = torch.zeros(V, H), torch.zeros(V)
+    lfce.linear_cross_entropy(*with_bias(), weight_grad_accumulator=main_w, bias_grad_accumulator=main_b)
+    assert seen[0][0] is main_w and seen[0][1] is main_b
+
+
 # --- the C library's own checks, through ctypes (no GPU) ---------------------------------
 
 def problem(**changes):
@@ -346,6 +431,32 @@ def test_library_accepts_a_temperature_and_a_z_loss_scale(temperature):
     p.temperature = temperature
     p.z_loss_scale = 1e-4
     check_problem(p)
+
+
+@pytest.mark.lib
+@pytest.mark.parametrize("field", ["accumulate_grad_weight", "accumulate_grad_bias"])
+def test_library_refuses_gradient_accumulation_in_eager_mode_naming_field_and_mode(field):
+    with raises(ValueError, f"lfce_problem.{field}", "eager"):
+        check_problem(problem(mode=_lib.MODE_EAGER, has_bias=True, **{field: True}))
+
+
+@pytest.mark.lib
+def test_library_refuses_bias_gradient_accumulation_without_a_bias():
+    with raises(ValueError, "lfce_problem.accumulate_grad_bias", "has_bias"):
+        check_problem(problem(accumulate_grad_bias=True))
+
+
+@pytest.mark.lib
+def test_library_names_an_accumulate_flag_that_is_not_0_or_1():
+    p = problem()
+    p.accumulate_grad_weight = 2
+    with raises(ValueError, "lfce_problem.accumulate_grad_weight", "2"):
+        check_problem(p)
+
+
+@pytest.mark.lib
+def test_library_accepts_gradient_accumulation_in_recompute_mode():
+    check_problem(problem(has_bias=True, accumulate_grad_weight=True, accumulate_grad_bias=True))
 
 
 @pytest.mark.lib

@@ -164,7 +164,9 @@ def test_a_bad_reduction_is_named():
         lfce_dist.linear_cross_entropy(*args(), reduction="avg")
 
 
-@pytest.mark.parametrize("option, value", [("label_smoothing", 0.1), ("class_weight", torch.ones(5))])
+@pytest.mark.parametrize("option, value", [("label_smoothing", 0.1), ("class_weight", torch.ones(5)),
+                                           ("weight_grad_accumulator", torch.zeros(5, 16)),
+                                           ("bias_grad_accumulator", torch.zeros(5))])
 def test_loss_options_not_supported_yet_are_named(option, value):
     with pytest.raises(TypeError, match=f"unexpected keyword argument '{option}'"):
         lfce_dist.linear_cross_entropy(*args(), **{option: value})

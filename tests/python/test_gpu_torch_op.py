@@ -109,7 +109,7 @@ def test_opcheck_passes_for_the_forward(mode, reduction, options):
     loss_options, weighted = OPTIONS[options]
     x, w, b, y = make_inputs(70, 128, 1000, BF16, bias=True)
     args = (x.requires_grad_(), w.requires_grad_(), b.requires_grad_(), y, class_weights(1000) if weighted else None,
-            -100, reduction, mode, None, None, *loss_options, True, True, True)
+            None, None, -100, reduction, mode, None, None, *loss_options, True, True, True)
     torch.library.opcheck(torch.ops.lfce.forward.default, args)
 
 
@@ -120,12 +120,12 @@ def test_opcheck_passes_for_the_backward(reduction, wanted, weighted):
     x, w, b, y = make_inputs(70, 128, 1000, BF16, bias=True)
     cw = class_weights(1000) if weighted else None
     smoothing = 0.1 if weighted else 0.0
-    _, lse, count, *_ = torch.ops.lfce.forward(x, w, b, y, cw, -100, reduction, "recompute", None, None,
+    _, lse, count, *_ = torch.ops.lfce.forward(x, w, b, y, cw, None, None, -100, reduction, "recompute", None, None,
                                                None, 1.0, 0.0, smoothing, False, False, False)
     grad = torch.rand(70 if reduction == "none" else 1, device="cuda") + 0.5
     torch.library.opcheck(torch.ops.lfce.backward.default,
-                          (x, w, b, y, cw, lse, count, grad, -100, reduction, None, None, None, 1.0, 0.0, smoothing,
-                           *wanted))
+                          (x, w, b, y, cw, lse, count, grad, None, None, -100, reduction, None, None, None, 1.0, 0.0,
+                           smoothing, *wanted))
 
 
 # --- loss dtype -----------------------------------------------------------------------------------

@@ -2,8 +2,11 @@
 
 A stand-in for the library records the lfce_backward_args it is handed; CPU tensors stand in
 for CUDA ones. A gradient not wanted must be NULL in the call and never allocated (the GPU side
-is tests/python/test_gpu_grad_skip.py).
+is tests/python/test_gpu_grad_skip.py). A gradient going into an accumulator is passed as the
+accumulator's own pointer, with the problem's accumulate flag set, and allocated nowhere.
 """
+
+import contextlib
 
 import pytest
 import torch
@@ -18,8 +21,9 @@ class FakeLibrary:
         self.calls = []
 
     def lfce_backward(self, problem, args):
-        a = args._obj  # the struct behind ctypes.byref
-        self.calls.append({"grad_hidden": a.grad_hidden, "grad_weight": a.grad_weight, "grad_bias": a.grad_bias})
+        a, p = args._obj, problem._obj  # the structs behind ctypes.byref
+        self.calls.append({"grad_hidden": a.grad_hidden, "grad_weight": a.grad_weight, "grad_bias": a.grad_bias,
+                           "accumulate": (p.accumulate_grad_weight, p.accumulate_grad_bias)})
         return _lib.OK
 
 
@@ -58,3 +62,21 @@ def test_backward_passes_null_for_and_allocates_no_gradient_not_wanted(fake, wan
 def test_backward_with_no_gradient_wanted_calls_nothing(fake):
     assert run_backward((False, False, False)) == (None, None, None)
     assert fake.calls == []
+
+
+@pytest.mark.parametrize("wanted", [(True, True, True), (True, False, True), (False, True, False)],
+                         ids=["all", "frozen_weight", "weight"])
+def test_backward_passes_each_accumulator_as_its_gradient_with_the_flag_set(fake, monkeypatch, wanted):
+    # CPU tensors: no device to switch to, no CUDA graph capture to ask about.
+    monkeypatch.setattr(_ops.torch.cuda, "device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(_ops, "_require_loaded", lambda key, problem, what: None)
+    hidden, weight, bias = torch.randn(N, H), torch.randn(V, H), torch.randn(V)
+    targets, lse, count = torch.zeros(N, dtype=torch.int64), torch.zeros(N), torch.ones(1)
+    main_w, main_b = torch.zeros(V, H), torch.zeros(V)
+    grads = _ops._backward_impl(hidden, weight, bias, targets, None, lse, count, torch.ones(1), main_w, main_b, -100,
+                                "mean", None, None, None, 1.0, 0.0, 0.0, *wanted)
+    call = fake.calls[0]
+    assert call["accumulate"] == wanted[1:], "accumulate flags set only for the wanted gradients"
+    for name, want, buffer in (("grad_weight", wanted[1], main_w), ("grad_bias", wanted[2], main_b)):
+        assert call[name] == (buffer.data_ptr() if want else None), f"{name}: not the accumulator's pointer"
+    assert [tuple(g.shape) for g in grads[1:]] == [(0,), (0,)], "a gradient added into its buffer is returned"

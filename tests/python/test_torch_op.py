@@ -3,7 +3,7 @@ ctest's python.cpu.torch).
 
 * The fake implementations give the exact shapes and dtypes (FakeTensorMode): fp32 loss,
   0-dim or [N]; gradients in the inputs' dtypes, [0] where not computed.
-* With a CPU reference kernel registered for the two operators (plain PyTorch, in this file),
+* With a CPU reference kernel registered for the two operators (plain PyTorch, cpu_model.py),
   the whole path runs here: linear_cross_entropy under torch.compile(fullgraph=True) (no graph
   break), a new N with no recompilation, the autograd rule (recompute and eager, which gradients
   are asked for), and torch.library.opcheck of schema, fake and autograd registration. The CUDA
@@ -18,13 +18,15 @@ import torch
 import torch.nn.functional as F
 from conftest import missing_dependency
 
-from lfce import _ops, functional
+from lfce import _ops
 
 if not _ops.HAVE_CUSTOM_OPS:
     pytest.skip(missing_dependency(f"torch {torch.__version__} has no torch.library.custom_op (PyTorch 2.4+): "
                                    "lfce runs through torch.autograd.Function there"), allow_module_level=True)
 
+import cpu_model
 import torch._dynamo.testing
+from cpu_model import backward_cpu, inputs
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import lfce
@@ -33,104 +35,10 @@ BF16 = torch.bfloat16
 REDUCTIONS = ["mean", "sum", "none"]
 
 
-# --- a CPU reference kernel for the operators --------------------------------------------------
-
-def _logits(hidden, weight, bias):
-    return F.linear(hidden.float(), weight.float(), None if bias is None else bias.float())
-
-
-def _softmax_logits(hidden, weight, bias, softcap, temperature):
-    """The logits the softmax sees (capped, then / T) and d them / d logits."""
-    logits = _logits(hidden, weight, bias)
-    slope = torch.ones_like(logits)
-    if softcap is not None:
-        capped = torch.tanh(logits / softcap)
-        logits, slope = softcap * capped, 1 - capped * capped
-    return logits / temperature, slope / temperature
-
-
-def _class_weights(class_weight, vocab):
-    return torch.ones(vocab) if class_weight is None else class_weight
-
-
-def _grads(hidden, weight, bias, targets, class_weight, lse, count, grad_loss, ignore_index, reduction, options,
-           wanted):
-    """dz_v = (P p_v - T [v = y] - U w_v) * slope per row, the constants as lfce's (docs/design.md):
-    P = a ((1 - eps) w_y + eps W / V) + b 2 s LSE, T = a (1 - eps) w_y, U = a eps / V; a scales the
-    cross-entropy (the upstream gradient, / sum of w_y for mean), b the z-loss (/ the count)."""
-    softcap, temperature, z_loss_scale, eps = options
-    logits, slope = _softmax_logits(hidden, weight, bias, softcap, temperature)
-    vocab = weight.shape[0]
-    valid = targets != ignore_index
-    target = torch.where(valid, targets, 0).long()
-    w = _class_weights(class_weight, vocab)
-    w_sum = count[2] if class_weight is not None else vocab  # the forward's sum (written with smoothing)
-    g = grad_loss.float().expand(hidden.shape[0]) if grad_loss is not None else torch.ones(hidden.shape[0])
-    a = b = g * valid
-    if reduction == "mean":
-        a, b = a / (count[1] if class_weight is not None else count[0]), b / count[0]
-    p = torch.exp(logits - lse[:, None])  # the forward's LSE, as lfce
-    big_p = a * ((1 - eps) * w[target] + eps * w_sum / vocab) + b * 2 * z_loss_scale * lse
-    dz = big_p[:, None] * p - (a * (1 - eps) * w[target])[:, None] * F.one_hot(target, vocab).float()
-    dz = (dz - (a * eps / vocab)[:, None] * w[None, :]) * slope
-    grads = (dz @ weight.float(), dz.t() @ hidden.float(), dz.sum(0))
-    likes = (hidden, weight, bias)
-    return tuple(g.to(like.dtype) if want and like is not None else hidden.new_empty(0)
-                 for g, like, want in zip(grads, likes, wanted))
-
-
-def _forward_cpu(hidden, weight, bias, targets, class_weight, ignore_index, reduction, mode, chunk_size,
-                 workspace_budget, softcap, temperature, z_loss_scale, label_smoothing, need_hidden, need_weight,
-                 need_bias):
-    logits, _ = _softmax_logits(hidden, weight, bias, softcap, temperature)
-    vocab = weight.shape[0]
-    lse = logits.logsumexp(-1)
-    valid = targets != ignore_index
-    target = torch.where(valid, targets, 0).long()
-    w = _class_weights(class_weight, vocab)
-    picked = logits.gather(1, target[:, None])[:, 0]
-    smoothed = (w * (lse[:, None] - logits)).sum(-1) / vocab
-    cross_entropy = torch.where(valid, (1 - label_smoothing) * w[target] * (lse - picked)
-                                + label_smoothing * smoothed, torch.zeros_like(lse))
-    z_loss = torch.where(valid, z_loss_scale * lse * lse, torch.zeros_like(lse))
-    count = valid.sum().float().reshape(1)
-    if class_weight is not None:  # lfce.h: the count, the sum of w_y, the sum of w (with smoothing only)
-        count = torch.stack([count[0], (w[target] * valid).sum(), w.sum() if label_smoothing else torch.tensor(0.0)])
-    token_loss = cross_entropy + z_loss
-    mean = cross_entropy.sum() / count[1 if class_weight is not None else 0] + z_loss.sum() / count[0]
-    loss = {"none": token_loss, "sum": token_loss.sum(), "mean": mean}[reduction]
-    eager = mode == "eager" and reduction != "none"  # "none" recomputes, as in lfce
-    wanted = (need_hidden, need_weight, need_bias) if eager else (False, False, False)
-    options = (softcap, temperature, z_loss_scale, label_smoothing)
-    grads = _grads(hidden, weight, bias, targets, class_weight, lse, count, None, ignore_index, reduction, options,
-                   wanted)
-    return (loss, lse, count) + grads
-
-
-def _backward_cpu(hidden, weight, bias, targets, class_weight, lse, valid_count, grad_loss, ignore_index, reduction,
-                  chunk_size, workspace_budget, softcap, temperature, z_loss_scale, label_smoothing, need_hidden,
-                  need_weight, need_bias):
-    return _grads(hidden, weight, bias, targets, class_weight, lse, valid_count, grad_loss, ignore_index, reduction,
-                  (softcap, temperature, z_loss_scale, label_smoothing), (need_hidden, need_weight, need_bias))
-
-
-@pytest.fixture(scope="module")
-def cpu_kernels():
-    """Register the reference kernels for CPU tensors (once: a registration lasts the process)."""
-    if not getattr(cpu_kernels, "done", False):
-        torch.library.register_kernel("lfce::forward", "cpu", _forward_cpu)
-        torch.library.register_kernel("lfce::backward", "cpu", _backward_cpu)
-        cpu_kernels.done = True
-
-
 @pytest.fixture
-def on_cpu(cpu_kernels, monkeypatch):
-    """CPU tensors: the operators' registered CPU kernels under torch.compile, and the same
-    reference functions as the implementations that eager calls take (an autograd.Function
-    that calls _ops._forward_impl / _backward_impl directly, without the operators)."""
-    monkeypatch.setattr(functional, "_DEVICE_TYPE", "cpu")
-    monkeypatch.setattr(_ops, "_forward_impl", _forward_cpu)
-    monkeypatch.setattr(_ops, "_backward_impl", _backward_cpu)
+def on_cpu(monkeypatch):
+    """CPU tensors through the operators' CPU model (cpu_model.py), compiled or not."""
+    cpu_model.install(monkeypatch)
 
 
 def test_an_eager_call_does_not_import_torch_dynamo():
@@ -153,32 +61,24 @@ def test_an_eager_call_does_not_import_torch_dynamo():
     assert out.stdout.strip() == "False", "torch._dynamo was imported by an eager forward + backward"
 
 
-def inputs(n, h=16, v=40, dtype=torch.float32, bias=False, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, h, generator=g).to(dtype).requires_grad_()
-    w = (torch.randn(v, h, generator=g) / h ** 0.5).to(dtype).requires_grad_()
-    b = torch.randn(v, generator=g).to(dtype).requires_grad_() if bias else None
-    y = torch.randint(0, v, (n,), generator=g)
-    y[::3] = -100
-    return x, w, b, y
-
-
 def torch_loss(x, w, b, y, reduction):
     return F.cross_entropy(F.linear(x.float(), w.float(), None if b is None else b.float()), y, reduction=reduction)
 
 
 # --- fake implementations --------------------------------------------------------------------
 
-def fake_call(reduction, mode, wanted, bias, dtype=BF16, n=7, h=64, v=100, class_weight=False):
+def fake_call(reduction, mode, wanted, bias, dtype=BF16, n=7, h=64, v=100, class_weight=False, accumulate=False):
     with FakeTensorMode():
         x = torch.empty(n, h, dtype=dtype)
         w = torch.empty(v, h, dtype=dtype)
         b = torch.empty(v, dtype=dtype) if bias else None
         y = torch.empty(n, dtype=torch.int64)
         cw = torch.empty(v) if class_weight else None
-        out = torch.ops.lfce.forward(x, w, b, y, cw, -100, reduction, mode, None, None, None, 1.0, 0.0, 0.0, *wanted)
+        acc = (torch.empty(v, h), torch.empty(v) if bias else None) if accumulate else (None, None)
+        out = torch.ops.lfce.forward(x, w, b, y, cw, *acc, -100, reduction, mode, None, None, None, 1.0, 0.0, 0.0,
+                                     *wanted)
         back = torch.ops.lfce.backward(x, w, b, y, cw, out[1], out[2], torch.empty(n if reduction == "none" else 1),
-                                       -100, reduction, None, None, None, 1.0, 0.0, 0.0, *wanted)
+                                       *acc, -100, reduction, None, None, None, 1.0, 0.0, 0.0, *wanted)
     return [(tuple(t.shape), t.dtype) for t in out], [(tuple(t.shape), t.dtype) for t in back]
 
 
@@ -214,6 +114,11 @@ def test_fake_backward_without_bias_gives_an_empty_grad_bias():
     assert back[2] == ((0,), BF16)
 
 
+def test_fake_backward_returns_no_gradient_that_goes_into_an_accumulator():
+    _, back = fake_call("mean", "recompute", (True, True, True), bias=True, accumulate=True)
+    assert back == [((7, 64), BF16), ((0,), BF16), ((0,), BF16)]
+
+
 # --- the whole path with the CPU reference kernel ----------------------------------------------
 
 def test_operators_are_defined_once_per_process():
@@ -232,13 +137,13 @@ def test_operators_are_defined_once_per_process():
 def test_opcheck_passes_with_the_reference_kernel(on_cpu, mode, reduction, options, class_weight):
     x, w, b, y = inputs(6, bias=True)
     cw = torch.rand(40) + 0.5 if class_weight else None
-    args = (x, w, b, y, cw, -100, reduction, mode, None, None, *options, True, True, True)
+    args = (x, w, b, y, cw, None, None, -100, reduction, mode, None, None, *options, True, True, True)
     torch.library.opcheck(torch.ops.lfce.forward.default, args)
     fwd = torch.ops.lfce.forward(*(a.detach() if isinstance(a, torch.Tensor) else a for a in args))
     grad = torch.ones(6 if reduction == "none" else 1)
     torch.library.opcheck(torch.ops.lfce.backward.default,
-                          (x.detach(), w.detach(), b.detach(), y, cw, fwd[1], fwd[2], grad, -100, reduction, None,
-                           None, *options, True, False, True))
+                          (x.detach(), w.detach(), b.detach(), y, cw, fwd[1], fwd[2], grad, None, None, -100,
+                           reduction, None, None, *options, True, False, True))
 
 
 @pytest.mark.parametrize("reduction", REDUCTIONS)
@@ -266,7 +171,7 @@ def test_compiled_loss_with_a_frozen_weight_asks_for_no_grad_weight(on_cpu):
 
     def spy(*args):
         asked.append(args[-3:])
-        return _backward_cpu(*args)
+        return backward_cpu(*args)
 
     torch.library.register_kernel("lfce::backward", "cpu", spy)
     try:
@@ -275,7 +180,7 @@ def test_compiled_loss_with_a_frozen_weight_asks_for_no_grad_weight(on_cpu):
         fn = torch.compile(lambda x, w, y: lfce.linear_cross_entropy(x, w, y), backend="aot_eager", fullgraph=True)
         fn(x, w, y).backward()
     finally:
-        torch.library.register_kernel("lfce::backward", "cpu", _backward_cpu)
+        torch.library.register_kernel("lfce::backward", "cpu", backward_cpu)
     assert asked == [(True, False, False)]
     assert x.grad is not None and w.grad is None
 

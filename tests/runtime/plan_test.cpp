@@ -64,7 +64,7 @@ TEST(Plan, ExplicitChunkIsUsedAndClampedToVocab) {
 // the plan (and kernels) of another that differs only there, e.g. a softcap's.
 TEST(Plan, EveryProblemFieldChangesTheProblemText) {
   const Problem base = problem(llama3(8192));
-  std::vector<Problem> variants(20, base);
+  std::vector<Problem> variants(22, base);
   variants[0].tokens += 1;
   variants[1].hidden += 8;
   variants[2].vocab += 1;
@@ -85,6 +85,8 @@ TEST(Plan, EveryProblemFieldChangesTheProblemText) {
   variants[17].label_smoothing = 0.1f;
   variants[18].label_smoothing = 0.100000009f;
   variants[19].class_weight = true;
+  variants[20].accumulate_grad_weight = true;
+  variants[21].accumulate_grad_bias = true;
   std::set<std::string> texts{problem_text(base)};
   for (const Problem& v : variants) texts.insert(problem_text(v));
   EXPECT_EQ(texts.size(), variants.size() + 1);
@@ -174,6 +176,32 @@ TEST(Plan, LabelSmoothingAndClassWeightsReachTheKernelsThatReadThem) {
   EXPECT_GT(layout.bytes, layout.weight_total);
   c.reduction = LFCE_REDUCTION_SUM;
   EXPECT_EQ(problem_spec(KernelKind::LossReduce, problem_from_c(&c), Arch::SM90A).z_loss_scale, 0.f);
+}
+
+// Adding the weight / bias gradient into fp32 buffers: flags 0 or 1, recompute mode only, the
+// bias one only with a bias; each gradient kernel gets its own flag, no other kernel one.
+TEST(Plan, AccumulatedGradientsAreCheckedAndReachOnlyTheirKernels) {
+  lfce_problem c = llama3(8192);
+  c.accumulate_grad_weight = -1;
+  std::string message = error_of(c);
+  EXPECT_NE(message.find("lfce_problem.accumulate_grad_weight must be 0 or 1, got -1"), std::string::npos) << message;
+  c.accumulate_grad_weight = 1;
+  c.mode = LFCE_MODE_EAGER;
+  message = error_of(c);
+  EXPECT_NE(message.find("accumulate_grad_weight = 1 needs mode LFCE_MODE_RECOMPUTE"), std::string::npos) << message;
+  c.mode = LFCE_MODE_RECOMPUTE;
+  c.accumulate_grad_bias = 1;
+  message = error_of(c);
+  EXPECT_NE(message.find("accumulate_grad_bias = 1 needs has_bias = 1"), std::string::npos) << message;
+  c.has_bias = 1;
+  const Problem p = problem_from_c(&c);
+  for (const KernelKindInfo& info : kKernelKinds) {
+    const KernelSpec s = problem_spec(info.kind, p, Arch::SM90A);
+    EXPECT_EQ(s.accumulate, info.kind == KernelKind::GradWeight || info.kind == KernelKind::GradBias) << info.name;
+  }
+  c.accumulate_grad_bias = 0;
+  EXPECT_FALSE(problem_spec(KernelKind::GradBias, problem_from_c(&c), Arch::SM90A).accumulate);
+  EXPECT_TRUE(problem_spec(KernelKind::GradWeight, problem_from_c(&c), Arch::SM90A).accumulate);
 }
 
 // fp16's dz headroom is 2x (template_util.h, dz_scale): a temperature of 0.5 or less is refused there.

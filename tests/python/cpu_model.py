@@ -1,0 +1,132 @@
+"""A CPU model of the operators lfce::forward / lfce::backward, in plain PyTorch, standing in for the
+CUDA kernels in the CPU tests (test_torch_op.py, test_accumulate.py).
+
+``install(monkeypatch)`` registers it as the operators' CPU kernels (for torch.compile and opcheck)
+and as the implementations an eager call takes (the autograd.Function calls _ops._forward_impl /
+_backward_impl directly, without the operators), and lets CPU tensors through the device check.
+
+It computes as lfce does: fp32 from the inputs in their dtype, the forward's LSE reused in the
+backward, each gradient rounded once to its input's dtype, or added in fp32 into its accumulator.
+"""
+
+import torch
+import torch.nn.functional as F
+
+from lfce import _ops, functional
+
+
+def _logits(hidden, weight, bias):
+    return F.linear(hidden.float(), weight.float(), None if bias is None else bias.float())
+
+
+def _softmax_logits(hidden, weight, bias, softcap, temperature):
+    """The logits the softmax sees (capped, then / T) and d them / d logits."""
+    logits = _logits(hidden, weight, bias)
+    slope = torch.ones_like(logits)
+    if softcap is not None:
+        capped = torch.tanh(logits / softcap)
+        logits, slope = softcap * capped, 1 - capped * capped
+    return logits / temperature, slope / temperature
+
+
+def _class_weights(class_weight, vocab):
+    return torch.ones(vocab) if class_weight is None else class_weight
+
+
+def _grads(hidden, weight, bias, targets, class_weight, lse, count, grad_loss, ignore_index, reduction, options):
+    """fp32 (grad_hidden, grad_weight, grad_bias) from dz_v = (P p_v - T [v = y] - U w_v) * slope per
+    row, the constants as lfce's (docs/design.md): P = a ((1 - eps) w_y + eps W / V) + b 2 s LSE,
+    T = a (1 - eps) w_y, U = a eps / V; a scales the cross-entropy (the upstream gradient, / sum of
+    w_y for mean), b the z-loss (/ the count)."""
+    softcap, temperature, z_loss_scale, eps = options
+    logits, slope = _softmax_logits(hidden, weight, bias, softcap, temperature)
+    vocab = weight.shape[0]
+    valid = targets != ignore_index
+    target = torch.where(valid, targets, 0).long()
+    w = _class_weights(class_weight, vocab)
+    w_sum = count[2] if class_weight is not None else vocab  # the forward's sum (written with smoothing)
+    g = grad_loss.float().expand(hidden.shape[0]) if grad_loss is not None else torch.ones(hidden.shape[0])
+    a = b = g * valid
+    if reduction == "mean":
+        a, b = a / (count[1] if class_weight is not None else count[0]), b / count[0]
+    p = torch.exp(logits - lse[:, None])  # the forward's LSE, as lfce
+    big_p = a * ((1 - eps) * w[target] + eps * w_sum / vocab) + b * 2 * z_loss_scale * lse
+    dz = big_p[:, None] * p - (a * (1 - eps) * w[target])[:, None] * F.one_hot(target, vocab).float()
+    dz = (dz - (a * eps / vocab)[:, None] * w[None, :]) * slope
+    return dz @ weight.float(), dz.t() @ hidden.float(), dz.sum(0)
+
+
+def _outputs(grads, hidden, weight, bias, wanted, accumulators=(None, None)):
+    """The operators' gradient outputs: each wanted one in its input's dtype, or added into its
+    accumulator (then [0], as one not wanted); [0] for the others."""
+    out = []
+    for g, like, want, accumulator in zip(grads, (hidden, weight, bias), wanted, (None,) + tuple(accumulators)):
+        if want and like is not None and accumulator is not None:
+            accumulator.add_(g)  # fp32, as the kernels add their fp32 sums
+            want = False
+        out.append(g.to(like.dtype) if want and like is not None else hidden.new_empty(0))
+    return tuple(out)
+
+
+def forward_cpu(hidden, weight, bias, targets, class_weight, weight_grad_accumulator, bias_grad_accumulator,
+                ignore_index, reduction, mode, chunk_size, workspace_budget, softcap, temperature, z_loss_scale,
+                label_smoothing, need_hidden, need_weight, need_bias):
+    logits, _ = _softmax_logits(hidden, weight, bias, softcap, temperature)
+    vocab = weight.shape[0]
+    lse = logits.logsumexp(-1)
+    valid = targets != ignore_index
+    target = torch.where(valid, targets, 0).long()
+    w = _class_weights(class_weight, vocab)
+    picked = logits.gather(1, target[:, None])[:, 0]
+    smoothed = (w * (lse[:, None] - logits)).sum(-1) / vocab
+    cross_entropy = torch.where(valid, (1 - label_smoothing) * w[target] * (lse - picked)
+                                + label_smoothing * smoothed, torch.zeros_like(lse))
+    z_loss = torch.where(valid, z_loss_scale * lse * lse, torch.zeros_like(lse))
+    count = valid.sum().float().reshape(1)
+    if class_weight is not None:  # lfce.h: the count, the sum of w_y, the sum of w (with smoothing only)
+        count = torch.stack([count[0], (w[target] * valid).sum(), w.sum() if label_smoothing else torch.tensor(0.0)])
+    token_loss = cross_entropy + z_loss
+    mean = cross_entropy.sum() / count[1 if class_weight is not None else 0] + z_loss.sum() / count[0]
+    loss = {"none": token_loss, "sum": token_loss.sum(), "mean": mean}[reduction]
+    eager = mode == "eager" and reduction != "none"  # "none" recomputes, as in lfce
+    wanted = (need_hidden, need_weight, need_bias) if eager else (False, False, False)
+    options = (softcap, temperature, z_loss_scale, label_smoothing)
+    grads = _grads(hidden, weight, bias, targets, class_weight, lse, count, None, ignore_index, reduction, options)
+    return (loss, lse, count) + _outputs(grads, hidden, weight, bias, wanted)
+
+
+def backward_cpu(hidden, weight, bias, targets, class_weight, lse, valid_count, grad_loss, weight_grad_accumulator,
+                 bias_grad_accumulator, ignore_index, reduction, chunk_size, workspace_budget, softcap, temperature,
+                 z_loss_scale, label_smoothing, need_hidden, need_weight, need_bias):
+    grads = _grads(hidden, weight, bias, targets, class_weight, lse, valid_count, grad_loss, ignore_index, reduction,
+                   (softcap, temperature, z_loss_scale, label_smoothing))
+    return _outputs(grads, hidden, weight, bias, (need_hidden, need_weight, need_bias),
+                    (weight_grad_accumulator, bias_grad_accumulator))
+
+
+def register_kernels():
+    """Register the model as the operators' CPU kernels (once: a registration lasts the process)."""
+    if not getattr(register_kernels, "done", False):
+        torch.library.register_kernel("lfce::forward", "cpu", forward_cpu)
+        torch.library.register_kernel("lfce::backward", "cpu", backward_cpu)
+        register_kernels.done = True
+
+
+def install(monkeypatch):
+    """CPU tensors through the whole path: the operators' CPU kernels under torch.compile, and the
+    same functions as the implementations that eager calls take."""
+    register_kernels()
+    monkeypatch.setattr(functional, "_DEVICE_TYPE", "cpu")
+    monkeypatch.setattr(_ops, "_forward_impl", forward_cpu)
+    monkeypatch.setattr(_ops, "_backward_impl", backward_cpu)
+
+
+def inputs(n, h=16, v=40, dtype=torch.float32, bias=False, seed=0):
+    """Leaf (hidden, weight, bias or None, targets) on the CPU, every third target ignored."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, h, generator=g).to(dtype).requires_grad_()
+    w = (torch.randn(v, h, generator=g) / h ** 0.5).to(dtype).requires_grad_()
+    b = torch.randn(v, generator=g).to(dtype).requires_grad_() if bias else None
+    y = torch.randint(0, v, (n,), generator=g)
+    y[::3] = -100
+    return x, w, b, y
