@@ -236,7 +236,7 @@ def _autocast(tensors):
 def linear_cross_entropy(hidden, weight, targets, bias=None, *, ignore_index=-100, reduction="mean",
                          mode="recompute", chunk_size=None, workspace_budget=None, softcap=None, temperature=None,
                          z_loss_scale=None, label_smoothing=None, class_weight=None, return_z_loss=False,
-                         weight_grad_accumulator=None, bias_grad_accumulator=None):
+                         weight_grad_accumulator=None, bias_grad_accumulator=None, shift=False):
     """Cross-entropy of ``hidden @ weight.T + bias`` against ``targets``, fused.
 
     Same result as ``F.cross_entropy(F.linear(hidden, weight, bias).flatten(0, -2),
@@ -299,6 +299,13 @@ def linear_cross_entropy(hidden, weight, targets, bias=None, *, ignore_index=-10
             backward once per call, or put both calls' tokens in one. Outside torch.compile
             the buffer is held without that check.
         bias_grad_accumulator: likewise for grad_bias, an fp32 [V] tensor; needs a bias.
+        shift: causal shift for language modelling (Cut Cross-Entropy's ``shift``, Hugging Face's
+            label shift): hidden [..., T, H] and targets [..., T] as the model and the batch give
+            them, position t scored against target t + 1 of its sequence (the last dimension of
+            targets), the last position of each sequence against nothing (ignored: loss 0, no
+            gradient, not counted by "mean"). hidden is not sliced or copied; targets are, once
+            (an [N] index tensor). The "none" loss keeps the shape of targets (0 at the last
+            positions).
 
     Returns:
         The loss in fp32: 0-dim for mean/sum, shape hidden.shape[:-1] for none; with
@@ -314,6 +321,7 @@ def linear_cross_entropy(hidden, weight, targets, bias=None, *, ignore_index=-10
     """
     validate_options(ignore_index, reduction, mode, chunk_size, workspace_budget, softcap, temperature, z_loss_scale,
                      return_z_loss, label_smoothing)
+    _check.flag("shift", shift)
     accumulators = (weight_grad_accumulator, bias_grad_accumulator)
     _check_accumulator_mode(mode, accumulators)
     softcap = _check.softcap(softcap)
@@ -323,6 +331,12 @@ def linear_cross_entropy(hidden, weight, targets, bias=None, *, ignore_index=-10
     N, H, _ = _validate_tensors(hidden, weight, targets, bias, class_weight, accumulators)
     class_weight = _fp32_class_weight(class_weight)
     batch_shape = hidden.shape[:-1]
+    if shift:
+        if targets.dim() == 0:
+            raise ValueError("shift=True needs a sequence dimension: hidden [..., T, H] and targets [..., T], got "
+                             f"hidden of shape {tuple(hidden.shape)}")
+        # Position t against target t + 1, the sequence's last position against ignore_index.
+        targets = torch.nn.functional.pad(targets[..., 1:], (0, 1), value=operator.index(ignore_index))
 
     hidden = hidden.reshape(N, H)
     targets = targets.reshape(N)

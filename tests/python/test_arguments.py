@@ -79,7 +79,8 @@ NAN, INF = float("nan"), float("inf")
     ("label_smoothing", -0.1, ValueError), ("label_smoothing", 1.5, ValueError), ("label_smoothing", NAN, ValueError),
     ("label_smoothing", INF, ValueError), ("label_smoothing", -INF, ValueError), ("label_smoothing", 2, ValueError),
     ("label_smoothing", "0.1", TypeError), ("label_smoothing", True, TypeError),
-    ("return_z_loss", 1, TypeError), ("return_z_loss", "yes", TypeError), ("return_z_loss", None, TypeError)])
+    ("return_z_loss", 1, TypeError), ("return_z_loss", "yes", TypeError), ("return_z_loss", None, TypeError),
+    ("shift", 1, TypeError), ("shift", "yes", TypeError), ("shift", None, TypeError)])
 def test_bad_loss_option_is_named(option, value, exception):
     with raises(exception, option, repr(value)):
         lfce.linear_cross_entropy(*inputs(), **{option: value})

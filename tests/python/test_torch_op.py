@@ -353,3 +353,56 @@ def test_compiled_loss_with_class_weights_compiles_once_for_two_token_counts(on_
         x, w, _, y = inputs(n, seed=n)
         fn(x, w, y, class_weights()).backward()
     assert counter.frame_count == 1, f"{counter.frame_count} compilations for two values of N"
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager_call", "compiled"])
+@pytest.mark.parametrize("mode", ["recompute", "eager"])
+def test_shift_scores_each_position_against_the_next_target(on_cpu, mode, compiled, reduction):
+    """shift=True on hidden [B, T, H] and targets [B, T]: the fp64 reference of the sliced problem
+    (positions 0..T-2 against targets 1..T-1, written in the test), the last positions ignored
+    (loss 0 for "none", not counted by "mean"), gradients of hidden's last positions 0; and the
+    unshifted call differs from it far past the tolerance."""
+    def call(x, w, y):
+        return lfce.linear_cross_entropy(x, w, y, reduction=reduction, mode=mode, shift=True)
+
+    if compiled:
+        torch._dynamo.reset()
+    fn = torch.compile(call, backend="aot_eager", fullgraph=True) if compiled else call
+    b_, t_, h = 3, 5, 16
+    x, w, _, y = inputs(b_ * t_, h=h)
+    x = x.detach().reshape(b_, t_, h).requires_grad_()
+    y = y.reshape(b_, t_)
+    loss = fn(x, w, y)
+    assert loss.shape == ((b_, t_) if reduction == "none" else ())
+    grad = torch.linspace(0.5, 2.0, b_ * t_).reshape(b_, t_) if reduction == "none" else torch.tensor(1.5)
+    loss.backward(grad)
+    xr, wr = (t.detach().double().requires_grad_() for t in (x, w))
+    logits = F.linear(xr[:, :-1], wr).reshape(-1, w.shape[0])
+    ref = F.cross_entropy(logits, y[:, 1:].reshape(-1), reduction=reduction)
+    if reduction == "none":
+        ref = torch.cat([ref.reshape(b_, t_ - 1), torch.zeros(b_, 1, dtype=torch.float64)], dim=1)
+    ref.backward(grad.double())
+    torch.testing.assert_close(loss.double(), ref.detach(), **LOSS_TOL)
+    torch.testing.assert_close(x.grad.double(), xr.grad, **GRAD_TOL)
+    torch.testing.assert_close(w.grad.double(), wr.grad, **GRAD_TOL)
+    assert torch.count_nonzero(x.grad[:, -1]) == 0, "the last position of a sequence got a gradient"
+    unshifted = lfce.linear_cross_entropy(x.detach(), w.detach(), y, reduction=reduction)
+    if reduction == "none":
+        unshifted = unshifted.reshape(b_, t_)
+    gap = float((unshifted.double() - ref.detach()).abs().max())
+    assert gap > 1000 * LOSS_TOL["atol"], f"shift barely changes the loss ({gap:.3g})"
+
+
+def test_shift_in_the_module_and_its_repr(on_cpu):
+    x, w, _, y = inputs(8)
+    module = lfce.LinearCrossEntropyLoss(shift=True, reduction="sum")
+    assert "shift=True" in repr(module)
+    expected = lfce.linear_cross_entropy(x.reshape(2, 4, -1), w, y.reshape(2, 4), reduction="sum", shift=True)
+    assert torch.equal(module(x.reshape(2, 4, -1), w, y.reshape(2, 4)), expected)
+
+
+def test_shift_needs_a_sequence_dimension(on_cpu):
+    x, w, _, y = inputs(1)
+    with pytest.raises(ValueError, match=r"shift=True needs a sequence dimension: .* got hidden of shape \(16,\)"):
+        lfce.linear_cross_entropy(x[0], w, y[0], shift=True)

@@ -12,8 +12,6 @@ computes, softcap included. The loss is fp32.
 
 import enum
 
-import torch.nn.functional as F
-
 from ..functional import linear_cross_entropy as _lfce_linear_cross_entropy
 
 __all__ = ["LinearCrossEntropyImpl", "linear_cross_entropy"]
@@ -45,9 +43,8 @@ def linear_cross_entropy(
     if shift not in (False, True):
         raise NotImplementedError(f"lfce implements Cut Cross-Entropy's shift as a bool (a shift by one), "
                                   f"got shift={shift!r}")
-    if shift:
-        # Score position i against target i + 1 without slicing e (a copy): the last position
-        # gets ignore_index, and is cut off a "none" loss.
-        targets = F.pad(targets[..., 1:], (0, 1), value=ignore_index)
-    loss = _lfce_linear_cross_entropy(e, c, targets, ignore_index=ignore_index, reduction=reduction, softcap=softcap)
+    # lfce's shift scores position i against target i + 1 without slicing e (a copy); CCE cuts the
+    # last position off a "none" loss.
+    loss = _lfce_linear_cross_entropy(e, c, targets, ignore_index=ignore_index, reduction=reduction, softcap=softcap,
+                                      shift=shift)
     return loss[..., :-1] if shift and reduction == "none" else loss
