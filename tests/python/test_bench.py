@@ -14,7 +14,7 @@ from conftest import missing_dependency
 
 import lfce
 from lfce import bench
-from lfce.bench import gemm_profile, impls, plot
+from lfce.bench import gemm_profile, impls, options, plot
 
 FAKE_GPU = {"gpu": "NVIDIA H200", "driver_version": "570.86.15", "driver_cuda_version": "12.8",
             "torch": "2.5.1", "torch_cuda": "12.4"}
@@ -370,6 +370,117 @@ def test_plot_from_names_a_missing_json(tmp_path, capsys):
     assert f"--plot-from '{tmp_path / 'none.json'}'" in capsys.readouterr().err
 
 
+# ---- options: each loss option's cost -----------------------------------------------------------
+
+def options_usage_error(capsys, argv):
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["options", *argv])
+    assert exit_info.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_options_default_to_every_option_plain_first():
+    _, args = options.parse_args([])
+    assert args.options == tuple(options.OPTIONS) and args.options[0] == "plain"
+    assert {"softcap", "temperature", "z_loss", "label_smoothing", "class_weight", "smoothing_and_weights",
+            "weight_grad_accumulator"} < set(args.options)
+    assert (args.model, args.tokens, args.dtype, args.mode, args.iters, args.warmup) == (
+        "llama3-8b", 8192, "bf16", "recompute", 10, 3)
+
+
+def test_options_always_time_plain_first_and_each_option_once():
+    _, args = options.parse_args(["--options", "z_loss,softcap,z_loss"])
+    assert args.options == ("plain", "z_loss", "softcap")
+
+
+def test_options_in_eager_mode_leave_out_the_accumulator_by_default():
+    _, args = options.parse_args(["--mode", "eager"])
+    assert "weight_grad_accumulator" not in args.options and "softcap" in args.options
+
+
+def test_options_name_an_unknown_option(capsys):
+    assert "unknown option(s) ['bias']" in options_usage_error(capsys, ["--options", "softcap,bias"])
+
+
+def test_options_name_an_accumulator_in_eager_mode(capsys):
+    err = options_usage_error(capsys, ["--mode", "eager", "--options", "weight_grad_accumulator"])
+    assert "option(s) ['weight_grad_accumulator'] need --mode recompute, got --mode eager" in err, err
+
+
+def test_options_name_a_zero_iteration_count(capsys):
+    assert "must be >= 1, got 0, 3 and 8192" in options_usage_error(capsys, ["--iters", "0"])
+
+
+@pytest.mark.lib
+def test_options_name_an_unknown_model(capsys):
+    assert "--model 'gpt-5' is not a preset" in options_usage_error(capsys, ["--model", "gpt-5"])
+
+
+@pytest.mark.lib
+def test_options_need_a_gpu(capsys, monkeypatch):
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert "needs a CUDA GPU" in options_usage_error(capsys, ["--iters", "1"])
+
+
+def fake_step(times, calls):
+    """A time_step for options.interleave: ``times[name]`` ms a step (forward half), recorded in ``calls``."""
+    def time_step(name):
+        calls.append(name)
+        if name == "class_weight":
+            raise ValueError("class_weight is not supported with float16 inputs\nsecond line")
+        return lambda: (times[name] / 2, times[name])
+    return time_step
+
+
+def test_interleave_rotates_the_order_each_round_and_drops_a_failing_variant():
+    calls = []
+    rows = options.interleave(("plain", "softcap", "class_weight", "z_loss"), 1, 2,
+                              fake_step({"plain": 10.0, "softcap": 10.5, "z_loss": 12.0}, calls))
+    assert calls == ["plain", "softcap", "class_weight", "z_loss",  # the first round meets the failure
+                     "softcap", "z_loss", "plain", "z_loss", "plain", "softcap"]
+    assert list(rows) == ["plain", "softcap", "class_weight", "z_loss"]
+    assert rows["class_weight"] == {"error": "ValueError: class_weight is not supported with float16 inputs"}
+    assert rows["softcap"]["vs_plain"] == pytest.approx(1.05) and rows["plain"]["vs_plain"] == 1.0
+    assert rows["z_loss"]["forward_ms"] == 6.0 and rows["z_loss"]["forward_vs_plain"] == pytest.approx(1.2)
+
+
+def test_interleave_takes_the_median_of_the_timed_rounds_only():
+    results = iter([(100.0, 100.0), (1.0, 2.0), (1.0, 4.0), (1.0, 3.0)])  # the first is the warm-up
+
+    def time_step(name):
+        value = next(results)
+        return lambda: value
+    rows = options.interleave(("plain",), 1, 3, time_step)
+    assert rows["plain"] == {"forward_ms": 1.0, "total_ms": 3.0, "min_ms": 2.0, "max_ms": 4.0,
+                             "forward_vs_plain": 1.0, "vs_plain": 1.0}
+
+
+@pytest.mark.lib
+def test_options_main_writes_the_json_and_prints_the_table(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("LFCE_COMMIT", "0123456789abcdef0123")
+    argv = ["--options", "softcap,class_weight", "--iters", "2", "--warmup", "1", "--out", str(tmp_path)]
+    calls = []
+    assert options.main(argv, fake_step({"plain": 20.0, "softcap": 21.0}, calls), gpu_info=FAKE_GPU) == 0
+    [path] = list(tmp_path.iterdir())
+    assert path.name.startswith("options-") and path.name.endswith("-0123456789ab.json"), path.name
+    result = json.loads(path.read_text())
+    assert result["git_commit"] == "0123456789abcdef0123" and result["gpu"] == "NVIDIA H200"
+    assert result["generator_version"] == lfce.generator_version()
+    assert result["command"] == "python3 -m lfce.bench options " + " ".join(argv)
+    assert calls == ["plain", "softcap", "class_weight", "softcap", "plain", "plain", "softcap"]
+    assert (result["model"], result["tokens"], result["hidden"], result["dtype"], result["mode"]) == (
+        "llama3-8b", 8192, 4096, "bf16", "recompute")
+    assert set(result["options"]) == set(result["results"]) == {"plain", "softcap", "class_weight"}
+    assert result["results"]["softcap"]["vs_plain"] == pytest.approx(1.05)
+    assert "error" in result["results"]["class_weight"]
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("llama3-8b: N=8192 H=4096 V=128256 bf16 mode=recompute"), lines[0]
+    assert lines[3].split() == ["softcap", "10.50", "1.050", "21.00", "1.050"], lines[3]
+    assert lines[4].startswith("class_weight             ValueError: class_weight"), lines[4]
+    assert lines[5] == f"wrote {path}"
+
+
 # ---- on a GPU --------------------------------------------------------------------------------
 
 ANCHORS = ("torch_compile", "liger", "cce", "cce_exact")  # may be absent (no Triton, no wheel): then skipped
@@ -427,3 +538,15 @@ def test_main_writes_the_json_with_every_shape_and_the_plot(tmp_path):
     except ImportError:
         return
     assert path.with_suffix(".png").is_file()
+
+
+@pytest.mark.gpu
+def test_options_times_every_option_against_plain(tmp_path):
+    assert bench.main(["options", "--model", "llama3-8b", "--tokens", "256", "--iters", "2", "--warmup", "1",
+                       "--out", str(tmp_path)]) == 0
+    [path] = list(tmp_path.iterdir())
+    result = json.loads(path.read_text())
+    assert list(result["results"]) == list(options.OPTIONS) and result["gpu"]
+    for name, row in result["results"].items():
+        assert "error" not in row, (name, row)
+        assert row["total_ms"] > row["forward_ms"] > 0 and row["vs_plain"] > 0, (name, row)

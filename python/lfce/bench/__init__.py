@@ -3,6 +3,7 @@
     python3 -m lfce.bench --models llama3-8b --tokens 8192 --wheels .device/wheels --out DIR
     python3 -m lfce.bench --gemm-only --models llama3-8b,gemma2-2b --tokens 8192 --out DIR
     python3 -m lfce.bench --plot-from DIR/bench-<date>-<commit>.json --out DIR   # the plot, no GPU
+    python3 -m lfce.bench options --model llama3-8b --tokens 8192   # each loss option's cost (options.py)
     python3 -m lfce --model llama3-8b                   # one model and mode (uses run())
 
 Implementations (impls.py), each forward + backward w.r.t. hidden and weight, bf16 by default, mean
@@ -171,6 +172,11 @@ def _plot_from(json_path, out_dir):
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["options"]:
+        from . import options
+
+        return options.main(argv[1:])
     parser, args = parse_args(argv)
     if args.plot_from:
         return _plot_from(args.plot_from, args.out)
@@ -192,7 +198,6 @@ def main(argv=None):
         parser.error("needs a CUDA GPU (only --plot-from runs without one)")
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     deadline = None if args.time_limit is None else time.monotonic() + args.time_limit
-    argv = sys.argv[1:] if argv is None else argv
     result = metadata("python3 -m lfce.bench " + " ".join(argv))
     result.update(wheels=wheels, complete=False, implementations={name: DESCRIPTIONS[name] for name in args.impls},
                   settings={"dtype": args.dtype, "reduction": "mean", "ignore_index": impls.IGNORE_INDEX,

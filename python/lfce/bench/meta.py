@@ -85,16 +85,16 @@ def metadata(command, gpu_info=None, root=REPO):
     return meta
 
 
-def result_path(result, out_dir, suffix=".json"):
-    """out_dir/bench-<date>-<commit><suffix>: where write_json puts ``result`` (and the plot its PNG)."""
+def result_path(result, out_dir, suffix=".json", prefix="bench"):
+    """out_dir/<prefix>-<date>-<commit><suffix>: where write_json puts ``result`` (and the plot its PNG)."""
     commit = (result.get("git_commit") or "nocommit")[:12]
-    return os.path.join(out_dir, f"bench-{result['date'][:10]}-{commit}{suffix}")
+    return os.path.join(out_dir, f"{prefix}-{result['date'][:10]}-{commit}{suffix}")
 
 
-def write_json(result, out_dir):
+def write_json(result, out_dir, prefix="bench"):
     """Write ``result`` (metadata() plus "results") to result_path(); return the path."""
     os.makedirs(out_dir, exist_ok=True)
-    path = result_path(result, out_dir)
+    path = result_path(result, out_dir, prefix=prefix)
     with open(path + ".tmp", "w") as f:  # renamed: a run killed mid-write leaves the previous file whole
         json.dump(result, f, indent=1, sort_keys=True)
         f.write("\n")
