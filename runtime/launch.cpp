@@ -107,7 +107,7 @@ void run_forward(const Problem& problem, const lfce_forward_args& a, const PlanF
   require(a.lse, "lse");
   require(a.token_loss, "token_loss");
   require(a.valid_count, "valid_count");
-  if (problem.class_weight) require(a.class_weight, "class_weight (the problem has has_class_weight = 1)");
+  if (problem.class_weight) require_aligned(a.class_weight, "class_weight (the problem has has_class_weight = 1)", 4);
   if (problem.reduction != Reduction::None) require(a.loss, "loss");
   make_context_current(a.device);
   const Plan plan = plan_for(problem, a.device);
@@ -164,7 +164,7 @@ void run_backward(const Problem& problem, const lfce_backward_args& a, const Pla
   require(a.targets, "targets");
   require(a.lse, "lse");
   require(a.valid_count, "valid_count");
-  if (problem.class_weight) require(a.class_weight, "class_weight (the problem has has_class_weight = 1)");
+  if (problem.class_weight) require_aligned(a.class_weight, "class_weight (the problem has has_class_weight = 1)", 4);
   if (problem.mode == Mode::Recompute) require(a.grad_loss, "grad_loss (recompute mode needs the upstream gradient)");
   // Each gradient is optional (a frozen LM head, LoRA): a NULL one's kernel is neither compiled nor launched.
   const bool want_hidden = a.grad_hidden != nullptr;

@@ -56,12 +56,15 @@ TileConfig default_tile(KernelKind kind, DType dtype, Arch arch) {
 
 TileConfig default_tile(KernelKind kind, DType dtype) { return default_tile(kind, dtype, Arch::SM80); }
 
-TileConfig default_tile(KernelKind kind, DType dtype, Arch arch, int64_t smem_limit, int64_t hidden) {
+TileConfig default_tile(KernelKind kind, DType dtype, Arch arch, int64_t smem_limit, int64_t hidden,
+                        float label_smoothing, bool class_weight) {
   if (smem_limit <= 0) smem_limit = arch_info(arch).smem_per_block_optin;
   KernelSpec spec;
   spec.kind = kind;
   spec.dtype = dtype;
   spec.arch = arch;
+  spec.label_smoothing = label_smoothing;
+  spec.class_weight = class_weight;
   // The path is chosen here, per kernel: on sm_90a the 16-bit GEMMs take the TMA + wgmma
   // pipeline, whose tensor maps need global row strides that are multiples of 16 bytes. Rows of
   // hidden and weight are H elements (no padded copy is made), so any other H takes the
@@ -262,9 +265,12 @@ TileConfig Plan::tile(KernelKind kind) const {
   if (it != tuning_.tiles.end() && !(two_column_values && it->second.wgmma() && it->second.accumulators() > 64) &&
       !(weighted_smoothing && it->second.wgmma()))
     return it->second;
-  TileConfig t = default_tile(kind, p_.dtype, arch_, limits_.smem_per_block, p_.hidden);
+  TileConfig t =
+      default_tile(kind, p_.dtype, arch_, limits_.smem_per_block, p_.hidden, p_.label_smoothing, p_.class_weight);
   if (two_column_values && t.wgmma() && t.accumulators() > 64) return TileConfig{128, 128, 64, 1, 1, 4, 2};
-  if (weighted_smoothing && t.wgmma()) return default_tile(kind, p_.dtype, Arch::SM80, limits_.smem_per_block, p_.hidden);
+  if (weighted_smoothing && t.wgmma())
+    return default_tile(kind, p_.dtype, Arch::SM80, limits_.smem_per_block, p_.hidden, p_.label_smoothing,
+                        p_.class_weight);
   if (t.wgmma() && !t.pingpong && t.bn == 256 && (kind == KernelKind::GradInput || kind == KernelKind::GradWeight)) {
     // (Called once the chunk is known: the constructor asks only for lse_forward's tile.)
     // The output is [N or chunk, H]: when H / 256 column blocks leave the last wave of CTAs

@@ -40,7 +40,10 @@ TileConfig default_tile(KernelKind kind, DType dtype);
 // A10, L4, L40S). Throws InternalError if none fits (a limit below any GEMM tile's needs).
 // `hidden` (H, if known; 0 = a multiple of 16 bytes): on sm_90a, rows of H·elem bytes that are
 // not a multiple of 16 take the mma.sync defaults, since TMA cannot load them (hidden_row_align).
-TileConfig default_tile(KernelKind kind, DType dtype, Arch arch, int64_t smem_limit, int64_t hidden = 0);
+// label_smoothing / class_weight: the problem's, which add shared memory per row to some kinds
+// (kernel_smem_per_row), counted in the fit.
+TileConfig default_tile(KernelKind kind, DType dtype, Arch arch, int64_t smem_limit, int64_t hidden = 0,
+                        float label_smoothing = 0.f, bool class_weight = false);
 
 // What a plan needs to know of the device it runs on; 0 = unknown (offline): the arch table's
 // shared memory and kDefaultForwardCtas. The Session fills them from runtime::device_info().

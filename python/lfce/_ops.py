@@ -100,6 +100,19 @@ def _stream(device):
     return torch.cuda.current_stream(device).cuda_stream or None  # 0 is the legacy default stream
 
 
+def _check_class_weight(class_weight, valid_count=None):
+    """The operators' own check of what the kernels read as float*: the functional layer converts
+    class weights to fp32, a direct operator call must pass them so; the backward's valid_count
+    must hold the three counts then."""
+    if class_weight is None:
+        return
+    if class_weight.dtype != torch.float32:
+        raise ValueError(f"lfce operators: class_weight must be torch.float32, got {class_weight.dtype}")
+    if valid_count is not None and valid_count.numel() < 3:
+        raise ValueError(f"lfce::backward: with class_weight, valid_count must hold 3 counts (as lfce::forward "
+                         f"returns it), got {valid_count.numel()}")
+
+
 def _eager(mode, reduction):
     """Whether the forward computes the gradients: mode "eager" needs a scalar loss ("none" recomputes)."""
     return mode == "eager" and reduction != "none"
@@ -211,6 +224,7 @@ def _forward_impl(hidden: Tensor, weight: Tensor, bias: OptionalTensor, targets:
     if eager and (weight_grad_accumulator is not None or bias_grad_accumulator is not None):
         # The accumulators are the backward's; eager mode has no backward kernels to add in (as the library).
         raise ValueError("lfce::forward: gradient accumulators need mode 'recompute', got mode 'eager'")
+    _check_class_weight(class_weight)
     hidden, weight = _rows_aligned(hidden), _rows_aligned(weight)
     bias, targets, class_weight = _aligned(bias), _aligned(targets), _aligned(class_weight)
     problem = _problem(hidden, weight, bias, targets, class_weight, ignore_index, reduction,
@@ -249,6 +263,7 @@ def _backward_impl(hidden: Tensor, weight: Tensor, bias: OptionalTensor, targets
                    chunk_size: OptionalInt, workspace_budget: OptionalInt, softcap: OptionalFloat,
                    temperature: float, z_loss_scale: float, label_smoothing: float, need_hidden: bool,
                    need_weight: bool, need_bias: bool) -> tuple[Tensor, Tensor, Tensor]:
+    _check_class_weight(class_weight, valid_count)
     hidden, weight = _rows_aligned(hidden), _rows_aligned(weight)
     bias, targets, class_weight, grad_loss = (_aligned(t) for t in (bias, targets, class_weight, grad_loss))
     wanted = (need_hidden, need_weight, need_bias and bias is not None)

@@ -95,7 +95,8 @@ _ACCUMULATOR_ALIGNMENT = 8  # bytes: grad_weight is added into as fp32 pairs (lf
 
 def _check_accumulator_mode(mode, accumulators):
     """The accumulators are the backward's: refused in eager mode, which computes the gradients in
-    the forward, before the upstream gradient is known (the library refuses it too)."""
+    the forward, before the upstream gradient is known (the library refuses it too). Also with
+    reduction "none", which runs recompute mode: the request is eager's."""
     for name, value in zip(_ACCUMULATOR_NAMES, accumulators):
         if value is not None and mode == "eager":
             raise ValueError(f"{name} needs mode='recompute', got mode='eager' (eager mode computes the gradients "

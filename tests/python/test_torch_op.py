@@ -406,3 +406,16 @@ def test_shift_needs_a_sequence_dimension(on_cpu):
     x, w, _, y = inputs(1)
     with pytest.raises(ValueError, match=r"shift=True needs a sequence dimension: .* got hidden of shape \(16,\)"):
         lfce.linear_cross_entropy(x[0], w, y[0], shift=True)
+
+
+def test_operators_refuse_class_weights_they_would_misread():
+    """A direct operator call (the functional layer converts): class weights must be fp32, and the
+    backward's valid_count must hold the three counts the forward gives with them."""
+    from lfce import _ops
+
+    with pytest.raises(ValueError, match="class_weight must be torch.float32, got torch.float64"):
+        _ops._check_class_weight(torch.ones(40, dtype=torch.float64))
+    with pytest.raises(ValueError, match="valid_count must hold 3 counts .* got 1"):
+        _ops._check_class_weight(torch.ones(40), torch.ones(1))
+    _ops._check_class_weight(torch.ones(40), torch.ones(3))
+    _ops._check_class_weight(None, torch.ones(1))
