@@ -112,6 +112,8 @@ void ProblemOptions::add_to(CLI::App& app) {
                "(compile and precompile only: the weights are run-time data)");
   app.add_flag("--accumulate-grad-weight", accumulate_grad_weight,
                "the backward adds grad_weight into an fp32 buffer (Megatron's main_grad); recompute mode");
+  app.add_flag("--token-scaling", token_scaling,
+               "each token's loss and gradient times its detached p(target) (Liger-Kernel's use_token_scaling)");
   app.add_flag("--accumulate-grad-bias", accumulate_grad_bias,
                "the backward adds grad_bias into an fp32 buffer; needs --bias, recompute mode");
 }
@@ -136,6 +138,7 @@ lfce_problem ProblemOptions::problem(int64_t vocab, int64_t hidden) const {
   p.has_class_weight = class_weight ? 1 : 0;
   p.accumulate_grad_weight = accumulate_grad_weight ? 1 : 0;
   p.accumulate_grad_bias = accumulate_grad_bias ? 1 : 0;
+  p.token_scaling = token_scaling ? 1 : 0;
   return p;
 }
 

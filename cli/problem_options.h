@@ -25,11 +25,12 @@ struct ProblemOptions {
   float label_smoothing = 0.f;  // 0: none
   bool class_weight = false;
   bool accumulate_grad_weight = false, accumulate_grad_bias = false;
+  bool token_scaling = false;
   int64_t ignore_index = -100;
 
   // Adds --tokens, --dtype, --mode, --reduction, --targets, --bias, --chunk, --budget-mib, --softcap,
   // --temperature, --z-loss-scale, --label-smoothing, --class-weight, --accumulate-grad-weight,
-  // --accumulate-grad-bias.
+  // --accumulate-grad-bias, --token-scaling.
   void add_to(CLI::App& app);
   lfce_problem problem(int64_t vocab, int64_t hidden) const;
 };

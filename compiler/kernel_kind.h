@@ -41,8 +41,9 @@ enum SpecField : uint32_t {
   kFieldLabelSmoothing = 1u << 12,
   kFieldClassWeight = 1u << 13,
   kFieldAccumulate = 1u << 14,
+  kFieldTokenScaling = 1u << 15,
 };
-inline constexpr uint32_t kAllSpecFields = (1u << 15) - 1;
+inline constexpr uint32_t kAllSpecFields = (1u << 16) - 1;
 
 struct KernelKindInfo {
   KernelKind kind;
@@ -82,13 +83,13 @@ inline constexpr KernelKindInfo kKernelKinds[] = {
     {KernelKind::LseForward, "lse_forward", true, false, false, false, Layout::KMajor, Layout::KMajor, 16, 0, true,
      kGemmFields | kFieldVocab | kFieldTargets | kFieldBias | kLogitMapFields | kTargetTermFields, false},
     {KernelKind::LseCombine, "lse_combine", false, false, false, false, Layout::KMajor, Layout::KMajor, 0, 0, false,
-     kFieldVocab | kFieldTargets | kFieldZLoss | kTargetTermFields, false},
+     kFieldVocab | kFieldTargets | kFieldZLoss | kTargetTermFields | kFieldTokenScaling, false},
     {KernelKind::LossReduce, "loss_reduce", false, false, false, false, Layout::KMajor, Layout::KMajor, 0, 8192, false,
-     kFieldTargets | kFieldReduction | kFieldClassWeight | kFieldZLoss, false},
+     kFieldTargets | kFieldReduction | kFieldClassWeight | kFieldZLoss | kFieldTokenScaling, false},
     {KernelKind::DlogitsBackward, "dlogits_backward", true, true, true, false, Layout::KMajor, Layout::KMajor, 16, 0,
      true,
      kGemmFields | kFieldMode | kFieldTargets | kFieldReduction | kFieldBias | kLogitMapFields | kFieldZLoss |
-         kTargetTermFields,
+         kTargetTermFields | kFieldTokenScaling,
      false},
     {KernelKind::GradWeight, "grad_weight", true, true, true, false, Layout::KMajor, Layout::MNMajor, 0, 0, false,
      kGemmFields | kFieldAccumulate, true},

@@ -134,6 +134,7 @@ std::string KernelSpec::text() const {
   if (label_smoothing != 0.f) out << ";label_smoothing=" << float_text(label_smoothing);
   if (class_weight) out << ";class_weight=1";
   if (accumulate) out << ";accumulate=1";
+  if (token_scaling) out << ";token_scaling=1";
   return out.str();
 }
 
@@ -207,6 +208,7 @@ KernelSpec KernelSpec::parse(std::string_view text) {
   };
   take_flag("class_weight", spec.class_weight, "without class weights");
   take_flag("accumulate", spec.accumulate, "storing the gradient");
+  take_flag("token_scaling", spec.token_scaling, "without token scaling");
   if (!fields.empty()) throw SpecError("KernelSpec has unknown field '" + fields.begin()->first + "'");
   return spec;
 }
@@ -259,6 +261,10 @@ void KernelSpec::validate() const {
                                           "class weights only for the smoothing term)"
                                         : "class_weight is set on a kernel that reads no class weights");
   if (accumulate && !(reads & kFieldAccumulate)) fail("accumulate is set on a kernel that writes no weight or bias gradient");
+  if (token_scaling && !(reads & kFieldTokenScaling))
+    fail(kind == KernelKind::LossReduce ? "token_scaling is set on loss_reduce without class weights, a z-loss and mean "
+                                          "(it reads the scale only to split the z-loss out)"
+                                        : "token_scaling is set on a kernel that computes neither the loss nor dz");
   if (!info.gemm) return;
   const ArchInfo& limits = arch_info(arch);
   const TileConfig& t = tile;
@@ -357,6 +363,9 @@ uint32_t KernelSpec::fields_read() const {
   if (kind == KernelKind::LseForward && label_smoothing == 0.f) reads &= ~uint32_t{kFieldClassWeight};
   if (kind == KernelKind::LossReduce && !(class_weight && reduction == Reduction::Mean))
     reads &= ~uint32_t{kFieldZLoss};
+  // ... and the token scale only where it splits the (scaled) z-loss out.
+  if (kind == KernelKind::LossReduce && !(class_weight && reduction == Reduction::Mean && z_loss_scale != 0.f))
+    reads &= ~uint32_t{kFieldTokenScaling};
   // The target terms need V: eps / V, and the bound of a target whose class weight is read.
   if ((kind == KernelKind::DlogitsBackward && (label_smoothing != 0.f || class_weight)) ||
       (kind == KernelKind::LossReduce && class_weight))
@@ -384,6 +393,7 @@ KernelSpec KernelSpec::normalised() const {
   if (reads & kFieldLabelSmoothing) out.label_smoothing = label_smoothing;
   if (reads & kFieldClassWeight) out.class_weight = class_weight;
   if (reads & kFieldAccumulate) out.accumulate = accumulate;
+  if (reads & kFieldTokenScaling) out.token_scaling = token_scaling;
   return out;
 }
 

@@ -137,12 +137,15 @@ class KernelSpec {
   // grad_weight / grad_bias: add the gradient into an fp32 buffer (Megatron's main_grad) instead
   // of storing it in the dtype.
   bool accumulate = false;
+  // Token scaling (Liger-Kernel's use_token_scaling): each counted token's loss and gradient times
+  // its detached p(target); lse_combine stores the scale after the N LSEs, dlogits_backward reads it.
+  bool token_scaling = false;
 
   // Canonical text, e.g.
   // "lse_forward;V=128256;H=4096;chunk=0;mode=recompute;dtype=bf16;targets=i64;reduction=mean;
   //  bias=0;arch=sm_90a;tile=128x128x64/2x4/s3", then ";softcap=30", ";temperature=0.7" and
-  //  ";z_loss_scale=1e-04", ";label_smoothing=0.1", ";class_weight=1" and ";accumulate=1" where
-  //  they are not the defaults (none)
+  //  ";z_loss_scale=1e-04", ";label_smoothing=0.1", ";class_weight=1", ";accumulate=1" and
+  //  ";token_scaling=1" where they are not the defaults (none)
   std::string text() const;
   static KernelSpec parse(std::string_view text);  // throws SpecError naming the bad field
   // Throws SpecError if the spec cannot be generated (sizes and their limits above, tile
@@ -159,7 +162,7 @@ class KernelSpec {
 
   auto tie() const {
     return std::tie(kind, vocab, hidden, chunk, mode, dtype, targets, reduction, bias, arch, tile, softcap, temperature,
-                    z_loss_scale, label_smoothing, class_weight, accumulate);
+                    z_loss_scale, label_smoothing, class_weight, accumulate, token_scaling);
   }
   bool operator==(const KernelSpec& o) const { return tie() == o.tie(); }
   bool operator!=(const KernelSpec& o) const { return !(*this == o); }

@@ -107,7 +107,8 @@ std::string problem_text(const Problem& p) {
          "," + std::to_string(p.workspace_budget) + ",softcap=" + float_text(p.softcap) +
          ",temperature=" + float_text(p.temperature) + ",z_loss_scale=" + float_text(p.z_loss_scale) +
          ",label_smoothing=" + float_text(p.label_smoothing) + ",class_weight=" + (p.class_weight ? "1" : "0") +
-         ",accumulate=" + (p.accumulate_grad_weight ? "w" : "") + (p.accumulate_grad_bias ? "b" : "");
+         ",accumulate=" + (p.accumulate_grad_weight ? "w" : "") + (p.accumulate_grad_bias ? "b" : "") +
+         ",token_scaling=" + (p.token_scaling ? "1" : "0");
 }
 
 Problem problem_from_c(const lfce_problem* c) {
@@ -150,6 +151,8 @@ Problem problem_from_c(const lfce_problem* c) {
   };
   p.accumulate_grad_weight = flag(c->accumulate_grad_weight, "accumulate_grad_weight");
   p.accumulate_grad_bias = flag(c->accumulate_grad_bias, "accumulate_grad_bias");
+  p.token_scaling = flag(c->token_scaling, "token_scaling");
+  if (c->reserved != 0) throw SpecError("lfce_problem.reserved must be 0, got " + std::to_string(c->reserved));
   p.ignore_index = c->ignore_index;
   p.chunk_size = c->chunk_size;
   if (c->workspace_budget < 0)
@@ -304,10 +307,12 @@ KernelSpec problem_spec(KernelKind kind, const Problem& p, Arch arch) {
   // the options themselves: lse_forward reads the class weights only with label smoothing).
   s.label_smoothing = p.label_smoothing;
   s.class_weight = p.class_weight;
+  s.z_loss_scale = p.z_loss_scale;  // (loss_reduce's reads depend on it; cleared below where unread)
   const uint32_t reads = s.fields_read();
   if (reads & kFieldSoftcap) s.softcap = p.softcap;
   if (reads & kFieldTemperature) s.temperature = p.temperature;
-  if (reads & kFieldZLoss) s.z_loss_scale = p.z_loss_scale;
+  if (!(reads & kFieldZLoss)) s.z_loss_scale = 0.f;
+  s.token_scaling = p.token_scaling && (reads & kFieldTokenScaling);
   if (!(reads & kFieldLabelSmoothing)) s.label_smoothing = 0.f;
   if (!(reads & kFieldClassWeight)) s.class_weight = false;
   // One flag in the spec, each gradient kernel its own from the problem.

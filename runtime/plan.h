@@ -31,6 +31,7 @@ struct Problem {
   bool class_weight = false;    // per-class weights given in the forward and backward arguments
   // The backward adds grad_weight / grad_bias into fp32 buffers (recompute mode).
   bool accumulate_grad_weight = false, accumulate_grad_bias = false;
+  bool token_scaling = false;  // each token's loss and gradient times its detached p(target)
 };
 
 // The most tokens a problem may have: grid x = ceil(N / BM) stays within CUDA's 2^31 - 1 CTAs.

@@ -74,6 +74,9 @@ KernelShape build_dlogits_backward(llvm::Module& module, const KernelSpec& spec)
       Value* index = spec.reduction == Reduction::None ? safe_m : kb.c64(0);
       upstream = kb.load(kb.f32(), kb.gep(kb.arg("grad_loss"), kb.f32(), index));
     }
+    // Token scaling: the token's detached p(target), stored by lse_combine after the N LSEs.
+    if (spec.token_scaling)
+      upstream = ir.CreateFMul(upstream, kb.load(kb.f32(), kb.gep(kb.arg("lse"), kb.f32(), ir.CreateAdd(n, safe_m))));
     if (target_terms) {
       // a and b (equal without class weights), then T, U and P.
       Value* a = upstream;

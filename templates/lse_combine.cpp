@@ -5,7 +5,9 @@
 // With class weights w the cross-entropy term is w_y·(LSE − z_y); with label smoothing eps it
 // is (1 − eps)·w_y·(LSE − z_y) + eps / V · (W·LSE − Σ_v w_v·z_v), W = Σ_v w_v (V without class
 // weights), from lse_forward's per-split partial Σ w_v·z_v and per-split Σ w_v; thread 0 of
-// CTA 0 writes W to valid_count[2] for the backward.
+// CTA 0 writes W to valid_count[2] for the backward. With token scaling the loss is multiplied by
+// the token's detached p(target) = exp(z_y − LSE), stored at lse[N + i] for the backward (0 for an
+// ignored token, NaN for a target outside [0, V)).
 #include "templates/template_util.h"
 #include "templates/templates.h"
 
@@ -73,8 +75,13 @@ KernelShape build_lse_combine(llvm::Module& module, const KernelSpec& spec) {
     Value* ignored = ir.CreateICmpEQ(target, kb.arg("ignore_index"));
     Value* in_range = ir.CreateAnd(ir.CreateICmpSGE(target, kb.c64(0)), ir.CreateICmpSLT(target, kb.c64(spec.vocab)));
     Value* loss_slot = kb.gep(kb.arg("token_loss"), kb.f32(), m);
+    Value* scale_slot = spec.token_scaling ? kb.gep(kb.arg("lse"), kb.f32(), ir.CreateAdd(n, m)) : nullptr;
     kb.if_then_else(
-        ignored, [&] { kb.store(kb.cf(0.f), loss_slot); },
+        ignored,
+        [&] {
+          kb.store(kb.cf(0.f), loss_slot);
+          if (scale_slot) kb.store(kb.cf(0.f), scale_slot);
+        },
         [&] {
           kb.if_then_else(
               in_range,
@@ -96,9 +103,17 @@ KernelShape build_lse_combine(llvm::Module& module, const KernelSpec& spec) {
                   loss = ir.CreateFAdd(ir.CreateFMul(loss, kb.cf(1.f - eps)), smooth);
                 }
                 if (Value* z_loss = z_loss_term(kb, spec, lse)) loss = ir.CreateFAdd(loss, z_loss);
+                if (scale_slot) {
+                  Value* scale = kb.exp(ir.CreateFSub(z, lse));
+                  loss = ir.CreateFMul(loss, scale);
+                  kb.store(scale, scale_slot);
+                }
                 kb.store(loss, loss_slot);
               },
-              [&] { kb.store(llvm::ConstantFP::getNaN(kb.f32()), loss_slot); });
+              [&] {
+                kb.store(llvm::ConstantFP::getNaN(kb.f32()), loss_slot);
+                if (scale_slot) kb.store(llvm::ConstantFP::getNaN(kb.f32()), scale_slot);
+              });
         });
   });
   kb.finish();

@@ -82,6 +82,10 @@ typedef struct lfce_problem {
                                place, in any dtype: no [V, H] temporary. Recompute mode only (eager mode
                                computes the gradients before the upstream gradient is known). */
   int32_t accumulate_grad_bias; /* 0 or 1: likewise grad_bias, an fp32 [vocab] buffer (needs has_bias) */
+  int32_t token_scaling;    /* 0 or 1 (Liger-Kernel's use_token_scaling): each counted token's loss (z-loss
+                               included) and gradient times its detached p(target) = exp(z_y - LSE) of the
+                               logits the softmax sees; lse is then [2 * tokens] (see lfce_forward_args) */
+  int32_t reserved;         /* 0 */
   int64_t ignore_index;     /* targets equal to this contribute no loss and no gradient */
   int64_t chunk_size;       /* vocabulary chunk of the backward, <= 2^20 (larger than V: V);
                                0 = derive from workspace_budget (also at most 2^20) */
@@ -95,7 +99,8 @@ typedef struct lfce_forward_args {
   const void* targets;
   const float* class_weight; /* [vocab] fp32, finite, >= 0; NULL unless has_class_weight */
   float* lse;            /* [tokens] out: log-sum-exp of each row (saved for the backward), of the
-                            logits the softmax sees (after softcap and temperature) */
+                            logits the softmax sees (after softcap and temperature); with token_scaling
+                            [2 * tokens]: then each token's scale p(target) (0 for ignored tokens) */
   float* token_loss;     /* [tokens] out: per-token loss (weighted, smoothed, z-loss included), 0 for
                             ignored tokens */
   float* loss;           /* [1] out: the reduced loss (mean or sum); may be NULL for reduction none */
@@ -115,7 +120,7 @@ typedef struct lfce_backward_args {
   const void* bias;      /* NULL unless has_bias */
   const void* targets;
   const float* class_weight; /* [vocab] fp32 as given to lfce_forward; NULL unless has_class_weight */
-  const float* lse;          /* from lfce_forward */
+  const float* lse;          /* from lfce_forward ([tokens], or [2 * tokens] with token_scaling) */
   const float* valid_count;  /* from lfce_forward ([1], or [3] with has_class_weight) */
   const float* grad_loss;    /* fp32: [1] for mean/sum, [tokens] for none; NULL means 1 */
   /* The gradients: each may be NULL when the caller does not need it (a frozen LM head, a frozen

@@ -92,6 +92,8 @@ class Problem(ctypes.Structure):
         ("has_class_weight", ctypes.c_int32),
         ("accumulate_grad_weight", ctypes.c_int32),  # 1: grad_weight is an fp32 buffer added to
         ("accumulate_grad_bias", ctypes.c_int32),  # 1: grad_bias likewise
+        ("token_scaling", ctypes.c_int32),  # 1: each token's loss and gradient times its p(target); lse [2N]
+        ("reserved", ctypes.c_int32),  # 0
         ("ignore_index", ctypes.c_int64),
         ("chunk_size", ctypes.c_int64),
         ("workspace_budget", ctypes.c_int64),
@@ -375,11 +377,12 @@ def make_problem(tokens, hidden, vocab, dtype, target_dtype=INDEX_INT64, has_bia
                  reduction=REDUCTION_MEAN, mode=MODE_RECOMPUTE, ignore_index=-100,
                  chunk_size=None, workspace_budget=None, softcap=None, temperature=1.0, z_loss_scale=0.0,
                  label_smoothing=0.0, has_class_weight=False, accumulate_grad_weight=False,
-                 accumulate_grad_bias=False):
+                 accumulate_grad_bias=False, token_scaling=False):
     """Fill an lfce_problem; None for chunk_size / workspace_budget means the library's default,
     None for softcap no softcap; temperature 1, z_loss_scale 0 and label_smoothing 0 are none
     (the library checks the ranges of the four). accumulate_grad_weight / _bias: the backward adds
-    into fp32 gradient buffers (recompute mode only).
+    into fp32 gradient buffers (recompute mode only). token_scaling: each counted token's loss and
+    gradient times its detached p(target); the lse buffer is then [2 * tokens].
 
     Every field is checked to fit its C type (ctypes would wrap it silently); whether the
     values make a valid problem is the library's check (lfce_check_problem).
@@ -394,7 +397,8 @@ def make_problem(tokens, hidden, vocab, dtype, target_dtype=INDEX_INT64, has_bia
                    z_loss_scale=float(z_loss_scale), label_smoothing=float(label_smoothing),
                    has_class_weight=int(bool(has_class_weight)),
                    accumulate_grad_weight=int(bool(accumulate_grad_weight)),
-                   accumulate_grad_bias=int(bool(accumulate_grad_bias)), **fields)
+                   accumulate_grad_bias=int(bool(accumulate_grad_bias)),
+                   token_scaling=int(bool(token_scaling)), reserved=0, **fields)
 
 
 def forward_workspace_size(problem):

@@ -9,8 +9,8 @@ implementations, on CUDA tensors. The autograd formula is registered on ``lfce::
     lfce::forward(hidden [N, H], weight [V, H], bias [V]?, targets [N], class_weight [V]?,
                   weight_grad_accumulator [V, H]?, bias_grad_accumulator [V]?, ignore_index, reduction,
                   mode, chunk_size?, workspace_budget?, softcap?, temperature, z_loss_scale,
-                  label_smoothing, need_hidden, need_weight, need_bias)
-        -> (loss, lse [N], valid_count, grad_hidden, grad_weight, grad_bias)
+                  label_smoothing, token_scaling, need_hidden, need_weight, need_bias)
+        -> (loss, lse [N] ([2N] with token_scaling), valid_count, grad_hidden, grad_weight, grad_bias)
 
     loss is fp32: 0-dim for "mean" / "sum", [N] for "none". valid_count is fp32 [1] (the count
     of targets != ignore_index), or [3] with class_weight (fp32 contiguous: the count, the sum of
@@ -19,13 +19,16 @@ implementations, on CUDA tensors. The autograd formula is registered on ``lfce::
     for the inputs whose need_* is set; every gradient not computed is an empty tensor of shape
     [0] (an operator returns no None). class_weight gets no gradient (as PyTorch's ``weight``).
     The forward neither reads nor writes the two accumulators (fp32, contiguous; mode "recompute"
-    only): they are inputs so that the autograd rule can hand them to lfce::backward.
+    only): they are inputs so that the autograd rule can hand them to lfce::backward. With
+    token_scaling (Liger-Kernel's use_token_scaling) each counted token's loss and gradient are
+    multiplied by its detached p(target); lse then holds the N LSEs followed by the N scales (0 for
+    ignored tokens), and the backward reads the same [2N] buffer.
 
     lfce::backward(hidden, weight, bias?, targets, class_weight?, lse, valid_count,
                    grad_loss (fp32, [1] or [N]), weight_grad_accumulator(a!)?,
                    bias_grad_accumulator(b!)?, ignore_index, reduction, chunk_size?,
                    workspace_budget?, softcap?, temperature, z_loss_scale, label_smoothing,
-                   need_hidden, need_weight, need_bias)
+                   token_scaling, need_hidden, need_weight, need_bias)
         -> (grad_hidden, grad_weight, grad_bias), each [0] when not needed
 
     With an accumulator, the needed grad_weight (grad_bias) is added into it in place, in fp32,
@@ -119,14 +122,15 @@ def _eager(mode, reduction):
 
 
 def _problem(hidden, weight, bias, targets, class_weight, ignore_index, reduction, mode, chunk_size,
-             workspace_budget, softcap, temperature, z_loss_scale, label_smoothing, accumulate=(False, False)):
+             workspace_budget, softcap, temperature, z_loss_scale, label_smoothing, token_scaling,
+             accumulate=(False, False)):
     return _lib.make_problem(
         hidden.shape[0], hidden.shape[1], weight.shape[0], DTYPES[hidden.dtype],
         target_dtype=INDEX_DTYPES[targets.dtype], has_bias=bias is not None,
         reduction=_lib.REDUCTIONS[reduction], mode=_lib.MODES[mode], ignore_index=ignore_index,
         chunk_size=chunk_size, workspace_budget=workspace_budget, softcap=softcap, temperature=temperature,
         z_loss_scale=z_loss_scale, label_smoothing=label_smoothing, has_class_weight=class_weight is not None,
-        accumulate_grad_weight=accumulate[0], accumulate_grad_bias=accumulate[1])
+        accumulate_grad_weight=accumulate[0], accumulate_grad_bias=accumulate[1], token_scaling=token_scaling)
 
 
 def _accumulated(wanted, accumulators):
@@ -142,6 +146,11 @@ def _accumulator(name, tensor, like):
         raise ValueError(f"{name} must be a contiguous torch.float32 tensor of shape {tuple(like.shape)}, got "
                          f"{tensor.dtype} of shape {tuple(tensor.shape)} and strides {tensor.stride()}")
     return tensor
+
+
+def _lse_size(n, token_scaling):
+    """The forward's lse: the N LSEs, then with token scaling the N scales p(target) (lfce.h)."""
+    return 2 * n if token_scaling else n
 
 
 def _valid_count(hidden, class_weight):
@@ -218,7 +227,7 @@ def _forward_impl(hidden: Tensor, weight: Tensor, bias: OptionalTensor, targets:
                   weight_grad_accumulator: OptionalTensor, bias_grad_accumulator: OptionalTensor, ignore_index: int,
                   reduction: str, mode: str, chunk_size: OptionalInt, workspace_budget: OptionalInt,
                   softcap: OptionalFloat, temperature: float, z_loss_scale: float, label_smoothing: float,
-                  need_hidden: bool, need_weight: bool, need_bias: bool
+                  token_scaling: bool, need_hidden: bool, need_weight: bool, need_bias: bool
                   ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     eager = _eager(mode, reduction)
     if eager and (weight_grad_accumulator is not None or bias_grad_accumulator is not None):
@@ -229,14 +238,14 @@ def _forward_impl(hidden: Tensor, weight: Tensor, bias: OptionalTensor, targets:
     bias, targets, class_weight = _aligned(bias), _aligned(targets), _aligned(class_weight)
     problem = _problem(hidden, weight, bias, targets, class_weight, ignore_index, reduction,
                        "eager" if eager else "recompute", chunk_size, workspace_budget, softcap, temperature,
-                       z_loss_scale, label_smoothing)
+                       z_loss_scale, label_smoothing, token_scaling)
     wanted = (need_hidden, need_weight, need_bias) if eager else (False, False, False)
     device = hidden.device
     key = _key(problem, device, "forward", wanted)
     _require_loaded(key, problem, "forward")
     n = problem.tokens
     with torch.cuda.device(device):
-        lse = hidden.new_empty(n, dtype=_F32)
+        lse = hidden.new_empty(_lse_size(n, token_scaling), dtype=_F32)
         token_loss = hidden.new_empty(n, dtype=_F32)
         loss = token_loss if reduction == "none" else hidden.new_empty((), dtype=_F32)
         valid_count = _valid_count(hidden, class_weight)
@@ -261,15 +270,19 @@ def _backward_impl(hidden: Tensor, weight: Tensor, bias: OptionalTensor, targets
                    lse: Tensor, valid_count: Tensor, grad_loss: Tensor, weight_grad_accumulator: OptionalTensor,
                    bias_grad_accumulator: OptionalTensor, ignore_index: int, reduction: str,
                    chunk_size: OptionalInt, workspace_budget: OptionalInt, softcap: OptionalFloat,
-                   temperature: float, z_loss_scale: float, label_smoothing: float, need_hidden: bool,
-                   need_weight: bool, need_bias: bool) -> tuple[Tensor, Tensor, Tensor]:
+                   temperature: float, z_loss_scale: float, label_smoothing: float, token_scaling: bool,
+                   need_hidden: bool, need_weight: bool, need_bias: bool) -> tuple[Tensor, Tensor, Tensor]:
     _check_class_weight(class_weight, valid_count)
+    expected = _lse_size(hidden.shape[0], token_scaling)
+    if lse.numel() != expected:  # the kernels would read past it, or the LSEs as scales
+        raise ValueError(f"lfce::backward: lse must hold {expected} values for {hidden.shape[0]} tokens with "
+                         f"token_scaling={token_scaling} (as lfce::forward returns it), got {lse.numel()}")
     hidden, weight = _rows_aligned(hidden), _rows_aligned(weight)
     bias, targets, class_weight, grad_loss = (_aligned(t) for t in (bias, targets, class_weight, grad_loss))
     wanted = (need_hidden, need_weight, need_bias and bias is not None)
     accumulators = (weight_grad_accumulator, bias_grad_accumulator)
     problem = _problem(hidden, weight, bias, targets, class_weight, ignore_index, reduction, "recompute", chunk_size,
-                       workspace_budget, softcap, temperature, z_loss_scale, label_smoothing,
+                       workspace_budget, softcap, temperature, z_loss_scale, label_smoothing, token_scaling,
                        _accumulated(wanted, accumulators))
     key = _key(problem, hidden.device, "backward", wanted)
     _require_loaded(key, problem, "backward")
@@ -288,19 +301,19 @@ def _empty_unless(wanted, like):
 
 def _forward_fake(hidden, weight, bias, targets, class_weight, weight_grad_accumulator, bias_grad_accumulator,
                   ignore_index, reduction, mode, chunk_size, workspace_budget, softcap, temperature, z_loss_scale,
-                  label_smoothing, need_hidden, need_weight, need_bias):
+                  label_smoothing, token_scaling, need_hidden, need_weight, need_bias):
     n = hidden.shape[0]
     eager = _eager(mode, reduction)
     loss = hidden.new_empty((n,) if reduction == "none" else (), dtype=_F32)
     grad_bias = _empty_unless(eager and need_bias, bias) if bias is not None else hidden.new_empty(0)
     valid_count = hidden.new_empty(1 if class_weight is None else 3, dtype=_F32)
-    return (loss, hidden.new_empty(n, dtype=_F32), valid_count,
+    return (loss, hidden.new_empty(_lse_size(n, token_scaling), dtype=_F32), valid_count,
             _empty_unless(eager and need_hidden, hidden), _empty_unless(eager and need_weight, weight), grad_bias)
 
 
 def _backward_fake(hidden, weight, bias, targets, class_weight, lse, valid_count, grad_loss, weight_grad_accumulator,
                    bias_grad_accumulator, ignore_index, reduction, chunk_size, workspace_budget, softcap, temperature,
-                   z_loss_scale, label_smoothing, need_hidden, need_weight, need_bias):
+                   z_loss_scale, label_smoothing, token_scaling, need_hidden, need_weight, need_bias):
     # A gradient added into its accumulator is returned as [0], as one not needed.
     need_weight = need_weight and weight_grad_accumulator is None
     need_bias = need_bias and bias_grad_accumulator is None
@@ -313,7 +326,7 @@ def _backward_fake(hidden, weight, bias, targets, class_weight, lse, valid_count
 def _setup_context(ctx, inputs, output):
     hidden, weight, bias, targets, class_weight = inputs[:5]
     ignore_index, reduction, mode, chunk_size, workspace_budget = inputs[7:12]
-    loss_options = inputs[12:16]  # softcap, temperature, z_loss_scale, label_smoothing
+    loss_options = inputs[12:17]  # softcap, temperature, z_loss_scale, label_smoothing, token_scaling
     _, lse, valid_count, grad_hidden, grad_weight, grad_bias = output
     ctx.options = (ignore_index, reduction, chunk_size, workspace_budget) + tuple(loss_options)
     ctx.eager = _eager(mode, reduction)
@@ -324,14 +337,14 @@ def _setup_context(ctx, inputs, output):
     ctx.accumulators = inputs[5:7]
     if ctx.eager:
         # Only the gradients of inputs that required one at forward time were computed.
-        ctx.computed = inputs[16:19]
+        ctx.computed = inputs[17:20]
         ctx.save_for_backward(grad_hidden, grad_weight, grad_bias)
     else:
         ctx.save_for_backward(hidden, weight, bias, targets, class_weight, lse, valid_count)
 
 
 def _backward_rule(ctx, grad_loss, *unused):
-    """Gradients of lfce::forward's 19 inputs from the loss's upstream gradient (fp32); none for
+    """Gradients of lfce::forward's 20 inputs from the loss's upstream gradient (fp32); none for
     weight (bias) when its gradient was added into weight_grad_accumulator (bias_grad_accumulator)."""
     need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
     need_bias = need_bias and ctx.has_bias
@@ -353,7 +366,7 @@ def _backward_rule(ctx, grad_loss, *unused):
             returned = (need_hidden, need_weight and ctx.accumulators[0] is None,
                         need_bias and ctx.accumulators[1] is None)
             grads = tuple(g if want else None for g, want in zip(grads, returned))
-    return grads + (None,) * 16  # none for targets, class_weight, the accumulators (not differentiable), options
+    return grads + (None,) * 17  # none for targets, class_weight, the accumulators (not differentiable), options
 
 
 # --- registration (once per process) ----------------------------------------------------------

@@ -247,7 +247,7 @@ def local_forward(hidden, weight, bias, targets, chunk_size, workspace_budget):
     """(shard LSE [N], token loss [N]) from lfce's forward kernels on the shard; the token loss is
     LSE - z_target where the target is in the shard, 0 for LOCAL_IGNORE, NaN for NOT_IN_SHARD."""
     loss, lse = _ops._forward_impl(hidden, weight, bias, targets, None, None, None, LOCAL_IGNORE, "none", "recompute",
-                                   chunk_size, workspace_budget, None, 1.0, 0.0, 0.0, False, False, False)[:2]
+                                   chunk_size, workspace_budget, None, 1.0, 0.0, 0.0, False, False, False, False)[:2]
     return lse, loss
 
 
@@ -256,7 +256,8 @@ def local_backward(hidden, weight, bias, targets, lse, valid_count, grad_loss, r
     """The shard's (grad_hidden partial, grad_weight, grad_bias), None where not wanted, from lfce's
     backward kernels with the global LSE and count."""
     grads = _ops._backward_impl(hidden, weight, bias, targets, None, lse, valid_count, grad_loss, None, None,
-                                LOCAL_IGNORE, reduction, chunk_size, workspace_budget, None, 1.0, 0.0, 0.0, *wanted)
+                                LOCAL_IGNORE, reduction, chunk_size, workspace_budget, None, 1.0, 0.0, 0.0, False,
+                                *wanted)
     return tuple(g if want else None for g, want in zip(grads, wanted))
 
 
@@ -335,7 +336,7 @@ def linear_cross_entropy(hidden, weight, targets, bias=None, *, group=None, voca
         sequence_parallel: the input layout (see the module docstring).
         ignore_index, reduction, mode, chunk_size, workspace_budget: as lfce.linear_cross_entropy;
             mean and sum cover every token of the batch, on every rank. Its loss options (softcap,
-            temperature, z_loss_scale, label_smoothing, class_weight) and gradient accumulators
+            temperature, z_loss_scale, label_smoothing, class_weight, token_scaling) and gradient accumulators
             (weight_grad_accumulator, bias_grad_accumulator; nor in the module's forward) are not
             supported here yet: this function has no such arguments (a TypeError names the one passed).
 

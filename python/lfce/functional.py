@@ -62,13 +62,14 @@ def _log_once(level, message, *args):
 
 def validate_options(ignore_index=-100, reduction="mean", mode="recompute", chunk_size=None,
                      workspace_budget=None, softcap=None, temperature=None, z_loss_scale=None, return_z_loss=False,
-                     label_smoothing=None):
+                     label_smoothing=None, token_scaling=False):
     """Check the non-tensor options; raise ValueError/TypeError naming the bad value."""
     _check.softcap(softcap)
     _check.temperature(temperature)
     _check.z_loss_scale(z_loss_scale)
     _check.label_smoothing(label_smoothing)
     _check.flag("return_z_loss", return_z_loss)
+    _check.flag("token_scaling", token_scaling)
     _check.integer("ignore_index", ignore_index)
     _check.choice("reduction", reduction, _lib.REDUCTIONS)
     _check.choice("mode", mode, _lib.MODES)
@@ -237,7 +238,7 @@ def _autocast(tensors):
 def linear_cross_entropy(hidden, weight, targets, bias=None, *, ignore_index=-100, reduction="mean",
                          mode="recompute", chunk_size=None, workspace_budget=None, softcap=None, temperature=None,
                          z_loss_scale=None, label_smoothing=None, class_weight=None, return_z_loss=False,
-                         weight_grad_accumulator=None, bias_grad_accumulator=None, shift=False):
+                         weight_grad_accumulator=None, bias_grad_accumulator=None, shift=False, token_scaling=False):
     """Cross-entropy of ``hidden @ weight.T + bias`` against ``targets``, fused.
 
     Same result as ``F.cross_entropy(F.linear(hidden, weight, bias).flatten(0, -2),
@@ -283,7 +284,8 @@ def linear_cross_entropy(hidden, weight, targets, bias=None, *, ignore_index=-10
             (that would wait for the GPU): they must be finite and >= 0; a NaN gives NaN
             losses.
         return_z_loss: also return the z-loss term alone, reduced as the loss, without a
-            gradient (for logging, as Liger-Kernel's): ``(loss, z_loss)``.
+            gradient (for logging, as Liger-Kernel's): ``(loss, z_loss)``; with token_scaling,
+            each token's term times its scale, as Liger-Kernel's.
         weight_grad_accumulator: None, or an fp32 [V, H] contiguous tensor on hidden's device
             that does not require grad (Megatron's ``weight.main_grad``): the backward ADDS
             grad_weight to it in place, in fp32 whatever the inputs' dtype, and gives weight
@@ -307,6 +309,11 @@ def linear_cross_entropy(hidden, weight, targets, bias=None, *, ignore_index=-10
             gradient, not counted by "mean"). hidden is not sliced or copied; targets are, once
             (an [N] index tensor). The "none" loss keeps the shape of targets (0 at the last
             positions).
+        token_scaling: Liger-Kernel's ``use_token_scaling``: each counted token's loss (z-loss,
+            class weight and smoothing included) and its gradient are multiplied by its
+            predicted probability of the target, ``p_y = exp(z_y - LSE)`` of the logits the
+            softmax sees (after softcap and temperature), detached: no gradient flows through
+            the scale. "mean" still divides by the count (or the sum of w_y with class weights).
 
     Returns:
         The loss in fp32: 0-dim for mean/sum, shape hidden.shape[:-1] for none; with
@@ -321,7 +328,7 @@ def linear_cross_entropy(hidden, weight, targets, bias=None, *, ignore_index=-10
         fails to compile; lfce.CudaError if the driver fails.
     """
     validate_options(ignore_index, reduction, mode, chunk_size, workspace_budget, softcap, temperature, z_loss_scale,
-                     return_z_loss, label_smoothing)
+                     return_z_loss, label_smoothing, token_scaling)
     _check.flag("shift", shift)
     accumulators = (weight_grad_accumulator, bias_grad_accumulator)
     _check_accumulator_mode(mode, accumulators)
@@ -350,20 +357,25 @@ def linear_cross_entropy(hidden, weight, targets, bias=None, *, ignore_index=-10
     wanted = tuple(torch.is_grad_enabled() and t is not None and t.requires_grad for t in (hidden, weight, bias))
     options = [None if v is None else operator.index(v) for v in (ignore_index, chunk_size, workspace_budget)]
     out = _ops.forward(hidden, weight, bias, targets, class_weight, *accumulators, options[0], reduction, mode,
-                       *options[1:], softcap, temperature, z_loss_scale, label_smoothing, *wanted)
+                       *options[1:], softcap, temperature, z_loss_scale, label_smoothing, token_scaling, *wanted)
     loss = out[0].reshape(batch_shape) if reduction == "none" else out[0]
     if not return_z_loss:
         return loss
-    z_loss = _z_loss(out[1], out[2], targets, options[0], z_loss_scale, reduction)  # from (lse, valid_count)
+    z_loss = _z_loss(out[1], out[2], targets, options[0], z_loss_scale, reduction, token_scaling)  # (lse, count)
     return loss, z_loss.reshape(batch_shape) if reduction == "none" else z_loss
 
 
-def _z_loss(lse, valid_count, targets, ignore_index, z_loss_scale, reduction):
+def _z_loss(lse, valid_count, targets, ignore_index, z_loss_scale, reduction, token_scaling):
     """s * LSE**2 of the counted tokens, reduced as the loss, from the forward's LSE (no kernel);
     detached: a gradient through it would be dropped, so it has none. "mean" divides by the count
-    valid_count[0], class weights or not (they weight the cross-entropy only)."""
+    valid_count[0], class weights or not (they weight the cross-entropy only). With token scaling
+    lse is [2N], the LSEs then the scales p(target): each term times its scale, as Liger-Kernel."""
     lse, valid_count = lse.detach(), valid_count.detach()
-    term = torch.where(targets != ignore_index, z_loss_scale * lse * lse, torch.zeros_like(lse))
+    n = targets.shape[0]
+    term = z_loss_scale * lse[:n] * lse[:n]
+    if token_scaling:
+        term = term * lse[n:]
+    term = torch.where(targets != ignore_index, term, torch.zeros_like(term))
     if reduction == "none":
         return term
     total = term.sum()

@@ -21,7 +21,7 @@ class LinearCrossEntropyLoss(torch.nn.Module):
 
     Args: see :func:`lfce.linear_cross_entropy` (ignore_index, reduction, mode,
     chunk_size, workspace_budget, softcap, temperature, z_loss_scale, label_smoothing,
-    class_weight, return_z_loss, shift). ``class_weight`` is a registered buffer, as
+    class_weight, return_z_loss, shift, token_scaling). ``class_weight`` is a registered buffer, as
     ``torch.nn.CrossEntropyLoss``'s ``weight``: it follows ``module.to(device)`` and is in the
     state dict; its length and device are checked against the inputs at each call.
 
@@ -39,10 +39,10 @@ class LinearCrossEntropyLoss(torch.nn.Module):
 
     def __init__(self, *, ignore_index=-100, reduction="mean", mode="recompute", chunk_size=None,
                  workspace_budget=None, softcap=None, temperature=None, z_loss_scale=None, label_smoothing=None,
-                 class_weight=None, return_z_loss=False, shift=False):
+                 class_weight=None, return_z_loss=False, shift=False, token_scaling=False):
         super().__init__()
         validate_options(ignore_index, reduction, mode, chunk_size, workspace_budget, softcap, temperature, z_loss_scale,
-                         return_z_loss, label_smoothing)
+                         return_z_loss, label_smoothing, token_scaling)
         check_class_weight(class_weight)
         self.register_buffer("class_weight", class_weight)
         self.softcap = softcap
@@ -50,6 +50,7 @@ class LinearCrossEntropyLoss(torch.nn.Module):
         self.z_loss_scale = z_loss_scale
         self.label_smoothing = label_smoothing
         self.return_z_loss = return_z_loss
+        self.token_scaling = token_scaling
         _check.flag("shift", shift)
         self.shift = shift
         self.ignore_index = ignore_index
@@ -68,7 +69,7 @@ class LinearCrossEntropyLoss(torch.nn.Module):
             softcap=self.softcap, temperature=self.temperature, z_loss_scale=self.z_loss_scale,
             label_smoothing=self.label_smoothing, class_weight=self.class_weight, return_z_loss=self.return_z_loss,
             weight_grad_accumulator=weight_grad_accumulator, bias_grad_accumulator=bias_grad_accumulator,
-            shift=self.shift,
+            shift=self.shift, token_scaling=self.token_scaling,
         )
 
     def extra_repr(self):
@@ -82,4 +83,6 @@ class LinearCrossEntropyLoss(torch.nn.Module):
             options.append("return_z_loss=True")
         if self.shift:
             options.append("shift=True")
+        if self.token_scaling:
+            options.append("token_scaling=True")
         return ", ".join(options)

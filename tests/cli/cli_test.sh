@@ -107,8 +107,9 @@ case $test in
     expect_status 2 "label_smoothing.*nan" "$lfce" compile --vocab 100 --hidden 16 --label-smoothing nan -o "$work/x"
     expect_status 2 "has_class_weight = 1 with fp16" "$lfce" compile --vocab 100 --hidden 16 --class-weight --dtype fp16 \
       -o "$work/x" ;;
-  compile_accumulated_gradients_change_only_their_kernels)
+  compile_accumulation_and_token_scaling_change_only_their_kernels)
     compile_plain
+    changes_only "--token-scaling" "token_scaling=1" "lse_combine dlogits_backward"
     changes_only "--accumulate-grad-weight" "accumulate=1" "grad_weight"
     expect_status 2 "accumulate_grad_weight = 1 needs mode LFCE_MODE_RECOMPUTE" "$lfce" compile --vocab 100 --hidden 16 \
       --accumulate-grad-weight --mode eager -o "$work/x"

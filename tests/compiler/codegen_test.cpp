@@ -83,19 +83,21 @@ TEST(Codegen, EachSetOfLossOptionsGivesItsOwnKernelWithoutCallsOrSpills) {
   if (!testing_ptxas::have_ptxas()) GTEST_SKIP() << "ptxas not found at configure time (install the CUDA toolkit)";
   struct Options {
     float softcap, temperature, z_loss_scale, label_smoothing;
-    bool class_weight;
+    bool class_weight, token_scaling = false;
   };
   const Options sets[] = {{0.f, 1.f, 0.f, 0.f, false},    {30.f, 1.f, 0.f, 0.f, false},  {0.f, 0.7f, 0.f, 0.f, false},
                           {0.f, 1.f, 1e-4f, 0.f, false},  {30.f, 1.f, 1e-4f, 0.f, false}, {30.f, 0.7f, 0.f, 0.f, false},
                           {30.f, 0.7f, 1e-4f, 0.f, false}, {0.f, 1.f, 0.f, 0.1f, false},  {0.f, 1.f, 0.f, 0.f, true},
-                          {0.f, 1.f, 0.f, 0.1f, true},    {0.f, 1.f, 1e-4f, 0.f, true},  {30.f, 1.f, 1e-4f, 0.1f, true}};
+                          {0.f, 1.f, 0.f, 0.1f, true},    {0.f, 1.f, 1e-4f, 0.f, true},  {30.f, 1.f, 1e-4f, 0.1f, true},
+                          {0.f, 1.f, 0.f, 0.f, false, true}, {0.f, 1.f, 1e-4f, 0.f, true, true}};
   // Distinct kernels per kind over these sets: lse_forward tells apart the logit maps and the
   // smoothing (the class weights only with it), lse_combine the z-loss and both target terms,
-  // loss_reduce the class weights (and with them the z-loss), dlogits_backward every set.
+  // loss_reduce the class weights (and with them the z-loss, and with both the token scale),
+  // dlogits_backward every set.
   const std::map<KernelKind, size_t> distinct_sets = {{KernelKind::LseForward, 7},
-                                                      {KernelKind::LseCombine, 7},
-                                                      {KernelKind::LossReduce, 3},
-                                                      {KernelKind::DlogitsBackward, 12}};
+                                                      {KernelKind::LseCombine, 9},
+                                                      {KernelKind::LossReduce, 4},
+                                                      {KernelKind::DlogitsBackward, 14}};
   for (Arch arch : {Arch::SM80, Arch::SM90A})
     for (DType dtype : {DType::BF16, DType::FP32})
       for (bool bias : dtype == DType::BF16 ? std::vector<bool>{true, false} : std::vector<bool>{false})
@@ -110,9 +112,10 @@ TEST(Codegen, EachSetOfLossOptionsGivesItsOwnKernelWithoutCallsOrSpills) {
           KernelSpec s = plain;
           if (reads & kFieldSoftcap) s.softcap = o.softcap;
           if (reads & kFieldTemperature) s.temperature = o.temperature;
-          s.label_smoothing = o.label_smoothing;  // (fields_read depends on these two)
+          s.label_smoothing = o.label_smoothing;  // (fields_read depends on these)
           s.class_weight = o.class_weight;
-          if (reads & kFieldZLoss || s.fields_read() & kFieldZLoss) s.z_loss_scale = o.z_loss_scale;
+          s.z_loss_scale = o.z_loss_scale;
+          s.token_scaling = o.token_scaling;
           s = s.normalised();
           // The tiles Plan::tile gives these two combinations on sm_90a (a wgmma tile spilled).
           if (s.tile.wgmma() && s.kind == KernelKind::LseForward && s.class_weight) s.tile = TileConfig{128, 128, 64, 2, 4, 3};

@@ -44,6 +44,7 @@ const std::vector<FieldChange>& field_changes() {
       {kFieldLabelSmoothing, "label_smoothing", [](KernelSpec& s) { s.label_smoothing = 0.1f; }},
       {kFieldClassWeight, "class_weight", [](KernelSpec& s) { s.class_weight = true; }},
       {kFieldAccumulate, "accumulate", [](KernelSpec& s) { s.accumulate = true; }},
+      {kFieldTokenScaling, "token_scaling", [](KernelSpec& s) { s.token_scaling = true; }},
   };
   return changes;
 }
@@ -94,7 +95,7 @@ TEST_P(KindFields, UnreadFieldsLeaveThePtxAndKeyAloneAndReadOnesChangeBoth) {
     if (reads & f.field) {
       EXPECT_NE(generate_kernel(changed).ptx, base_ptx) << f.name << " is marked read but does not change the code";
       EXPECT_NE(changed.normalised().text(), base.normalised().text()) << "normalised() drops " << f.name;
-    } else if (f.field & (kLogitMapFields | kFieldZLoss | kTargetTermFields | kFieldAccumulate)) {
+    } else if (f.field & (kLogitMapFields | kFieldZLoss | kTargetTermFields | kFieldAccumulate | kFieldTokenScaling)) {
       EXPECT_THROW(generate_kernel(changed), SpecError) << f.name << " set on a kind that does not read it";
       EXPECT_EQ(changed.normalised(), base.normalised());
     } else {

@@ -306,7 +306,7 @@ TEST(KernelSpec, ValidateNamesWhatAWgmmaTileNeeds) {
 
 TEST(KernelSpec, EveryFieldChangesTheKey) {
   KernelSpec base = sample();
-  std::vector<KernelSpec> variants(20, base);
+  std::vector<KernelSpec> variants(21, base);
   variants[0].kind = KernelKind::GradInput;
   variants[1].vocab += 1;
   variants[2].hidden += 8;
@@ -327,6 +327,7 @@ TEST(KernelSpec, EveryFieldChangesTheKey) {
   variants[17].label_smoothing = 0.1f;
   variants[18].class_weight = true;
   variants[19].accumulate = true;
+  variants[20].token_scaling = true;
   std::set<std::string> texts{base.text()};
   for (const KernelSpec& v : variants) {
     EXPECT_NE(v, base);

@@ -7,6 +7,8 @@ _backward_impl directly, without the operators), and lets CPU tensors through th
 
 It computes as lfce does: fp32 from the inputs in their dtype, the forward's LSE reused in the
 backward, each gradient rounded once to its input's dtype, or added in fp32 into its accumulator.
+With token scaling lse is [2N] as lfce.h has it: the LSEs, then each token's scale p(target) (0 for
+ignored tokens), which multiplies that token's loss and gradient.
 """
 
 import torch
@@ -37,8 +39,8 @@ def _grads(hidden, weight, bias, targets, class_weight, lse, count, grad_loss, i
     """fp32 (grad_hidden, grad_weight, grad_bias) from dz_v = (P p_v - T [v = y] - U w_v) * slope per
     row, the constants as lfce's (docs/design.md): P = a ((1 - eps) w_y + eps W / V) + b 2 s LSE,
     T = a (1 - eps) w_y, U = a eps / V; a scales the cross-entropy (the upstream gradient, / sum of
-    w_y for mean), b the z-loss (/ the count)."""
-    softcap, temperature, z_loss_scale, eps = options
+    w_y for mean, times the token's scale with token scaling), b the z-loss (/ the count, likewise)."""
+    softcap, temperature, z_loss_scale, eps, token_scaling = options
     logits, slope = _softmax_logits(hidden, weight, bias, softcap, temperature)
     vocab = weight.shape[0]
     valid = targets != ignore_index
@@ -46,7 +48,9 @@ def _grads(hidden, weight, bias, targets, class_weight, lse, count, grad_loss, i
     w = _class_weights(class_weight, vocab)
     w_sum = count[2] if class_weight is not None else vocab  # the forward's sum (written with smoothing)
     g = grad_loss.float().expand(hidden.shape[0]) if grad_loss is not None else torch.ones(hidden.shape[0])
-    a = b = g * valid
+    n = hidden.shape[0]
+    lse, scale = (lse[:n], lse[n:]) if token_scaling else (lse, torch.ones(n))
+    a = b = g * valid * scale
     if reduction == "mean":
         a, b = a / (count[1] if class_weight is not None else count[0]), b / count[0]
     p = torch.exp(logits - lse[:, None])  # the forward's LSE, as lfce
@@ -70,7 +74,7 @@ def _outputs(grads, hidden, weight, bias, wanted, accumulators=(None, None)):
 
 def forward_cpu(hidden, weight, bias, targets, class_weight, weight_grad_accumulator, bias_grad_accumulator,
                 ignore_index, reduction, mode, chunk_size, workspace_budget, softcap, temperature, z_loss_scale,
-                label_smoothing, need_hidden, need_weight, need_bias):
+                label_smoothing, token_scaling, need_hidden, need_weight, need_bias):
     logits, _ = _softmax_logits(hidden, weight, bias, softcap, temperature)
     vocab = weight.shape[0]
     lse = logits.logsumexp(-1)
@@ -82,6 +86,9 @@ def forward_cpu(hidden, weight, bias, targets, class_weight, weight_grad_accumul
     cross_entropy = torch.where(valid, (1 - label_smoothing) * w[target] * (lse - picked)
                                 + label_smoothing * smoothed, torch.zeros_like(lse))
     z_loss = torch.where(valid, z_loss_scale * lse * lse, torch.zeros_like(lse))
+    if token_scaling:  # p(target), 0 for ignored tokens (lfce.h)
+        scale = torch.where(valid, torch.exp(picked - lse), torch.zeros_like(lse))
+        cross_entropy, z_loss = cross_entropy * scale, z_loss * scale
     count = valid.sum().float().reshape(1)
     if class_weight is not None:  # lfce.h: the count, the sum of w_y, the sum of w (with smoothing only)
         count = torch.stack([count[0], (w[target] * valid).sum(), w.sum() if label_smoothing else torch.tensor(0.0)])
@@ -90,16 +97,17 @@ def forward_cpu(hidden, weight, bias, targets, class_weight, weight_grad_accumul
     loss = {"none": token_loss, "sum": token_loss.sum(), "mean": mean}[reduction]
     eager = mode == "eager" and reduction != "none"  # "none" recomputes, as in lfce
     wanted = (need_hidden, need_weight, need_bias) if eager else (False, False, False)
-    options = (softcap, temperature, z_loss_scale, label_smoothing)
+    lse = torch.cat([lse, scale]) if token_scaling else lse
+    options = (softcap, temperature, z_loss_scale, label_smoothing, token_scaling)
     grads = _grads(hidden, weight, bias, targets, class_weight, lse, count, None, ignore_index, reduction, options)
     return (loss, lse, count) + _outputs(grads, hidden, weight, bias, wanted)
 
 
 def backward_cpu(hidden, weight, bias, targets, class_weight, lse, valid_count, grad_loss, weight_grad_accumulator,
                  bias_grad_accumulator, ignore_index, reduction, chunk_size, workspace_budget, softcap, temperature,
-                 z_loss_scale, label_smoothing, need_hidden, need_weight, need_bias):
+                 z_loss_scale, label_smoothing, token_scaling, need_hidden, need_weight, need_bias):
     grads = _grads(hidden, weight, bias, targets, class_weight, lse, valid_count, grad_loss, ignore_index, reduction,
-                   (softcap, temperature, z_loss_scale, label_smoothing))
+                   (softcap, temperature, z_loss_scale, label_smoothing, token_scaling))
     return _outputs(grads, hidden, weight, bias, (need_hidden, need_weight, need_bias),
                     (weight_grad_accumulator, bias_grad_accumulator))
 

@@ -191,7 +191,7 @@ def test_module_takes_the_buffers_at_each_call(on_cpu):
 def test_opcheck_passes_with_the_buffers(on_cpu, reduction):
     x, w, b, y = inputs(6, bias=True)
     main_w, main_b = main_grads(w, b)
-    options = (-100, reduction, None, None, None, 1.0, 0.0, 0.0)
+    options = (-100, reduction, None, None, None, 1.0, 0.0, 0.0, False)
     args = (x, w, b, y, None, main_w, main_b, *options[:2], "recompute", *options[2:], True, True, True)
     torch.library.opcheck(torch.ops.lfce.forward.default, args)
     fwd = torch.ops.lfce.forward(*(a.detach() if isinstance(a, torch.Tensor) else a for a in args))

@@ -80,7 +80,8 @@ NAN, INF = float("nan"), float("inf")
     ("label_smoothing", INF, ValueError), ("label_smoothing", -INF, ValueError), ("label_smoothing", 2, ValueError),
     ("label_smoothing", "0.1", TypeError), ("label_smoothing", True, TypeError),
     ("return_z_loss", 1, TypeError), ("return_z_loss", "yes", TypeError), ("return_z_loss", None, TypeError),
-    ("shift", 1, TypeError), ("shift", "yes", TypeError), ("shift", None, TypeError)])
+    ("shift", 1, TypeError), ("shift", "yes", TypeError), ("shift", None, TypeError),
+    ("token_scaling", 1, TypeError), ("token_scaling", "yes", TypeError), ("token_scaling", None, TypeError)])
 def test_bad_loss_option_is_named(option, value, exception):
     with raises(exception, option, repr(value)):
         lfce.linear_cross_entropy(*inputs(), **{option: value})
@@ -339,7 +340,30 @@ def test_forward_operator_refuses_gradient_accumulators_in_eager_mode():
     x, w, y = inputs()
     with raises(ValueError, "gradient accumulators need mode 'recompute', got mode 'eager'"):
         _ops._forward_impl(x, w, None, y, None, torch.zeros(V, H), None, -100, "mean", "eager", None, None, None, 1.0,
-                           0.0, 0.0, True, True, False)
+                           0.0, 0.0, False, True, True, False)
+
+
+def test_token_scaling_reaches_the_operator_and_the_modules_repr(on_cpu, monkeypatch):
+    seen = []
+    monkeypatch.setattr(_ops, "forward", lambda *args: seen.append(args[16]) or (torch.zeros(()),))
+    lfce.linear_cross_entropy(*inputs())
+    module = lfce.LinearCrossEntropyLoss(token_scaling=True)
+    module(*inputs())
+    assert seen == [False, True]
+    assert "token_scaling=True" in repr(module) and "token_scaling" not in repr(lfce.LinearCrossEntropyLoss())
+
+
+def test_backward_operator_refuses_an_lse_without_the_scales_token_scaling_needs():
+    x, w, y = (t.float() if t.is_floating_point() else t for t in inputs())
+    with raises(ValueError, f"lse must hold {2 * N} values for {N} tokens with token_scaling=True", f"got {N}"):
+        _ops._backward_impl(x, w, None, y, None, torch.zeros(N), torch.ones(1), torch.ones(1), None, None, -100,
+                            "mean", None, None, None, 1.0, 0.0, 0.0, True, True, True, False)
+
+
+def test_make_problem_sets_token_scaling_and_zeroes_the_reserved_field():
+    p = _lib.make_problem(64, 256, 1000, _lib.DTYPE_BF16, token_scaling=True)
+    assert (p.token_scaling, p.reserved) == (1, 0)
+    assert _lib.make_problem(64, 256, 1000, _lib.DTYPE_BF16).token_scaling == 0
 
 
 def test_gradient_accumulators_reach_the_operator_uncopied(on_cpu, monkeypatch):
@@ -435,6 +459,13 @@ def test_library_accepts_a_temperature_and_a_z_loss_scale(temperature):
 
 
 @pytest.mark.lib
+@pytest.mark.parametrize("mode", [_lib.MODE_RECOMPUTE, _lib.MODE_EAGER])
+def test_library_accepts_token_scaling_with_the_loss_options(mode):
+    check_problem(problem(token_scaling=True, mode=mode, softcap=30.0, z_loss_scale=1e-4, label_smoothing=0.1,
+                          has_class_weight=True))
+
+
+@pytest.mark.lib
 @pytest.mark.parametrize("field", ["accumulate_grad_weight", "accumulate_grad_bias"])
 def test_library_refuses_gradient_accumulation_in_eager_mode_naming_field_and_mode(field):
     with raises(ValueError, f"lfce_problem.{field}", "eager"):
@@ -445,6 +476,16 @@ def test_library_refuses_gradient_accumulation_in_eager_mode_naming_field_and_mo
 def test_library_refuses_bias_gradient_accumulation_without_a_bias():
     with raises(ValueError, "lfce_problem.accumulate_grad_bias", "has_bias"):
         check_problem(problem(accumulate_grad_bias=True))
+
+
+@pytest.mark.lib
+@pytest.mark.parametrize("field, value, message", [("token_scaling", 2, "must be 0 or 1, got 2"),
+                                                   ("reserved", 1, "must be 0, got 1")])
+def test_library_names_a_token_scaling_flag_that_is_not_0_or_1_and_a_reserved_field_not_0(field, value, message):
+    p = problem()
+    setattr(p, field, value)
+    with raises(ValueError, f"lfce_problem.{field}", message):
+        check_problem(p)
 
 
 @pytest.mark.lib

@@ -61,8 +61,7 @@ def cpu_inputs():
 
 
 @pytest.mark.parametrize("option, value", [
-    ("accum_dtype", torch.bfloat16), ("use_token_scaling", True), ("return_token_accuracy", True),
-    ("return_predicted_tokens", True)])
+    ("accum_dtype", torch.bfloat16), ("return_token_accuracy", True), ("return_predicted_tokens", True)])
 def test_liger_functional_names_an_option_lfce_lacks(option, value):
     x, w, y = cpu_inputs()
     with pytest.raises(NotImplementedError, match=f"Liger-Kernel's option {option}="):
@@ -70,8 +69,31 @@ def test_liger_functional_names_an_option_lfce_lacks(option, value):
 
 
 def test_liger_module_names_an_option_lfce_lacks_at_construction():
-    with pytest.raises(NotImplementedError, match="Liger-Kernel's option use_token_scaling=True"):
-        liger.LigerFusedLinearCrossEntropyLoss(use_token_scaling=True)
+    with pytest.raises(NotImplementedError, match="Liger-Kernel's option return_token_accuracy=True"):
+        liger.LigerFusedLinearCrossEntropyLoss(return_token_accuracy=True)
+
+
+@pytest.mark.parametrize("call", [
+    lambda x, w, y, **options: liger.liger_fused_linear_cross_entropy(x, w, y, **options),
+    lambda x, w, y, **options: liger.LigerFusedLinearCrossEntropyLoss(**options)(w, x, y)], ids=["liger", "module"])
+@pytest.mark.parametrize("value", [False, True])
+def test_liger_use_token_scaling_reaches_lfce_as_token_scaling(call, value, monkeypatch):
+    seen = []
+    monkeypatch.setattr(liger, "linear_cross_entropy", lambda *args, **options: seen.append(options) or (None, None))
+    x, w, y = cpu_inputs()
+    call(x, w, y, use_token_scaling=value, lse_square_scale=1e-4, return_z_loss=True)
+    assert seen[0]["token_scaling"] is value and seen[0]["return_z_loss"] is True
+
+
+@pytest.mark.parametrize("call", [
+    lambda x, w, y, **options: liger.liger_fused_linear_cross_entropy(x, w, y, **options),
+    lambda x, w, y, **options: liger.LigerFusedLinearCrossEntropyLoss(**options)(w, x, y)], ids=["liger", "module"])
+def test_liger_use_token_scaling_must_be_a_bool_named_as_liger_kernel_names_it(call):
+    x, w, y = cpu_inputs()
+    with pytest.raises(TypeError, match="use_token_scaling must be a bool, got int 1"):
+        call(x, w, y, use_token_scaling=1)
+    with pytest.raises(ValueError, match="CUDA tensors only"):  # accepted: the device check answers
+        call(x, w, y, use_token_scaling=True)
 
 
 def test_liger_accepts_fp32_accumulation_which_lfce_always_uses():

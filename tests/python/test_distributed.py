@@ -165,6 +165,7 @@ def test_a_bad_reduction_is_named():
 
 
 @pytest.mark.parametrize("option, value", [("label_smoothing", 0.1), ("class_weight", torch.ones(5)),
+                                           ("token_scaling", True),
                                            ("weight_grad_accumulator", torch.zeros(5, 16)),
                                            ("bias_grad_accumulator", torch.zeros(5))])
 def test_loss_options_not_supported_yet_are_named(option, value):

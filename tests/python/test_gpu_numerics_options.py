@@ -1,4 +1,4 @@
-"""The temperature, the z-loss, label smoothing and class weights, alone and together: lfce against
+"""The temperature, the z-loss, label smoothing, class weights and token scaling, alone and together: lfce against
 an fp64 reference written here from the definitions, independent of the kernels and of
 checks.reference:
 
@@ -6,7 +6,8 @@ checks.reference:
     loss = F.cross_entropy(u, y, weight=w, label_smoothing=eps, ignore_index, reduction)
            + s * logsumexp(u_i)**2 of each counted token, reduced as the loss ("mean": / the count)
 
-differentiated by autograd. So "mean" divides the (weighted, smoothed) cross-entropy by the sum of
+differentiated by autograd; with token scaling (Liger-Kernel's use_token_scaling) each counted
+token's loss is first multiplied by its detached softmax(u_i)[y_i]. So "mean" divides the (weighted, smoothed) cross-entropy by the sum of
 the counted tokens' class weights (PyTorch's) and the z-loss by their count (Liger-Kernel's).
 
 The options are strong here (T = 0.6 or 1.7 against logits of std 2.5, s = 0.05 or 0.2 where LSE
@@ -52,7 +53,7 @@ CASES = {
 
 
 def options_reference(x, w, b, y, reduction, grad, softcap=None, temperature=1.0, z_loss_scale=0.0,
-                      label_smoothing=0.0, class_weight=None):
+                      label_smoothing=0.0, class_weight=None, token_scaling=False):
     """fp64 (loss, grad_hidden, grad_weight, grad_bias) and the z-loss term alone, reduced as the loss."""
     x64 = x.detach().double().requires_grad_()
     w64 = w.detach().double().requires_grad_()
@@ -64,8 +65,15 @@ def options_reference(x, w, b, y, reduction, grad, softcap=None, temperature=1.0
     counted = y != IGNORE
     weight = None if class_weight is None else class_weight.double()
     ce = F.cross_entropy(logits, y.long(), weight=weight, ignore_index=IGNORE, label_smoothing=label_smoothing,
-                         reduction=reduction)
+                         reduction="none" if token_scaling else reduction)
     z_loss = torch.where(counted, z_loss_scale * torch.logsumexp(logits, dim=-1) ** 2, torch.zeros_like(logits[:, 0]))
+    if token_scaling:
+        target = torch.where(counted, y.long(), 0)
+        scale = torch.where(counted, logits.softmax(-1).gather(1, target[:, None])[:, 0], 0.0).detach()
+        ce, z_loss = ce * scale, z_loss * scale
+        if reduction != "none":  # "mean": the cross-entropy over the sum of w_y (the count without weights)
+            counted_weight = counted.double() if weight is None else torch.where(counted, weight[target], 0.0)
+            ce = ce.sum() / (counted_weight.sum() if reduction == "mean" else 1.0)
     if reduction != "none":
         z_loss = z_loss.sum() / (counted.sum().double() if reduction == "mean" else 1.0)
     loss = ce + z_loss
@@ -87,7 +95,8 @@ def rel_l2(a, b):
     return float((a - b).norm() / b.norm())
 
 
-NO_OPTION = {"softcap": None, "temperature": 1.0, "z_loss_scale": 0.0, "label_smoothing": 0.0, "class_weight": None}
+NO_OPTION = {"softcap": None, "temperature": 1.0, "z_loss_scale": 0.0, "label_smoothing": 0.0, "class_weight": None,
+             "token_scaling": False}
 
 
 def assert_each_option_matters(x, w, b, y, reduction, grad, dtype, ref, **options):
@@ -163,14 +172,43 @@ def weighted_case(case, n, h, v, dtype, device="cuda"):
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("mode", ["recompute", "eager"])
 def test_smoothing_and_class_weights_match_pytorchs_cross_entropy(mode, reduction, dtype, case, record_error):
-    (x, w, b, y), options = weighted_case(case, 300, 512, 64007, dtype)
-    grad = upstream(reduction, y.shape, dtype)  # per token for "none", not uniform
+    inputs, options = weighted_case(case, 300, 512, 64007, dtype)
+    check_predicted_case(inputs, options, mode, reduction, dtype, record_error)
+
+
+def check_predicted_case(inputs, options, mode, reduction, dtype, record_error):
+    """lfce's loss, gradients and z-loss against options_reference (a per-token upstream gradient
+    for "none"), and each option far from the tolerance."""
+    x, w, b, y = inputs
+    grad = upstream(reduction, y.shape, dtype)
     ours, z_ours = run(x, w, b, y, reduction, grad, mode=mode, **options)
     ref, z_ref = options_reference(x, w, b, y, reduction, grad, **options)
     assert_gradients_match(ours, ref, dtype, reduction, record_error)
     if options.get("z_loss_scale"):
         assert_close(f"z_loss ({reduction})", z_ours, z_ref, LOSS[dtype], record_error)
     assert_each_option_matters(x, w, b, y, reduction, grad, dtype, ref, **options)
+
+
+# name: (options, bias, every how many counted tokens a target is predicted), as WEIGHTED_CASES: with
+# random targets at V = 64007 every p(target) is about 1e-6; predicted targets spread the scales
+# over several decades, so a kernel that scales the wrong token or not at all misses by far.
+TOKEN_SCALING_CASES = {
+    "token_scaling": ({}, False, 2),
+    "z_loss": ({"z_loss_scale": 0.05}, True, 2),
+    "softcap_z_loss": ({"softcap": 7.0, "z_loss_scale": 0.05}, True, 1),
+    "smoothing_class_weight": ({"label_smoothing": 0.2, "class_weight": True}, False, 2),
+}
+
+
+@pytest.mark.parametrize("case", list(TOKEN_SCALING_CASES))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("mode", ["recompute", "eager"])
+def test_token_scaling_matches_an_fp64_reference(mode, reduction, dtype, case, record_error):
+    options, bias, every = TOKEN_SCALING_CASES[case]
+    x, w, b, y, weights = predicted_inputs(300, 512, 64007, dtype, bias, every)
+    options = {**options, "class_weight": weights if options.get("class_weight") else None, "token_scaling": True}
+    check_predicted_case((x, w, b, y), options, mode, reduction, dtype, record_error)
 
 
 def test_smoothing_class_weights_and_z_loss_at_a_large_vocabulary(record_error):

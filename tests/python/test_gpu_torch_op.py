@@ -93,9 +93,10 @@ def test_compiled_model_matches_eager_execution_and_compiles_once_for_two_token_
 
 # --- opcheck -------------------------------------------------------------------------------------
 
-# (softcap, temperature, z_loss_scale, label_smoothing), class weights
-OPTIONS = {"plain": ((None, 1.0, 0.0, 0.0), False), "loss_options": ((30.0, 0.7, 1e-3, 0.0), False),
-           "smoothing_class_weight": ((30.0, 0.7, 1e-3, 0.1), True)}
+# (softcap, temperature, z_loss_scale, label_smoothing, token_scaling), class weights
+OPTIONS = {"plain": ((None, 1.0, 0.0, 0.0, False), False), "loss_options": ((30.0, 0.7, 1e-3, 0.0, False), False),
+           "smoothing_class_weight": ((30.0, 0.7, 1e-3, 0.1, False), True),
+           "token_scaling": ((30.0, 0.7, 1e-3, 0.1, True), True)}
 
 
 def class_weights(vocab):
@@ -121,11 +122,11 @@ def test_opcheck_passes_for_the_backward(reduction, wanted, weighted):
     cw = class_weights(1000) if weighted else None
     smoothing = 0.1 if weighted else 0.0
     _, lse, count, *_ = torch.ops.lfce.forward(x, w, b, y, cw, None, None, -100, reduction, "recompute", None, None,
-                                               None, 1.0, 0.0, smoothing, False, False, False)
+                                               None, 1.0, 0.0, smoothing, False, False, False, False)
     grad = torch.rand(70 if reduction == "none" else 1, device="cuda") + 0.5
     torch.library.opcheck(torch.ops.lfce.backward.default,
                           (x, w, b, y, cw, lse, count, grad, None, None, -100, reduction, None, None, None, 1.0, 0.0,
-                           smoothing, *wanted))
+                           smoothing, False, *wanted))
 
 
 # --- loss dtype -----------------------------------------------------------------------------------

@@ -74,7 +74,7 @@ def test_backward_passes_each_accumulator_as_its_gradient_with_the_flag_set(fake
     targets, lse, count = torch.zeros(N, dtype=torch.int64), torch.zeros(N), torch.ones(1)
     main_w, main_b = torch.zeros(V, H), torch.zeros(V)
     grads = _ops._backward_impl(hidden, weight, bias, targets, None, lse, count, torch.ones(1), main_w, main_b, -100,
-                                "mean", None, None, None, 1.0, 0.0, 0.0, *wanted)
+                                "mean", None, None, None, 1.0, 0.0, 0.0, False, *wanted)
     call = fake.calls[0]
     assert call["accumulate"] == wanted[1:], "accumulate flags set only for the wanted gradients"
     for name, want, buffer in (("grad_weight", wanted[1], main_w), ("grad_bias", wanted[2], main_b)):

@@ -67,7 +67,8 @@ def torch_loss(x, w, b, y, reduction):
 
 # --- fake implementations --------------------------------------------------------------------
 
-def fake_call(reduction, mode, wanted, bias, dtype=BF16, n=7, h=64, v=100, class_weight=False, accumulate=False):
+def fake_call(reduction, mode, wanted, bias, dtype=BF16, n=7, h=64, v=100, class_weight=False, accumulate=False,
+              token_scaling=False):
     with FakeTensorMode():
         x = torch.empty(n, h, dtype=dtype)
         w = torch.empty(v, h, dtype=dtype)
@@ -76,9 +77,9 @@ def fake_call(reduction, mode, wanted, bias, dtype=BF16, n=7, h=64, v=100, class
         cw = torch.empty(v) if class_weight else None
         acc = (torch.empty(v, h), torch.empty(v) if bias else None) if accumulate else (None, None)
         out = torch.ops.lfce.forward(x, w, b, y, cw, *acc, -100, reduction, mode, None, None, None, 1.0, 0.0, 0.0,
-                                     *wanted)
+                                     token_scaling, *wanted)
         back = torch.ops.lfce.backward(x, w, b, y, cw, out[1], out[2], torch.empty(n if reduction == "none" else 1),
-                                       *acc, -100, reduction, None, None, None, 1.0, 0.0, 0.0, *wanted)
+                                       *acc, -100, reduction, None, None, None, 1.0, 0.0, 0.0, token_scaling, *wanted)
     return [(tuple(t.shape), t.dtype) for t in out], [(tuple(t.shape), t.dtype) for t in back]
 
 
@@ -102,6 +103,13 @@ def test_fake_backward_gives_the_wanted_gradients_in_the_input_dtype(wanted):
     _, back = fake_call("none", "recompute", wanted, bias=True)
     shapes = [(7, 64), (100, 64), (100,)]
     assert back == [(shape if want else (0,), BF16) for shape, want in zip(shapes, wanted)]
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_fake_forward_gives_lse_and_the_scales_with_token_scaling(reduction):
+    out, back = fake_call(reduction, "eager", (True, True, True), bias=True, token_scaling=True)
+    assert out[1] == ((14,), torch.float32)
+    assert back == [((7, 64), BF16), ((100, 64), BF16), ((100,), BF16)]
 
 
 def test_fake_forward_gives_three_counts_with_class_weights():
@@ -129,9 +137,12 @@ def test_operators_are_defined_once_per_process():
     assert str(torch.ops.lfce.forward.default._schema) == schema
 
 
-@pytest.mark.parametrize("options, class_weight", [((None, 1.0, 0.0, 0.0), False), ((30.0, 0.7, 1e-2, 0.0), False),
-                                                   ((30.0, 0.7, 1e-2, 0.1), True)],
-                         ids=["plain", "loss_options", "smoothing_class_weight"])
+# (softcap, temperature, z_loss_scale, label_smoothing, token_scaling), class weights
+@pytest.mark.parametrize("options, class_weight", [((None, 1.0, 0.0, 0.0, False), False),
+                                                   ((30.0, 0.7, 1e-2, 0.0, False), False),
+                                                   ((30.0, 0.7, 1e-2, 0.1, False), True),
+                                                   ((30.0, 0.7, 1e-2, 0.1, True), True)],
+                         ids=["plain", "loss_options", "smoothing_class_weight", "token_scaling"])
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 @pytest.mark.parametrize("mode", ["recompute", "eager"])
 def test_opcheck_passes_with_the_reference_kernel(on_cpu, mode, reduction, options, class_weight):
@@ -301,39 +312,112 @@ def assert_each_option_matters(x, w, b, y, reduction, options, ref):
         assert gap > 1000 * LOSS_TOL["rtol"], f"{name} barely changes the loss here ({gap:.3g})"
 
 
-@pytest.mark.parametrize("case", list(WEIGHTED_CASES))
-@pytest.mark.parametrize("reduction", REDUCTIONS)
-@pytest.mark.parametrize("compiled", [False, True], ids=["eager_call", "compiled"])
-@pytest.mark.parametrize("mode", ["recompute", "eager"])
-def test_label_smoothing_and_class_weights_match_pytorchs_cross_entropy(on_cpu, mode, compiled, reduction, case):
-    softcap, z_loss_scale, label_smoothing, weighted = WEIGHTED_CASES[case]
-    class_weight = class_weights() if weighted else None
-    options = {"softcap": softcap, "z_loss_scale": z_loss_scale, "label_smoothing": label_smoothing,
-               "class_weight": class_weight}
-
+def check_against_the_reference(reference, mode, compiled, reduction, options, **lfce_only):
+    """lfce with ``options`` (and ``lfce_only``) and return_z_loss, called or compiled, on inputs(9)
+    with a bias and logits of a few units: its loss, z-loss and gradients (a per-token upstream
+    gradient for "none") against ``reference(x, w, b, y, reduction, **options)`` in fp64, which
+    returns (loss, z_loss). Returns the detached inputs and the reference loss."""
     def call(x, w, b, y, class_weight):
-        return lfce.linear_cross_entropy(x, w, y, b, reduction=reduction, mode=mode, softcap=softcap,
-                                         z_loss_scale=z_loss_scale, label_smoothing=label_smoothing,
-                                         class_weight=class_weight, return_z_loss=True)
+        return lfce.linear_cross_entropy(x, w, y, b, reduction=reduction, mode=mode, return_z_loss=True,
+                                         class_weight=class_weight, **lfce_only,
+                                         **{k: v for k, v in options.items() if k != "class_weight"})
 
     if compiled:
         torch._dynamo.reset()  # one code object, many sets of closure values: past the recompile limit
     fn = torch.compile(call, backend="aot_eager", fullgraph=True) if compiled else call
     x, w, b, y = inputs(9, bias=True)
     w.data *= 4  # logits of a few units: each option changes the loss by far more than the tolerance
-    loss, z_loss = fn(x, w, b, y, class_weight)
+    loss, z_loss = fn(x, w, b, y, options.get("class_weight"))
     assert not z_loss.requires_grad
     grad = torch.linspace(0.5, 2.0, 9) if reduction == "none" else torch.tensor(1.5)
     loss.backward(grad)
     xr, wr, br = (t.detach().double().requires_grad_() for t in (x, w, b))
-    ref, z_ref = weighted_reference(xr, wr, br, y, reduction, **options)
+    ref, z_ref = reference(xr, wr, br, y, reduction, **options)
     ref.backward(grad.double())
     torch.testing.assert_close(loss.double(), ref.detach(), **LOSS_TOL)
     torch.testing.assert_close(z_loss.double(), z_ref.detach(), **LOSS_TOL)
     for name, ours, theirs in (("hidden", x, xr), ("weight", w, wr), ("bias", b, br)):
         torch.testing.assert_close(ours.grad.double(), theirs.grad, **GRAD_TOL,
                                    msg=lambda m, name=name: f"grad_{name}: {m}")
-    assert_each_option_matters(x.detach(), w.detach(), b.detach(), y, reduction, options, ref.detach())
+    return x.detach(), w.detach(), b.detach(), y, ref.detach()
+
+
+@pytest.mark.parametrize("case", list(WEIGHTED_CASES))
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager_call", "compiled"])
+@pytest.mark.parametrize("mode", ["recompute", "eager"])
+def test_label_smoothing_and_class_weights_match_pytorchs_cross_entropy(on_cpu, mode, compiled, reduction, case):
+    softcap, z_loss_scale, label_smoothing, weighted = WEIGHTED_CASES[case]
+    options = {"softcap": softcap, "z_loss_scale": z_loss_scale, "label_smoothing": label_smoothing,
+               "class_weight": class_weights() if weighted else None}
+    *inputs_used, ref = check_against_the_reference(weighted_reference, mode, compiled, reduction, options)
+    assert_each_option_matters(*inputs_used, reduction, options, ref)
+
+
+# --- token scaling (Liger-Kernel's use_token_scaling) through the Python layer --------------------
+
+def token_scaling_reference(x, w, b, y, reduction, softcap, temperature, z_loss_scale, label_smoothing, class_weight,
+                            scaled=True):
+    """fp64 (loss, z_loss) from the definition: each counted token's loss (cross-entropy with class
+    weights and smoothing, plus s * LSE**2) times scale = softmax(logits the softmax sees)[y],
+    detached; reduced as the loss ("mean": the cross-entropy over the sum of w_y with class
+    weights, else the count; the z-loss over the count). scaled=False: the same without the scale."""
+    logits = F.linear(x.double(), w.double(), None if b is None else b.double())
+    if softcap is not None:
+        logits = softcap * torch.tanh(logits / softcap)
+    logits = logits / temperature
+    counted = y != -100
+    target = torch.where(counted, y, 0)
+    weight = None if class_weight is None else class_weight.double()
+    ce = F.cross_entropy(logits, y, weight=weight, label_smoothing=label_smoothing, reduction="none")
+    z_loss = torch.where(counted, z_loss_scale * logits.logsumexp(-1) ** 2, torch.zeros((), dtype=torch.float64))
+    scale = torch.where(counted, logits.softmax(-1).gather(1, target[:, None])[:, 0], 0.0).detach()
+    if scaled:
+        ce, z_loss = ce * scale, z_loss * scale
+    if reduction == "none":
+        return ce + z_loss, z_loss
+    if reduction == "sum":
+        return ce.sum() + z_loss.sum(), z_loss.sum()
+    weight_sum = counted.sum() if weight is None else (weight[target] * counted).sum()
+    return ce.sum() / weight_sum + z_loss.sum() / counted.sum(), z_loss.sum() / counted.sum()
+
+
+# name: (softcap, temperature, z_loss_scale, label_smoothing, class weights)
+TOKEN_SCALING_CASES = {
+    "alone": (None, 1.0, 0.0, 0.0, False),
+    "z_loss": (None, 1.0, 0.05, 0.0, False),
+    "softcap_temperature_z_loss": (3.0, 0.7, 0.05, 0.0, False),
+    "smoothing_class_weight_z_loss": (None, 1.0, 0.05, 0.2, True),
+}
+
+
+@pytest.mark.parametrize("case", list(TOKEN_SCALING_CASES))
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager_call", "compiled"])
+@pytest.mark.parametrize("mode", ["recompute", "eager"])
+def test_token_scaling_multiplies_each_tokens_loss_and_gradient_by_its_detached_p_target(on_cpu, mode, compiled,
+                                                                                         reduction, case):
+    softcap, temperature, z_loss_scale, label_smoothing, weighted = TOKEN_SCALING_CASES[case]
+    options = {"softcap": softcap, "temperature": temperature, "z_loss_scale": z_loss_scale,
+               "label_smoothing": label_smoothing, "class_weight": class_weights() if weighted else None}
+    *inputs_used, ref = check_against_the_reference(token_scaling_reference, mode, compiled, reduction, options,
+                                                    token_scaling=True)
+    unscaled, _ = token_scaling_reference(*inputs_used, reduction, **options, scaled=False)
+    gap = float((unscaled - ref).abs().max() / ref.abs().max())
+    assert gap > 1000 * LOSS_TOL["rtol"], f"the scale barely changes the loss here ({gap:.3g})"
+
+
+def test_token_scaling_gives_the_backward_the_scales_after_the_lses(on_cpu):
+    """lse is [2N] with token scaling (lfce.h): the LSEs, then p(target), 0 for ignored tokens."""
+    x, w, _, y = inputs(9)
+    out = torch.ops.lfce.forward(x.detach(), w.detach(), None, y, None, None, None, -100, "none", "recompute", None,
+                                 None, None, 1.0, 0.0, 0.0, True, False, False, False)
+    logits = F.linear(x.detach().double(), w.detach().double())
+    counted = y != -100
+    p_target = logits.softmax(-1).gather(1, torch.where(counted, y, 0)[:, None])[:, 0]
+    assert out[1].shape == (18,)
+    torch.testing.assert_close(out[1][:9].double(), logits.logsumexp(-1), **LOSS_TOL)
+    torch.testing.assert_close(out[1][9:].double(), torch.where(counted, p_target, 0.0), **LOSS_TOL)
 
 
 def test_class_weights_get_no_gradient_and_change_no_input(on_cpu):

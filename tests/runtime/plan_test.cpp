@@ -33,6 +33,12 @@ std::string error_of(const lfce_problem& p) {
   return spec_error([&] { problem_from_c(&p); });
 }
 
+// The SpecError of `p` names `text` (EXPECT, with the message on failure).
+void expect_error_naming(const lfce_problem& p, const std::string& text) {
+  const std::string message = error_of(p);
+  EXPECT_NE(message.find(text), std::string::npos) << message;
+}
+
 TEST(Plan, ChunkWorkspaceStaysWithinDefaultBudget) {
   for (int64_t n : {1, 7, 4097, 8192, 65536, 1 << 20}) {
     Plan plan(problem(llama3(n)), Arch::SM90A);
@@ -64,7 +70,7 @@ TEST(Plan, ExplicitChunkIsUsedAndClampedToVocab) {
 // the plan (and kernels) of another that differs only there, e.g. a softcap's.
 TEST(Plan, EveryProblemFieldChangesTheProblemText) {
   const Problem base = problem(llama3(8192));
-  std::vector<Problem> variants(22, base);
+  std::vector<Problem> variants(23, base);
   variants[0].tokens += 1;
   variants[1].hidden += 8;
   variants[2].vocab += 1;
@@ -87,6 +93,7 @@ TEST(Plan, EveryProblemFieldChangesTheProblemText) {
   variants[19].class_weight = true;
   variants[20].accumulate_grad_weight = true;
   variants[21].accumulate_grad_bias = true;
+  variants[22].token_scaling = true;
   std::set<std::string> texts{problem_text(base)};
   for (const Problem& v : variants) texts.insert(problem_text(v));
   EXPECT_EQ(texts.size(), variants.size() + 1);
@@ -142,12 +149,10 @@ TEST(Plan, LossOptionsOfTheCStructAreCheckedAndNamed) {
 TEST(Plan, LabelSmoothingAndClassWeightsReachTheKernelsThatReadThem) {
   lfce_problem c = llama3(8192);
   c.has_class_weight = 2;
-  std::string message = error_of(c);
-  EXPECT_NE(message.find("lfce_problem.has_class_weight must be 0 or 1, got 2"), std::string::npos) << message;
+  expect_error_naming(c, "lfce_problem.has_class_weight must be 0 or 1, got 2");
   c.has_class_weight = 1;
   c.dtype = LFCE_DTYPE_FP16;
-  message = error_of(c);
-  EXPECT_NE(message.find("has_class_weight = 1 with fp16 is not supported"), std::string::npos) << message;
+  expect_error_naming(c, "has_class_weight = 1 with fp16 is not supported");
   c.dtype = LFCE_DTYPE_BF16;
   c.z_loss_scale = 1e-4f;
   Problem p = problem_from_c(&c);
@@ -183,16 +188,13 @@ TEST(Plan, LabelSmoothingAndClassWeightsReachTheKernelsThatReadThem) {
 TEST(Plan, AccumulatedGradientsAreCheckedAndReachOnlyTheirKernels) {
   lfce_problem c = llama3(8192);
   c.accumulate_grad_weight = -1;
-  std::string message = error_of(c);
-  EXPECT_NE(message.find("lfce_problem.accumulate_grad_weight must be 0 or 1, got -1"), std::string::npos) << message;
+  expect_error_naming(c, "lfce_problem.accumulate_grad_weight must be 0 or 1, got -1");
   c.accumulate_grad_weight = 1;
   c.mode = LFCE_MODE_EAGER;
-  message = error_of(c);
-  EXPECT_NE(message.find("accumulate_grad_weight = 1 needs mode LFCE_MODE_RECOMPUTE"), std::string::npos) << message;
+  expect_error_naming(c, "accumulate_grad_weight = 1 needs mode LFCE_MODE_RECOMPUTE");
   c.mode = LFCE_MODE_RECOMPUTE;
   c.accumulate_grad_bias = 1;
-  message = error_of(c);
-  EXPECT_NE(message.find("accumulate_grad_bias = 1 needs has_bias = 1"), std::string::npos) << message;
+  expect_error_naming(c, "accumulate_grad_bias = 1 needs has_bias = 1");
   c.has_bias = 1;
   const Problem p = problem_from_c(&c);
   for (const KernelKindInfo& info : kKernelKinds) {
@@ -202,6 +204,30 @@ TEST(Plan, AccumulatedGradientsAreCheckedAndReachOnlyTheirKernels) {
   c.accumulate_grad_bias = 0;
   EXPECT_FALSE(problem_spec(KernelKind::GradBias, problem_from_c(&c), Arch::SM90A).accumulate);
   EXPECT_TRUE(problem_spec(KernelKind::GradWeight, problem_from_c(&c), Arch::SM90A).accumulate);
+}
+
+// Token scaling: a flag, read by lse_combine and dlogits_backward (and by loss_reduce only to split a
+// scaled z-loss out for mean with class weights); the reserved field must be 0.
+TEST(Plan, TokenScalingReachesTheKernelsThatReadIt) {
+  lfce_problem c = llama3(8192);
+  c.token_scaling = 2;
+  expect_error_naming(c, "lfce_problem.token_scaling must be 0 or 1, got 2");
+  c.token_scaling = 1;
+  c.reserved = 7;
+  expect_error_naming(c, "lfce_problem.reserved must be 0, got 7");
+  c.reserved = 0;
+  Problem p = problem_from_c(&c);
+  auto spec = [&](KernelKind kind) { return problem_spec(kind, p, Arch::SM90A); };
+  EXPECT_TRUE(spec(KernelKind::LseCombine).token_scaling);
+  EXPECT_TRUE(spec(KernelKind::DlogitsBackward).token_scaling);
+  for (KernelKind kind : {KernelKind::LseForward, KernelKind::LossReduce, KernelKind::GradWeight, KernelKind::GradInput})
+    EXPECT_FALSE(spec(kind).token_scaling) << kind_name(kind);
+  c.has_class_weight = 1;
+  c.z_loss_scale = 1e-4f;
+  p = problem_from_c(&c);
+  EXPECT_TRUE(spec(KernelKind::LossReduce).token_scaling);
+  EXPECT_EQ(spec(KernelKind::LossReduce).z_loss_scale, 1e-4f);
+  for (const KernelKindInfo& info : kKernelKinds) EXPECT_NO_THROW(spec(info.kind).validate()) << info.name;
 }
 
 // fp16's dz headroom is 2x (template_util.h, dz_scale): a temperature of 0.5 or less is refused there.

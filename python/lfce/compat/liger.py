@@ -8,11 +8,12 @@ Supported: ignore_index, reduction ("mean", "sum", "none"), bias, softcap, ce_we
 weights: lfce's class_weight, same semantics: "mean" divides by the sum of the counted tokens'
 weights, the z-loss by their count; not with fp16 inputs), label_smoothing, lse_square_scale
 (z-loss: lfce's z_loss_scale) and return_z_loss (then a ``CrossEntropyOutput`` with the loss and
-the z-loss term, as Liger returns; the z-loss has no gradient, as Liger's); accum_dtype None or
-torch.float32 (lfce always accumulates in fp32); chunk_mem_const is a memory knob of Liger's and
-changes no result (lfce sizes its own chunks: see workspace_budget). Not implemented yet, and a
-NotImplementedError naming the option unless left at its default: use_token_scaling,
-return_token_accuracy, return_predicted_tokens. The loss is fp32.
+the z-loss term, as Liger returns; the z-loss has no gradient, as Liger's), use_token_scaling
+(lfce's token_scaling: each token's loss, z-loss term and gradient times its detached p(target));
+accum_dtype None or torch.float32 (lfce always accumulates in fp32); chunk_mem_const is a memory
+knob of Liger's and changes no result (lfce sizes its own chunks: see workspace_budget). Not implemented yet, and a
+NotImplementedError naming the option unless left at its default: return_token_accuracy,
+return_predicted_tokens. The loss is fp32.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def _check_options(ce_weight, lse_square_scale, label_smoothing, softcap, return
     _check.label_smoothing(label_smoothing)
     if accum_dtype is not None and accum_dtype != torch.float32:
         unsupported(_PACKAGE, "accum_dtype", accum_dtype, None)
-    unsupported(_PACKAGE, "use_token_scaling", use_token_scaling, False)
+    _check.flag("use_token_scaling", use_token_scaling)
     unsupported(_PACKAGE, "return_token_accuracy", return_token_accuracy, False)
     unsupported(_PACKAGE, "return_predicted_tokens", return_predicted_tokens, False)
 
@@ -74,14 +75,14 @@ def liger_fused_linear_cross_entropy(
     _check_options(ce_weight, lse_square_scale, label_smoothing, softcap, return_z_loss, accum_dtype,
                    use_token_scaling, return_token_accuracy, return_predicted_tokens)
     return _loss(input, weight, target, bias, ce_weight, ignore_index, reduction, softcap, lse_square_scale,
-                 label_smoothing, return_z_loss)
+                 label_smoothing, return_z_loss, use_token_scaling)
 
 
 def _loss(hidden, weight, target, bias, ce_weight, ignore_index, reduction, softcap, lse_square_scale,
-          label_smoothing, return_z_loss):
+          label_smoothing, return_z_loss, use_token_scaling):
     out = linear_cross_entropy(hidden, weight, target, bias, ignore_index=ignore_index, reduction=reduction,
                                softcap=softcap, z_loss_scale=lse_square_scale, label_smoothing=label_smoothing,
-                               class_weight=ce_weight, return_z_loss=return_z_loss)
+                               class_weight=ce_weight, return_z_loss=return_z_loss, token_scaling=use_token_scaling)
     return CrossEntropyOutput(*out) if return_z_loss else out
 
 
@@ -121,4 +122,5 @@ class LigerFusedLinearCrossEntropyLoss(torch.nn.Module):
 
     def forward(self, lin_weight, _input, target, bias=None):
         return _loss(_input, lin_weight, target, bias, self.ce_weight, self.ignore_index, self.reduction,
-                     self.softcap, self.lse_square_scale, self.label_smoothing, self.return_z_loss)
+                     self.softcap, self.lse_square_scale, self.label_smoothing, self.return_z_loss,
+                     self.use_token_scaling)
