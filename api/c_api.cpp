@@ -166,7 +166,10 @@ int lfce_forward(const lfce_problem* problem, const lfce_forward_args* args) {
 int lfce_backward(const lfce_problem* problem, const lfce_backward_args* args) {
   return guarded("lfce_backward", [&] {
     require_out(args, "args");
-    lfce::runtime::backward(lfce::runtime::problem_from_c(problem), *args, session_plan);
+    lfce::runtime::Problem p = lfce::runtime::problem_from_c(problem);
+    // The lse rows' gradients are a different dlogits_backward: part of the problem its plan is for.
+    p.lse_grad = args->grad_lse != nullptr;
+    lfce::runtime::backward(p, *args, session_plan);
   });
 }
 

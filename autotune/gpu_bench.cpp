@@ -151,7 +151,7 @@ class GpuBench final : public Bench {
   void forward(const Problem& p, const Tuning& tuning, const ForwardOut& out) {
     lfce_forward_args a{hidden_.get(), weight_.get(), p.bias ? bias_.get() : nullptr, targets_.get(), nullptr,
                         static_cast<float*>(out.lse->get()), static_cast<float*>(out.token_loss->get()),
-                        static_cast<float*>(out.loss->get()), static_cast<float*>(out.count->get()),
+                        static_cast<float*>(out.loss->get()), static_cast<float*>(out.count->get()), nullptr,
                         out.workspace->get(), out.workspace->bytes(), device_, nullptr};
     runtime::forward(p, a, [&](const Problem& q, int) { return plan_of(q, tuning); });
   }
@@ -159,7 +159,7 @@ class GpuBench final : public Bench {
   void backward(const Problem& p, const Tuning& tuning, const BackwardIn& in) {
     lfce_backward_args a{hidden_.get(), weight_.get(), p.bias ? bias_.get() : nullptr, targets_.get(), nullptr,
                          static_cast<const float*>(in.lse->get()), static_cast<const float*>(in.count->get()),
-                         static_cast<const float*>(grad_loss_.get()), grad_hidden_.get(), grad_weight_.get(),
+                         static_cast<const float*>(grad_loss_.get()), nullptr, grad_hidden_.get(), grad_weight_.get(),
                          p.bias ? grad_bias_.get() : nullptr, in.workspace->get(), in.workspace->bytes(), device_,
                          nullptr};
     runtime::backward(p, a, [&](const Problem& q, int) { return plan_of(q, tuning); });

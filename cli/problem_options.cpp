@@ -116,6 +116,9 @@ void ProblemOptions::add_to(CLI::App& app) {
                "each token's loss and gradient times its detached p(target) (Liger-Kernel's use_token_scaling)");
   app.add_flag("--accumulate-grad-bias", accumulate_grad_bias,
                "the backward adds grad_bias into an fp32 buffer; needs --bias, recompute mode");
+  app.add_option("--outputs", outputs, "extra per-token outputs of the forward, comma-separated: entropy, logprob, predicted")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"entropy", "logprob", "predicted"}));
 }
 
 lfce_problem ProblemOptions::problem(int64_t vocab, int64_t hidden) const {
@@ -139,6 +142,8 @@ lfce_problem ProblemOptions::problem(int64_t vocab, int64_t hidden) const {
   p.accumulate_grad_weight = accumulate_grad_weight ? 1 : 0;
   p.accumulate_grad_bias = accumulate_grad_bias ? 1 : 0;
   p.token_scaling = token_scaling ? 1 : 0;
+  for (const std::string& name : outputs)
+    p.outputs |= name == "entropy" ? LFCE_OUTPUT_ENTROPY : name == "logprob" ? LFCE_OUTPUT_LOGPROB : LFCE_OUTPUT_PREDICTED;
   return p;
 }
 

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "lfce/lfce.h"
 
@@ -26,11 +27,12 @@ struct ProblemOptions {
   bool class_weight = false;
   bool accumulate_grad_weight = false, accumulate_grad_bias = false;
   bool token_scaling = false;
+  std::vector<std::string> outputs;  // "entropy", "logprob", "predicted"
   int64_t ignore_index = -100;
 
   // Adds --tokens, --dtype, --mode, --reduction, --targets, --bias, --chunk, --budget-mib, --softcap,
   // --temperature, --z-loss-scale, --label-smoothing, --class-weight, --accumulate-grad-weight,
-  // --accumulate-grad-bias, --token-scaling.
+  // --accumulate-grad-bias, --token-scaling, --outputs.
   void add_to(CLI::App& app);
   lfce_problem problem(int64_t vocab, int64_t hidden) const;
 };

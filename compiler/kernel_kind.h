@@ -42,8 +42,12 @@ enum SpecField : uint32_t {
   kFieldClassWeight = 1u << 13,
   kFieldAccumulate = 1u << 14,
   kFieldTokenScaling = 1u << 15,
+  kFieldEntropy = 1u << 16,
+  kFieldArgmax = 1u << 17,
+  kFieldLogprob = 1u << 18,
+  kFieldLseGrad = 1u << 19,
 };
-inline constexpr uint32_t kAllSpecFields = (1u << 16) - 1;
+inline constexpr uint32_t kAllSpecFields = (1u << 20) - 1;
 
 struct KernelKindInfo {
   KernelKind kind;
@@ -77,19 +81,25 @@ inline constexpr uint32_t kLogitMapFields = kFieldSoftcap | kFieldTemperature;
 // reads the class weights only with label smoothing (its weighted logit sum), loss_reduce the
 // z-loss only with class weights (its own denominator): KernelSpec::fields_read().
 inline constexpr uint32_t kTargetTermFields = kFieldLabelSmoothing | kFieldClassWeight;
+// The extra per-token outputs (lfce_problem.outputs) and the backward through the lse rows:
+// dlogits_backward reads the entropy and logprob flags only with lse_grad (KernelSpec::fields_read).
+inline constexpr uint32_t kOutputFields = kFieldEntropy | kFieldLogprob;
 inline constexpr KernelKindInfo kKernelKinds[] = {
     // kind, name, gemm, backward, chunked, bias_only, a, b, smem_per_row, smem_bytes, thread_per_row,
     // reads, unscales_dz[, adds_target_term]
     {KernelKind::LseForward, "lse_forward", true, false, false, false, Layout::KMajor, Layout::KMajor, 16, 0, true,
-     kGemmFields | kFieldVocab | kFieldTargets | kFieldBias | kLogitMapFields | kTargetTermFields, false},
+     kGemmFields | kFieldVocab | kFieldTargets | kFieldBias | kLogitMapFields | kTargetTermFields | kFieldEntropy |
+         kFieldArgmax,
+     false},
     {KernelKind::LseCombine, "lse_combine", false, false, false, false, Layout::KMajor, Layout::KMajor, 0, 0, false,
-     kFieldVocab | kFieldTargets | kFieldZLoss | kTargetTermFields | kFieldTokenScaling, false},
+     kFieldVocab | kFieldTargets | kFieldZLoss | kTargetTermFields | kFieldTokenScaling | kOutputFields | kFieldArgmax,
+     false},
     {KernelKind::LossReduce, "loss_reduce", false, false, false, false, Layout::KMajor, Layout::KMajor, 0, 8192, false,
      kFieldTargets | kFieldReduction | kFieldClassWeight | kFieldZLoss | kFieldTokenScaling, false},
     {KernelKind::DlogitsBackward, "dlogits_backward", true, true, true, false, Layout::KMajor, Layout::KMajor, 16, 0,
      true,
      kGemmFields | kFieldMode | kFieldTargets | kFieldReduction | kFieldBias | kLogitMapFields | kFieldZLoss |
-         kTargetTermFields | kFieldTokenScaling,
+         kTargetTermFields | kFieldTokenScaling | kOutputFields | kFieldLseGrad,
      false},
     {KernelKind::GradWeight, "grad_weight", true, true, true, false, Layout::KMajor, Layout::MNMajor, 0, 0, false,
      kGemmFields | kFieldAccumulate, true},

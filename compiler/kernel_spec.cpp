@@ -135,6 +135,10 @@ std::string KernelSpec::text() const {
   if (class_weight) out << ";class_weight=1";
   if (accumulate) out << ";accumulate=1";
   if (token_scaling) out << ";token_scaling=1";
+  if (entropy) out << ";entropy=1";
+  if (argmax) out << ";argmax=1";
+  if (logprob) out << ";logprob=1";
+  if (lse_grad) out << ";lse_grad=1";
   return out.str();
 }
 
@@ -209,6 +213,10 @@ KernelSpec KernelSpec::parse(std::string_view text) {
   take_flag("class_weight", spec.class_weight, "without class weights");
   take_flag("accumulate", spec.accumulate, "storing the gradient");
   take_flag("token_scaling", spec.token_scaling, "without token scaling");
+  take_flag("entropy", spec.entropy, "without the entropy");
+  take_flag("argmax", spec.argmax, "without the argmax");
+  take_flag("logprob", spec.logprob, "without the logprob");
+  take_flag("lse_grad", spec.lse_grad, "without gradients of the lse rows");
   if (!fields.empty()) throw SpecError("KernelSpec has unknown field '" + fields.begin()->first + "'");
   return spec;
 }
@@ -265,6 +273,15 @@ void KernelSpec::validate() const {
     fail(kind == KernelKind::LossReduce ? "token_scaling is set on loss_reduce without class weights, a z-loss and mean "
                                           "(it reads the scale only to split the z-loss out)"
                                         : "token_scaling is set on a kernel that computes neither the loss nor dz");
+  auto flag = [&](bool value, const char* name, uint32_t field, const char* unread) {
+    if (value && !(reads & field)) fail(std::string(name) + " is set on a kernel that " + unread);
+  };
+  flag(entropy, "entropy", kFieldEntropy, "computes no entropy (nor dz through it)");
+  flag(argmax, "argmax", kFieldArgmax, "computes no argmax");
+  flag(logprob, "logprob", kFieldLogprob, "computes no logprob (nor dz through it)");
+  flag(lse_grad, "lse_grad", kFieldLseGrad, "computes no dz");
+  // The lse rows' gradients are not scaled for fp16 (their size is unknown: dz_scale would not fit).
+  if (lse_grad && dtype == DType::FP16) fail("lse_grad needs bf16 or fp32, got fp16");
   if (!info.gemm) return;
   const ArchInfo& limits = arch_info(arch);
   const TileConfig& t = tile;
@@ -367,7 +384,9 @@ uint32_t KernelSpec::fields_read() const {
   if (kind == KernelKind::LossReduce && !(class_weight && reduction == Reduction::Mean && z_loss_scale != 0.f))
     reads &= ~uint32_t{kFieldTokenScaling};
   // The target terms need V: eps / V, and the bound of a target whose class weight is read.
-  if ((kind == KernelKind::DlogitsBackward && (label_smoothing != 0.f || class_weight)) ||
+  // dlogits_backward reads the entropy and logprob rows only for their gradients (lse_grad).
+  if (kind == KernelKind::DlogitsBackward && !lse_grad) reads &= ~kOutputFields;
+  if ((kind == KernelKind::DlogitsBackward && (label_smoothing != 0.f || class_weight || (lse_grad && logprob))) ||
       (kind == KernelKind::LossReduce && class_weight))
     reads |= kFieldVocab;
   return reads;
@@ -394,6 +413,10 @@ KernelSpec KernelSpec::normalised() const {
   if (reads & kFieldClassWeight) out.class_weight = class_weight;
   if (reads & kFieldAccumulate) out.accumulate = accumulate;
   if (reads & kFieldTokenScaling) out.token_scaling = token_scaling;
+  if (reads & kFieldEntropy) out.entropy = entropy;
+  if (reads & kFieldArgmax) out.argmax = argmax;
+  if (reads & kFieldLogprob) out.logprob = logprob;
+  if (reads & kFieldLseGrad) out.lse_grad = lse_grad;
   return out;
 }
 

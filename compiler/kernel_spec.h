@@ -140,12 +140,23 @@ class KernelSpec {
   // Token scaling (Liger-Kernel's use_token_scaling): each counted token's loss and gradient times
   // its detached p(target); lse_combine stores the scale after the N LSEs, dlogits_backward reads it.
   bool token_scaling = false;
+  // Extra per-token outputs (lfce_problem.outputs). entropy: lse_forward also accumulates each row's
+  // Σ e^(u − max)·(u − max) and lse_combine writes H = −Σ p·log p; argmax: lse_forward tracks each
+  // row's first largest u and lse_combine writes the predicted ids; logprob: lse_combine writes
+  // u_y − LSE. The entropy and logprob rows follow the LSEs (and the token scales) in lse.
+  bool entropy = false;
+  bool argmax = false;
+  bool logprob = false;
+  // dlogits_backward adds the upstream gradients of the lse rows (lfce_backward_args.grad_lse):
+  // of the LSE (p_v), the entropy (−p_v·(u_v − S)) and the logprob ([v = y] − p_v).
+  bool lse_grad = false;
 
   // Canonical text, e.g.
   // "lse_forward;V=128256;H=4096;chunk=0;mode=recompute;dtype=bf16;targets=i64;reduction=mean;
   //  bias=0;arch=sm_90a;tile=128x128x64/2x4/s3", then ";softcap=30", ";temperature=0.7" and
   //  ";z_loss_scale=1e-04", ";label_smoothing=0.1", ";class_weight=1", ";accumulate=1" and
-  //  ";token_scaling=1" where they are not the defaults (none)
+  //  ";token_scaling=1", ";entropy=1", ";argmax=1", ";logprob=1", ";lse_grad=1" where they are not the
+  //  defaults (none)
   std::string text() const;
   static KernelSpec parse(std::string_view text);  // throws SpecError naming the bad field
   // Throws SpecError if the spec cannot be generated (sizes and their limits above, tile
@@ -162,7 +173,8 @@ class KernelSpec {
 
   auto tie() const {
     return std::tie(kind, vocab, hidden, chunk, mode, dtype, targets, reduction, bias, arch, tile, softcap, temperature,
-                    z_loss_scale, label_smoothing, class_weight, accumulate, token_scaling);
+                    z_loss_scale, label_smoothing, class_weight, accumulate, token_scaling, entropy, argmax, logprob,
+                    lse_grad);
   }
   bool operator==(const KernelSpec& o) const { return tie() == o.tie(); }
   bool operator!=(const KernelSpec& o) const { return !(*this == o); }

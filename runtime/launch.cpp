@@ -109,6 +109,7 @@ void run_forward(const Problem& problem, const lfce_forward_args& a, const PlanF
   require(a.valid_count, "valid_count");
   if (problem.class_weight) require_aligned(a.class_weight, "class_weight (the problem has has_class_weight = 1)", 4);
   if (problem.reduction != Reduction::None) require(a.loss, "loss");
+  if (problem.predicted) require_aligned(a.predicted, "predicted (the problem's outputs has LFCE_OUTPUT_PREDICTED)", 8);
   make_context_current(a.device);
   const Plan plan = plan_for(problem, a.device);
   const auto layout = plan.forward_layout();
@@ -129,17 +130,22 @@ void run_forward(const Problem& problem, const lfce_forward_args& a, const PlanF
   void* loss = a.loss ? static_cast<void*>(a.loss) : static_cast<void*>(a.valid_count);
   void* count = a.valid_count;
 
-  // Label smoothing's partial logit sums and per-split class-weight totals (the templates take
-  // them, and the class weights, only with those options).
+  // Label smoothing's partial logit sums (the templates take them, and the class weights, only
+  // with those options).
   void* logit_sums = at(a.workspace, layout.partial_logit_sum);
-  void* weight_totals = at(a.workspace, layout.weight_total);
   void* class_weight = const_cast<float*>(a.class_weight);
+  // The extra outputs' partials (the entropy's t, the argmax) and the predicted ids.
+  void* entropy_partials = at(a.workspace, layout.partial_entropy);
+  void* argmax_partials = at(a.workspace, layout.partial_argmax);
+  void* predicted = a.predicted;
 
   const KernelSpec fwd = plan.spec(KernelKind::LseForward);
   const int64_t h = problem.hidden, v = problem.vocab;
   std::vector<void*> fwd_args = {&x, &w, &b, &y, &n, &pmax, &psum, &tlogit};
   if (fwd.label_smoothing != 0.f) fwd_args.push_back(&logit_sums);
-  if (fwd.class_weight) fwd_args.insert(fwd_args.end(), {&class_weight, &weight_totals});
+  if (fwd.entropy) fwd_args.push_back(&entropy_partials);
+  if (fwd.argmax) fwd_args.push_back(&argmax_partials);
+  if (fwd.class_weight) fwd_args.push_back(&class_weight);
   launch_gemm(kernel_for(a.device, fwd), fwd, {static_cast<unsigned>(plan.row_groups()), static_cast<unsigned>(splits), 1}, stream,
               fwd_args, Operand{x, h, n, h}, Operand{w, h, v, h});
 
@@ -147,7 +153,9 @@ void run_forward(const Problem& problem, const lfce_forward_args& a, const PlanF
   std::vector<void*> combine_args = {&pmax, &psum, &tlogit, &y, &n, &ignore, &splits, &lse, &token_loss};
   if (combine.label_smoothing != 0.f) combine_args.push_back(&logit_sums);
   if (combine.class_weight) combine_args.push_back(&class_weight);
-  if (combine.label_smoothing != 0.f && combine.class_weight) combine_args.insert(combine_args.end(), {&weight_totals, &count});
+  if (combine.label_smoothing != 0.f && combine.class_weight) combine_args.push_back(&count);
+  if (combine.entropy) combine_args.push_back(&entropy_partials);
+  if (combine.argmax) combine_args.insert(combine_args.end(), {&argmax_partials, &predicted});
   kernel_for(a.device, combine).launch({grid_dim(n, 256, 'x'), 1, 1}, stream, combine_args.data());
 
   const KernelSpec reduce = plan.spec(KernelKind::LossReduce);
@@ -166,6 +174,11 @@ void run_backward(const Problem& problem, const lfce_backward_args& a, const Pla
   require(a.valid_count, "valid_count");
   if (problem.class_weight) require_aligned(a.class_weight, "class_weight (the problem has has_class_weight = 1)", 4);
   if (problem.mode == Mode::Recompute) require(a.grad_loss, "grad_loss (recompute mode needs the upstream gradient)");
+  if (a.grad_lse && problem.dtype == DType::FP16)
+    throw SpecError("grad_lse (the gradients of the lse rows) needs bf16 or fp32 inputs, got fp16: its dz is not "
+                    "scaled into fp16's range");
+  if (a.grad_lse) require_aligned(a.grad_lse, "grad_lse", 4);
+  if (a.grad_lse && !problem.lse_grad) throw InternalError("grad_lse given for a problem planned without it");
   // Each gradient is optional (a frozen LM head, LoRA): a NULL one's kernel is neither compiled nor launched.
   const bool want_hidden = a.grad_hidden != nullptr;
   const bool want_weight = a.grad_weight != nullptr;
@@ -201,6 +214,7 @@ void run_backward(const Problem& problem, const lfce_backward_args& a, const Pla
   void* grad_weight = a.grad_weight;
   void* grad_bias = a.grad_bias;
   void* class_weight = const_cast<float*>(a.class_weight);
+  void* grad_lse = const_cast<float*>(a.grad_lse);
 
   const KernelSpec dlogits = plan.spec(KernelKind::DlogitsBackward);
   const KernelSpec gw = plan.spec(KernelKind::GradWeight);
@@ -224,6 +238,7 @@ void run_backward(const Problem& problem, const lfce_backward_args& a, const Pla
     std::vector<void*> dlogits_args = {&x,  &w,       &b,     &y,  &lse, &grad_loss, &count,
                                        &n,  &ignore,  &v_begin, &v_len, &ld, &dz,  &residual};
     if (dlogits.class_weight) dlogits_args.push_back(&class_weight);
+    if (dlogits.lse_grad) dlogits_args.push_back(&grad_lse);
     launch_gemm(dlogits_kernel, dlogits, dlogits_grid, stream, dlogits_args, Operand{x, h, n, h},
                 Operand{w_chunk, h, v_len, h});
 

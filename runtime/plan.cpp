@@ -108,8 +108,11 @@ std::string problem_text(const Problem& p) {
          ",temperature=" + float_text(p.temperature) + ",z_loss_scale=" + float_text(p.z_loss_scale) +
          ",label_smoothing=" + float_text(p.label_smoothing) + ",class_weight=" + (p.class_weight ? "1" : "0") +
          ",accumulate=" + (p.accumulate_grad_weight ? "w" : "") + (p.accumulate_grad_bias ? "b" : "") +
-         ",token_scaling=" + (p.token_scaling ? "1" : "0");
+         ",token_scaling=" + (p.token_scaling ? "1" : "0") + ",outputs=" + (p.entropy ? "e" : "") +
+         (p.logprob ? "l" : "") + (p.predicted ? "p" : "") + ",lse_grad=" + (p.lse_grad ? "1" : "0");
 }
+
+int lse_rows(const Problem& p) { return 1 + p.token_scaling + p.entropy + p.logprob; }
 
 Problem problem_from_c(const lfce_problem* c) {
   if (!c) throw SpecError("lfce_problem pointer is NULL");
@@ -152,7 +155,13 @@ Problem problem_from_c(const lfce_problem* c) {
   p.accumulate_grad_weight = flag(c->accumulate_grad_weight, "accumulate_grad_weight");
   p.accumulate_grad_bias = flag(c->accumulate_grad_bias, "accumulate_grad_bias");
   p.token_scaling = flag(c->token_scaling, "token_scaling");
-  if (c->reserved != 0) throw SpecError("lfce_problem.reserved must be 0, got " + std::to_string(c->reserved));
+  if (c->outputs < 0 || c->outputs > (LFCE_OUTPUT_ENTROPY | LFCE_OUTPUT_LOGPROB | LFCE_OUTPUT_PREDICTED))
+    throw SpecError("lfce_problem.outputs = " + std::to_string(c->outputs) +
+                    " is not valid; expected a sum of LFCE_OUTPUT_ENTROPY (1), LFCE_OUTPUT_LOGPROB (2) and "
+                    "LFCE_OUTPUT_PREDICTED (4)");
+  p.entropy = (c->outputs & LFCE_OUTPUT_ENTROPY) != 0;
+  p.logprob = (c->outputs & LFCE_OUTPUT_LOGPROB) != 0;
+  p.predicted = (c->outputs & LFCE_OUTPUT_PREDICTED) != 0;
   p.ignore_index = c->ignore_index;
   p.chunk_size = c->chunk_size;
   if (c->workspace_budget < 0)
@@ -255,25 +264,22 @@ Plan::Plan(const Problem& problem, Arch arch, const Tuning& tuning, const Device
 // Normalised: problems that differ only in fields a kernel does not read share its spec, and
 // so its compile, cache entry and tuning.
 TileConfig Plan::tile(KernelKind kind) const {
-  // dlogits_backward with a bias and class-weighted label smoothing loads two values per column
-  // beside the accumulators: with 128 a thread (64 x 256 per consumer) ptxas 13.0 spilled 16
-  // bytes, so it takes 64 x 128 per consumer, tuned or not (tunings leave the options out).
-  const bool two_column_values = kind == KernelKind::DlogitsBackward && p_.bias && p_.class_weight &&
-                                 p_.label_smoothing != 0.f;
-  // lse_forward with class-weighted label smoothing loads each column's weight in the staged
-  // epilogue: beside a wgmma tile's mainloop ptxas 13.0 spilled 16-24 bytes, so it takes the
-  // mma.sync tile (spill-free; the forward at mma.sync speed: a known cost of this combination).
-  const bool weighted_smoothing = kind == KernelKind::LseForward && p_.class_weight && p_.label_smoothing != 0.f;
+  // dlogits_backward epilogues with more per-element work than their registers allow beside 128
+  // accumulators a thread (64 x 256 per consumer) take 64 x 128 per consumer, tuned or not
+  // (tunings leave the options out): a bias with class-weighted label smoothing (two loads per
+  // column; ptxas 13.0 spilled 16 bytes), the lse rows' gradients (the driver's JIT spilled 24-32
+  // bytes; H200, driver 580) and softcap with z-loss (8 bytes there; softcap alone, softcap with
+  // temperature and temperature with z-loss did not: test_gpu_spills.py).
+  const bool heavy_epilogue =
+      kind == KernelKind::DlogitsBackward &&
+      ((p_.bias && p_.class_weight && p_.label_smoothing != 0.f) || p_.lse_grad ||
+       (p_.softcap != 0.f && p_.z_loss_scale != 0.f));
   auto it = tuning_.tiles.find(kind);
-  if (it != tuning_.tiles.end() && !(two_column_values && it->second.wgmma() && it->second.accumulators() > 64) &&
-      !(weighted_smoothing && it->second.wgmma()))
+  if (it != tuning_.tiles.end() && !(heavy_epilogue && it->second.wgmma() && it->second.accumulators() > 64))
     return it->second;
   TileConfig t =
       default_tile(kind, p_.dtype, arch_, limits_.smem_per_block, p_.hidden, p_.label_smoothing, p_.class_weight);
-  if (two_column_values && t.wgmma() && t.accumulators() > 64) return TileConfig{128, 128, 64, 1, 1, 4, 2};
-  if (weighted_smoothing && t.wgmma())
-    return default_tile(kind, p_.dtype, Arch::SM80, limits_.smem_per_block, p_.hidden, p_.label_smoothing,
-                        p_.class_weight);
+  if (heavy_epilogue && t.wgmma() && t.accumulators() > 64) return TileConfig{128, 128, 64, 1, 1, 4, 2};
   if (t.wgmma() && !t.pingpong && t.bn == 256 && (kind == KernelKind::GradInput || kind == KernelKind::GradWeight)) {
     // (Called once the chunk is known: the constructor asks only for lse_forward's tile.)
     // The output is [N or chunk, H]: when H / 256 column blocks leave the last wave of CTAs
@@ -313,6 +319,12 @@ KernelSpec problem_spec(KernelKind kind, const Problem& p, Arch arch) {
   if (reads & kFieldTemperature) s.temperature = p.temperature;
   if (!(reads & kFieldZLoss)) s.z_loss_scale = 0.f;
   s.token_scaling = p.token_scaling && (reads & kFieldTokenScaling);
+  s.lse_grad = p.lse_grad && (reads & kFieldLseGrad);
+  // (dlogits_backward reads the entropy and logprob flags only with lse_grad: after it.)
+  const uint32_t output_reads = s.fields_read();
+  s.entropy = p.entropy && (output_reads & kFieldEntropy);
+  s.logprob = p.logprob && (output_reads & kFieldLogprob);
+  s.argmax = p.predicted && (output_reads & kFieldArgmax);
   if (!(reads & kFieldLabelSmoothing)) s.label_smoothing = 0.f;
   if (!(reads & kFieldClassWeight)) s.class_weight = false;
   // One flag in the spec, each gradient kernel its own from the problem.
@@ -340,15 +352,13 @@ Plan::ForwardLayout Plan::forward_layout() const {
   l.partial_sum = partial;
   l.target_logit = checked_mul(2, partial, "forward workspace bytes");
   l.bytes = checked_add(l.target_logit, target, "forward workspace bytes");
-  // Label smoothing: the per-(split, row) partial Σ w_v·u_v, and with class weights each
-  // split's Σ w_v over its columns.
-  l.partial_logit_sum = l.weight_total = l.bytes;
-  if (p_.label_smoothing != 0.f) {
-    l.bytes = checked_add(l.partial_logit_sum, partial, "forward workspace bytes");
-    l.weight_total = l.bytes;
-    if (p_.class_weight)
-      l.bytes = checked_add(l.bytes, align256(sizeof(float) * max_splits_), "forward workspace bytes");
-  }
+  // Label smoothing: the per-(split, row) partial Σ w_v·u_v.
+  l.partial_logit_sum = l.bytes;
+  if (p_.label_smoothing != 0.f) l.bytes = checked_add(l.partial_logit_sum, partial, "forward workspace bytes");
+  l.partial_entropy = l.bytes;
+  if (p_.entropy) l.bytes = checked_add(l.bytes, partial, "forward workspace bytes");
+  l.partial_argmax = l.bytes;
+  if (p_.predicted) l.bytes = checked_add(l.bytes, partial, "forward workspace bytes");
   return l;
 }
 

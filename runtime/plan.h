@@ -32,7 +32,14 @@ struct Problem {
   // The backward adds grad_weight / grad_bias into fp32 buffers (recompute mode).
   bool accumulate_grad_weight = false, accumulate_grad_bias = false;
   bool token_scaling = false;  // each token's loss and gradient times its detached p(target)
+  // The extra per-token outputs (lfce_problem.outputs), and whether the backward adds the lse rows'
+  // gradients (lfce_backward_args.grad_lse not NULL: set by lfce_backward, never by the C struct).
+  bool entropy = false, logprob = false, predicted = false;
+  bool lse_grad = false;
 };
+
+// The rows of lse (lfce.h): the LSEs, then the token scales, entropies and logprobs where asked for.
+int lse_rows(const Problem& problem);
 
 // The most tokens a problem may have: grid x = ceil(N / BM) stays within CUDA's 2^31 - 1 CTAs.
 // V, H and the chunk are bounded by kMaxVocab, kMaxHidden and kMaxChunk (compiler/kernel_spec.h).
@@ -83,9 +90,11 @@ class Plan {
   bool needs_grad_input_accumulator() const { return p_.dtype != DType::FP32 && chunks() > 1; }
 
   // Workspace layouts: byte offsets into the caller's buffer, each 256-byte aligned.
-  // partial_logit_sum ([splits, N]: label smoothing's Σ w_v·u_v) and weight_total ([splits]: Σ w_v,
-  // with class weights too) take no bytes without those options.
-  struct ForwardLayout { size_t partial_max, partial_sum, target_logit, partial_logit_sum, weight_total, bytes; };
+  // partial_logit_sum ([splits, N]: label smoothing's Σ w_v·u_v), partial_entropy and partial_argmax
+  // ([splits, N] each) take no bytes without the smoothing, the entropy and the predicted ids.
+  struct ForwardLayout {
+    size_t partial_max, partial_sum, target_logit, partial_logit_sum, partial_entropy, partial_argmax, bytes;
+  };
   // dz: the chunk's dzᵀ; grad_input_acc: the fp32 [N, H] sum across chunks (when chunks > 1);
   // residual: fp32 [N], what rounding each token's target dz lost (16-bit dtypes; see grad_input).
   struct BackwardLayout { size_t dz, grad_input_acc, residual, bytes; };

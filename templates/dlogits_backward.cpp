@@ -15,6 +15,11 @@
 // for mean by Σ w_y of the counted tokens) and b the z-loss's (g, divided for mean by their
 // count): T = a·(1 − eps)·w_y, U = a·eps / V, P = T + a·eps·W / V + b·2s·LSE, W = Σ_v w_v (V
 // without class weights; valid_count[2] with them).
+//
+// With the gradients of the lse rows (lse_grad: lfce_backward_args.grad_lse) the same form holds
+// with P += g_lse + g_H·S − g_lp, T −= g_lp and one more term −g_H·p_v·u_v (the entropy's, S = LSE − H),
+// for every token (ignored ones too: their LSE and entropy are outputs); g_lp only where the target
+// is counted and in [0, V).
 #include "templates/gemm_skeleton.h"
 #include "templates/template_util.h"
 #include "templates/templates.h"
@@ -32,8 +37,12 @@ KernelShape build_dlogits_backward(llvm::Module& module, const KernelSpec& spec)
                                {"v_len", ParamType::I64}, {"ld", ParamType::I64}, {"dz", ParamType::GlobalPtr},
                                {"residual", ParamType::GlobalPtr}};
   if (spec.class_weight) params.push_back({"class_weight", ParamType::GlobalPtr});
+  if (spec.lse_grad) params.push_back({"grad_lse", ParamType::GlobalPtr});
   KernelBuilder kb(module, "dlogits_backward", gemm_params(t, params), t.threads());
   const bool target_terms = has_target_terms(spec);
+  // The P/T/U form: the target terms' or the lse rows' gradients need it.
+  const bool row_terms = target_terms || spec.lse_grad;
+  const bool entropy_term = spec.lse_grad && spec.entropy;
   const float eps = spec.label_smoothing;
   // U·w_v needs the column's class weight: per-column loads, as a bias.
   const bool column_weights = spec.class_weight && eps != 0.f;
@@ -42,7 +51,8 @@ KernelShape build_dlogits_backward(llvm::Module& module, const KernelSpec& spec)
   GemmSkeleton gemm(kb, spec, Layout::KMajor, Layout::KMajor);
   const int extra = gemm.extra_offset();
   const int lse_off = extra, g_off = extra + 4 * t.bm, tgt_off = extra + 8 * t.bm;
-  const int p_off = extra + 16 * t.bm, t_off = extra + 20 * t.bm;  // with target terms
+  const int p_off = extra + 16 * t.bm, t_off = extra + 20 * t.bm;  // with row terms
+  const int q_off = extra + 24 * t.bm;                               // with the entropy's gradient
   const int smem_bytes = gemm.smem_bytes(kernel_smem_per_row(spec) * t.bm);
   auto row_slot = [&](int base, Value* r, int bytes) {
     return kb.smem(ir.CreateAdd(kb.c32(base), ir.CreateMul(r, kb.c32(bytes))));
@@ -56,9 +66,11 @@ KernelShape build_dlogits_backward(llvm::Module& module, const KernelSpec& spec)
   Value* ld = kb.arg("ld");
   // Row m's constants: g, LSE and the target (row 0's LSE and target for rows past N, whose g is 0);
   // with target terms also P, T and U (nullptr without label smoothing), g being a.
+  // With lse_grad also q (the entropy's −g_H·p_v·u_v, or nullptr) and `zero` (the row is past N:
+  // dz is 0), since g (the cross-entropy's scale) is 0 for an ignored token whose LSE has a gradient.
   struct RowConstants {
     Value *g, *lse, *target;
-    Value *p = nullptr, *t = nullptr, *u = nullptr;
+    Value *p = nullptr, *t = nullptr, *u = nullptr, *q = nullptr, *zero = nullptr;
   };
   // U of a row whose cross-entropy scale is a, or nullptr without label smoothing.
   auto smoothing_u = [&](Value* a) {
@@ -76,8 +88,8 @@ KernelShape build_dlogits_backward(llvm::Module& module, const KernelSpec& spec)
     }
     // Token scaling: the token's detached p(target), stored by lse_combine after the N LSEs.
     if (spec.token_scaling)
-      upstream = ir.CreateFMul(upstream, kb.load(kb.f32(), kb.gep(kb.arg("lse"), kb.f32(), ir.CreateAdd(n, safe_m))));
-    if (target_terms) {
+      upstream = ir.CreateFMul(upstream, kb.load(kb.f32(), lse_row_at(kb, kb.arg("lse"), lse_row_scale(spec), n, safe_m)));
+    if (row_terms) {
       // a and b (equal without class weights), then T, U and P.
       Value* a = upstream;
       Value* b = upstream;
@@ -107,7 +119,29 @@ KernelShape build_dlogits_backward(llvm::Module& module, const KernelSpec& spec)
       }
       if (spec.z_loss_scale != 0.f)
         p_coef = ir.CreateFAdd(p_coef, ir.CreateFMul(b, ir.CreateFMul(kb.cf(2.f * spec.z_loss_scale), lse)));
-      return RowConstants{a, lse, target, p_coef, t_coef, smoothing_u(a)};
+      RowConstants row{a, lse, target, p_coef, t_coef, smoothing_u(a)};
+      if (spec.lse_grad) {
+        // The lse rows' upstream gradients (0 past N).
+        auto upstream_of = [&](int lse_row) {
+          Value* g = kb.load(kb.f32(), lse_row_at(kb, kb.arg("grad_lse"), lse_row, n, safe_m));
+          return ir.CreateSelect(in_rows, g, kb.cf(0.f));
+        };
+        row.p = ir.CreateFAdd(row.p, upstream_of(0));
+        if (spec.entropy) {
+          Value* g_h = upstream_of(lse_row_entropy(spec));
+          Value* h = kb.load(kb.f32(), lse_row_at(kb, kb.arg("lse"), lse_row_entropy(spec), n, safe_m));
+          row.p = ir.CreateFAdd(row.p, ir.CreateFMul(g_h, ir.CreateFSub(lse, h)));
+          row.q = g_h;
+        }
+        if (spec.logprob) {
+          Value* in_range = ir.CreateAnd(ir.CreateICmpSGE(target, kb.c64(0)), ir.CreateICmpSLT(target, kb.c64(spec.vocab)));
+          Value* g_lp = ir.CreateSelect(ir.CreateAnd(counted, in_range), upstream_of(lse_row_logprob(spec)), kb.cf(0.f));
+          row.p = ir.CreateFSub(row.p, g_lp);
+          row.t = ir.CreateFSub(row.t, g_lp);
+        }
+        row.zero = ir.CreateNot(in_rows);
+      }
+      return row;
     }
     upstream = per_valid_token(kb, spec, upstream, kb.arg("valid_count"));
     upstream = ir.CreateFMul(upstream, dz_scale(kb, spec, kb.arg("grad_loss"), kb.arg("valid_count")));
@@ -131,16 +165,17 @@ KernelShape build_dlogits_backward(llvm::Module& module, const KernelSpec& spec)
     z = capped_logit(kb, spec, z);
     Value* p = kb.exp(ir.CreateFSub(z, row.lse));
     Value* dz = nullptr;
-    if (target_terms) {
+    if (row_terms) {
       dz = ir.CreateFSub(ir.CreateFMul(row.p, p), ir.CreateSelect(hit, row.t, kb.cf(0.f)));
       if (row.u) dz = ir.CreateFSub(dz, column_weight ? ir.CreateFMul(row.u, column_weight) : row.u);
+      if (row.q) dz = ir.CreateFSub(dz, ir.CreateFMul(row.q, ir.CreateFMul(p, z)));
     } else {
       if (Value* factor = z_loss_factor(kb, spec, row.lse)) p = ir.CreateFMul(p, factor);
       dz = ir.CreateFMul(row.g, ir.CreateFSub(p, ir.CreateSelect(hit, kb.cf(1.f), kb.cf(0.f))));
     }
     if (Value* slope = capped_logit_slope(kb, spec, z)) dz = ir.CreateFMul(dz, slope);
     // g = 0 (ignored or padding rows) gives an exact 0 even where z or LSE is not finite.
-    dz = ir.CreateSelect(ir.CreateFCmpOEQ(row.g, kb.cf(0.f)), kb.cf(0.f), dz);
+    dz = ir.CreateSelect(row.zero ? row.zero : ir.CreateFCmpOEQ(row.g, kb.cf(0.f)), kb.cf(0.f), dz);
     Value* rounded = kb.from_f32(dz, elem);
     return Dz{rounded, dz, hit};
   };
@@ -152,18 +187,19 @@ KernelShape build_dlogits_backward(llvm::Module& module, const KernelSpec& spec)
     z = capped_logit(kb, spec, z);
     Value* p = kb.exp2(kb.fma(z, kb.cf(KernelBuilder::kLog2e), ir.CreateFMul(row.lse, kb.cf(-KernelBuilder::kLog2e))));
     Value* dz = nullptr;
-    if (target_terms) {
+    if (row_terms) {
       // hit is a constant here: false for every element, true for the target's correction.
       Value* sub = ir.CreateSelect(hit, row.t, kb.cf(0.f));
       if (row.u) sub = ir.CreateFAdd(sub, row.u);  // w_v = 1: no class weights on this path with U
-      dz = kb.fma(row.p, p, ir.CreateFNeg(sub));
+      Value* coef = row.q ? kb.fma(ir.CreateFNeg(row.q), z, row.p) : row.p;  // P − q·u
+      dz = kb.fma(coef, p, ir.CreateFNeg(sub));
     } else {
       Value* g = row.g;
       if (Value* factor = z_loss_factor(kb, spec, row.lse)) g = ir.CreateFMul(g, factor);
       dz = kb.fma(g, p, ir.CreateFNeg(ir.CreateSelect(hit, row.g, kb.cf(0.f))));
     }
     if (Value* slope = capped_logit_slope(kb, spec, z)) dz = ir.CreateFMul(dz, slope);
-    return ir.CreateSelect(ir.CreateFCmpOEQ(row.g, kb.cf(0.f)), kb.cf(0.f), dz);
+    return ir.CreateSelect(row.zero ? row.zero : ir.CreateFCmpOEQ(row.g, kb.cf(0.f)), kb.cf(0.f), dz);
   };
   // What rounding `exact` (fp32) to the dtype loses, stored for token m. Computed where it is
   // stored: outside that branch it costs registers in every element.
@@ -323,10 +359,11 @@ KernelShape build_dlogits_backward(llvm::Module& module, const KernelSpec& spec)
     kb.store(row.g, row_slot(g_off, tid, 4));
     kb.store(row.lse, row_slot(lse_off, tid, 4));
     kb.store(row.target, row_slot(tgt_off, tid, 8));
-    if (target_terms) {
+    if (row_terms) {
       kb.store(row.p, row_slot(p_off, tid, 4));
       kb.store(row.t, row_slot(t_off, tid, 4));
     }
+    if (entropy_term) kb.store(row.q, row_slot(q_off, tid, 4));
   });
 
   GemmOperand x{kb.arg("x"), hidden, Layout::KMajor, n, hidden, row_align};
@@ -341,11 +378,13 @@ KernelShape build_dlogits_backward(llvm::Module& module, const KernelSpec& spec)
     kb.if_then(ir.CreateAnd(ir.CreateICmpSLT(m, ld), ir.CreateICmpSLT(v, v_len)), [&] {
       RowConstants row{kb.load(kb.f32(), row_slot(g_off, r, 4)), kb.load(kb.f32(), row_slot(lse_off, r, 4)),
                        kb.load(kb.i64(), row_slot(tgt_off, r, 8))};
-      if (target_terms) {
+      if (row_terms) {
         row.p = kb.load(kb.f32(), row_slot(p_off, r, 4));
         row.t = kb.load(kb.f32(), row_slot(t_off, r, 4));
         row.u = smoothing_u(row.g);
       }
+      if (entropy_term) row.q = kb.load(kb.f32(), row_slot(q_off, r, 4));
+      if (spec.lse_grad) row.zero = ir.CreateICmpSGE(m, n);
       Value* vocab_index = ir.CreateAdd(v_begin, v);
       Value* z = ir.CreateFAdd(kb.load(kb.f32(), gemm.staged(r, c)), load_bias(kb, spec, kb.arg("bias"), vocab_index));
       Value* index = ir.CreateAdd(ir.CreateMul(v, ld), m);

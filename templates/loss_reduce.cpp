@@ -48,7 +48,7 @@ KernelShape build_loss_reduce(llvm::Module& module, const KernelSpec& spec) {
         Value* lse = kb.load(kb.f32(), kb.gep(kb.arg("lse"), kb.f32(), m));
         Value* z = z_loss_term(kb, spec, lse);
         // With token scaling the token's loss holds its z-loss times its scale (lse[N + m]).
-        if (spec.token_scaling) z = ir.CreateFMul(z, kb.load(kb.f32(), kb.gep(kb.arg("lse"), kb.f32(), ir.CreateAdd(kb.arg("n"), m))));
+        if (spec.token_scaling) z = ir.CreateFMul(z, kb.load(kb.f32(), lse_row_at(kb, kb.arg("lse"), lse_row_scale(spec), kb.arg("n"), m)));
         slot = kb.at(acc, kb.f32(), 3);
         kb.store(ir.CreateFAdd(kb.load(kb.f32(), slot), ir.CreateSelect(counted, z, kb.cf(0.f))), slot);
       }

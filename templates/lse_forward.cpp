@@ -8,8 +8,9 @@
 // being read at once, so that they stay in L2 while the S shares of W stream past them.
 // Output: per-(split, row) partial max and sum-exp ([splits, N] each), and target_logit[N]
 // written by the one CTA whose tiles hold the target. With label smoothing also the partial
-// Σ w_v·u_v of the split's columns ([splits, N]; w = 1 without class weights) and, with class
-// weights, each split's Σ w_v (weight_total[split], written by its CTA of row group 0).
+// Σ w_v·u_v of the split's columns ([splits, N]; w = 1 without class weights). With the
+// entropy, the partial Σ e^(u − max)·(u − max) ([splits, N], template_util.h's merged_entropy);
+// with the argmax, the index of the split's first largest u ([splits, N] i32).
 // lse_combine finishes the rows.
 #include "compiler/errors.h"
 #include "templates/gemm_skeleton.h"
@@ -60,6 +61,9 @@ void lse_forward_specialised(KernelBuilder& kb, const KernelSpec& spec, GemmSkel
   // Label smoothing (no class weights on this path): Σ u_v of this thread's columns, row h at h.
   const bool smoothing = spec.label_smoothing != 0.f;
   Value* logit_sums = smoothing ? kb.local_array(kb.f32(), 2, "row_logit_sums") : nullptr;
+  // The entropy's t and the argmax of this thread's columns, row h at h.
+  Value* entropy_sums = spec.entropy ? kb.local_array(kb.f32(), 2, "row_entropy_sums") : nullptr;
+  Value* argmaxes = spec.argmax ? kb.local_array(kb.i32(), 2, "row_argmaxes") : nullptr;
   Value* targets = kb.local_array(kb.i64(), 2, "row_targets");
   gemm.run_specialised([&](bool consumer, const TileVisit& visit) {
     FragmentPosition pos{};
@@ -76,6 +80,8 @@ void lse_forward_specialised(KernelBuilder& kb, const KernelSpec& spec, GemmSkel
           kb.store(neg_inf(kb), kb.at(stats, kb.f32(), 2 * h));
           kb.store(kb.cf(0.f), kb.at(stats, kb.f32(), 2 * h + 1));
           if (smoothing) kb.store(kb.cf(0.f), kb.at(logit_sums, kb.f32(), h));
+          if (entropy_sums) kb.store(kb.cf(0.f), kb.at(entropy_sums, kb.f32(), h));
+          if (argmaxes) kb.store(kb.c32(-1), kb.at(argmaxes, kb.i32(), h));
         }
       }
       kb.for_range(tile_begin, tile_end, kb.c32(1), [&](Value* tile) {
@@ -100,16 +106,37 @@ void lse_forward_specialised(KernelBuilder& kb, const KernelSpec& spec, GemmSkel
               }
               Value* old_max = kb.load(kb.f32(), kb.at(stats, kb.f32(), 2 * h));
               Value* old_sum = kb.load(kb.f32(), kb.at(stats, kb.f32(), 2 * h + 1));
-              Value* new_max = kb.fmax(old_max, tree(z, [&](Value* a, Value* b) { return kb.fmax(a, b); }));
+              Value* tile_max = tree(z, [&](Value* a, Value* b) { return kb.fmax(a, b); });
+              Value* new_max = kb.fmax(old_max, tile_max);
               Value* safe = ir.CreateSelect(ir.CreateFCmpOEQ(new_max, neg_inf(kb)), kb.cf(0.f), new_max);
               // e^(z − max) = 2^(z·log2 e − max·log2 e): one FMA before the SFU's ex2.
               Value* shift = ir.CreateFMul(safe, kb.cf(-KernelBuilder::kLog2e));
               std::vector<Value*> p(cols);
               for (int q = 0; q < cols; ++q) p[q] = kb.exp2(kb.fma(z[q], kb.cf(KernelBuilder::kLog2e), shift));
-              Value* sum = ir.CreateFAdd(ir.CreateFMul(old_sum, kb.exp(ir.CreateFSub(old_max, safe))),
-                                         tree(p, [&](Value* a, Value* b) { return ir.CreateFAdd(a, b); }));
+              Value* tile_sum = tree(p, [&](Value* a, Value* b) { return ir.CreateFAdd(a, b); });
+              Value* sum = ir.CreateFAdd(ir.CreateFMul(old_sum, kb.exp(ir.CreateFSub(old_max, safe))), tile_sum);
               kb.store(new_max, kb.at(stats, kb.f32(), 2 * h));
               kb.store(sum, kb.at(stats, kb.f32(), 2 * h + 1));
+              if (entropy_sums) {
+                // This tile's Σ p·(z − max) at the new max, merged with the running one (rescaled to it).
+                std::vector<Value*> pz(cols);
+                for (int q = 0; q < cols; ++q)
+                  pz[q] = ir.CreateFMul(p[q], ir.CreateSelect(valid[q], ir.CreateFSub(z[q], safe), kb.cf(0.f)));
+                Value* slot = kb.at(entropy_sums, kb.f32(), h);
+                Value* tile_t = tree(pz, [&](Value* a, Value* b) { return ir.CreateFAdd(a, b); });
+                kb.store(merged_entropy(kb, safe, old_max, old_sum, kb.load(kb.f32(), slot), safe, tile_sum, tile_t),
+                         slot);
+              }
+              if (argmaxes) {
+                // The first of this thread's columns (8j + e, increasing with q) holding the tile's
+                // largest value; it replaces the running argmax only where it is strictly larger.
+                Value* first = kb.c32(0);
+                for (int q = cols - 1; q >= 0; --q)
+                  first = ir.CreateSelect(ir.CreateFCmpOEQ(z[q], tile_max), kb.c32(8 * (q / 2) + q % 2), first);
+                Value* index = ir.CreateAdd(ir.CreateTrunc(n0, kb.i32()), ir.CreateAdd(f.pos.col0, first));
+                Value* slot = kb.at(argmaxes, kb.i32(), h);
+                kb.store(ir.CreateSelect(ir.CreateFCmpOGT(tile_max, old_max), index, kb.load(kb.i32(), slot)), slot);
+              }
               if (smoothing) {
                 std::vector<Value*> u(cols);
                 for (int q = 0; q < cols; ++q) u[q] = ir.CreateSelect(valid[q], z[q], kb.cf(0.f));
@@ -149,11 +176,32 @@ void lse_forward_specialised(KernelBuilder& kb, const KernelSpec& spec, GemmSkel
             logit_sum = kb.load(kb.f32(), kb.at(logit_sums, kb.f32(), h));
             for (int mask = 1; mask <= 2; mask *= 2) logit_sum = ir.CreateFAdd(logit_sum, kb.shfl_xor(logit_sum, mask));
           }
+          // The entropy's t and the argmax merge over the quad beside (max, sum): from the same
+          // pre-merge values, so each step reads the quad's maxima before they change.
+          Value *entropy_t = nullptr, *argmax = nullptr;
+          if (entropy_sums || argmaxes) {
+            Value* mq = kb.load(kb.f32(), kb.at(stats, kb.f32(), 2 * h));
+            Value* sq = kb.load(kb.f32(), kb.at(stats, kb.f32(), 2 * h + 1));
+            if (entropy_sums) entropy_t = kb.load(kb.f32(), kb.at(entropy_sums, kb.f32(), h));
+            if (argmaxes) argmax = kb.load(kb.i32(), kb.at(argmaxes, kb.i32(), h));
+            for (int mask = 1; mask <= 2; mask *= 2) {
+              Value* m_other = kb.shfl_xor(mq, mask);
+              Value* s_other = kb.shfl_xor(sq, mask);
+              Value* merged_max = kb.fmax(mq, m_other);
+              Value* safe = ir.CreateSelect(ir.CreateFCmpOEQ(merged_max, neg_inf(kb)), kb.cf(0.f), merged_max);
+              if (entropy_t)
+                entropy_t = merged_entropy(kb, safe, mq, sq, entropy_t, m_other, s_other, kb.shfl_xor(entropy_t, mask));
+              if (argmax) argmax = merged_argmax(kb, mq, argmax, m_other, kb.shfl_xor_i32(argmax, mask));
+              std::tie(mq, sq) = merge(kb, mq, sq, m_other, s_other);
+            }
+          }
           Value* row = row_of(m0, h);
           kb.if_then(ir.CreateAnd(ir.CreateICmpEQ(pos.quad_lane, kb.c32(0)), ir.CreateICmpSLT(row, n)), [&] {
             kb.store(m, kb.gep(kb.arg("partial_max"), kb.f32(), partial_index(row)));
             kb.store(s, kb.gep(kb.arg("partial_sum"), kb.f32(), partial_index(row)));
             if (smoothing) kb.store(logit_sum, kb.gep(kb.arg("partial_logit_sum"), kb.f32(), partial_index(row)));
+            if (entropy_t) kb.store(entropy_t, kb.gep(kb.arg("partial_entropy"), kb.f32(), partial_index(row)));
+            if (argmax) kb.store(argmax, kb.gep(kb.arg("partial_argmax"), kb.i32(), partial_index(row)));
           });
         }
       }
@@ -171,15 +219,17 @@ KernelShape build_lse_forward(llvm::Module& module, const KernelSpec& spec) {
                                {"partial_max", ParamType::GlobalPtr}, {"partial_sum", ParamType::GlobalPtr},
                                {"target_logit", ParamType::GlobalPtr}};
   if (smoothing) params.push_back({"partial_logit_sum", ParamType::GlobalPtr});
-  if (spec.class_weight) {  // (only with label smoothing: KernelSpec::fields_read)
-    params.push_back({"class_weight", ParamType::GlobalPtr});
-    params.push_back({"weight_total", ParamType::GlobalPtr});
-  }
+  if (spec.entropy) params.push_back({"partial_entropy", ParamType::GlobalPtr});
+  if (spec.argmax) params.push_back({"partial_argmax", ParamType::GlobalPtr});
+  if (spec.class_weight) params.push_back({"class_weight", ParamType::GlobalPtr});  // (only with label smoothing)
   KernelBuilder kb(module, "lse_forward", gemm_params(t, params), t.threads());
   auto& ir = kb.ir();
   GemmSkeleton gemm(kb, spec, Layout::KMajor, Layout::KMajor);
   const int extra = gemm.extra_offset();
   const int max_off = extra, sum_off = extra + 4 * t.bm, tgt_off = extra + 8 * t.bm, logit_sum_off = extra + 16 * t.bm;
+  // Then, where the spec has them, the entropy's t and the argmax (i32) of each row.
+  const int entropy_off = logit_sum_off + (smoothing ? 4 * t.bm : 0);
+  const int argmax_off = entropy_off + (spec.entropy ? 4 * t.bm : 0);
   const int smem_bytes = gemm.smem_bytes(kernel_smem_per_row(spec) * t.bm);
   auto row_slot = [&](int base, Value* r, int bytes) {
     return kb.smem(ir.CreateAdd(kb.c32(base), ir.CreateMul(r, kb.c32(bytes))));
@@ -224,6 +274,8 @@ KernelShape build_lse_forward(llvm::Module& module, const KernelSpec& spec) {
       kb.store(neg_inf(kb), row_slot(max_off, tid, 4));
       kb.store(kb.cf(0.f), row_slot(sum_off, tid, 4));
       if (smoothing) kb.store(kb.cf(0.f), row_slot(logit_sum_off, tid, 4));
+      if (spec.entropy) kb.store(kb.cf(0.f), row_slot(entropy_off, tid, 4));
+      if (spec.argmax) kb.store(kb.c32(-1), row_slot(argmax_off, tid, 4));
       Value* target = kb.c64(-1);
       kb.if_then_else(
           ir.CreateICmpSLT(tid, rows),
@@ -258,6 +310,33 @@ KernelShape build_lse_forward(llvm::Module& module, const KernelSpec& spec) {
         for (int q = 0; q < t.bn / 32; ++q)
           sum = ir.CreateFAdd(sum, ir.CreateSelect(valid[q], kb.exp(ir.CreateFSub(z[q], zmax)), kb.cf(0.f)));
         sum = kb.warp_sum(sum);
+        // The entropy's Σ p·(z − max) at the tile's max; the first column holding it (lane + 32q
+        // increases with q; the warp keeps the lowest of equal maxima).
+        Value* entropy_t = nullptr;
+        if (spec.entropy) {
+          entropy_t = kb.cf(0.f);
+          for (int q = 0; q < t.bn / 32; ++q) {
+            Value* shift = ir.CreateFSub(z[q], zmax);
+            entropy_t = ir.CreateFAdd(entropy_t, ir.CreateSelect(valid[q], ir.CreateFMul(kb.exp(shift), shift), kb.cf(0.f)));
+          }
+          entropy_t = kb.warp_sum(entropy_t);
+        }
+        Value* argmax = nullptr;
+        if (spec.argmax) {
+          Value* lane_max = neg_inf(kb);
+          for (int q = 0; q < t.bn / 32; ++q) lane_max = kb.fmax(lane_max, z[q]);
+          // (A constant per column, the lane added once: fewer live values beside the mainloop's.)
+          Value* first = kb.c32(t.bn);
+          for (int q = t.bn / 32 - 1; q >= 0; --q)
+            first = ir.CreateSelect(ir.CreateFCmpOEQ(z[q], lane_max), kb.c32(32 * q), first);
+          argmax = ir.CreateSelect(ir.CreateICmpEQ(first, kb.c32(t.bn)), kb.c32(-1), ir.CreateAdd(lane, first));
+          for (int mask = 16; mask >= 1; mask /= 2) {
+            Value* other_max = kb.shfl_xor(lane_max, mask);
+            argmax = merged_argmax(kb, lane_max, argmax, other_max, kb.shfl_xor_i32(argmax, mask));
+            lane_max = kb.fmax(lane_max, other_max);
+          }
+          argmax = ir.CreateAdd(argmax, ir.CreateTrunc(n0, kb.i32()));
+        }
         // Label smoothing: Σ w_v·u_v of the row's columns here (w = 1 without class weights).
         Value* logit_sum = nullptr;
         if (smoothing) {
@@ -278,6 +357,15 @@ KernelShape build_lse_forward(llvm::Module& module, const KernelSpec& spec) {
                                         ir.CreateFMul(sum, kb.exp(ir.CreateFSub(zmax, new_max))));
           kb.store(new_max, row_slot(max_off, r, 4));
           kb.store(merged, row_slot(sum_off, r, 4));
+          if (spec.entropy) {
+            Value* safe = ir.CreateSelect(ir.CreateFCmpOEQ(new_max, neg_inf(kb)), kb.cf(0.f), new_max);
+            kb.store(merged_entropy(kb, safe, old_max, old_sum, kb.load(kb.f32(), row_slot(entropy_off, r, 4)), zmax, sum,
+                                    entropy_t),
+                     row_slot(entropy_off, r, 4));
+          }
+          if (spec.argmax)
+            kb.store(ir.CreateSelect(ir.CreateFCmpOGT(zmax, old_max), argmax, kb.load(kb.i32(), row_slot(argmax_off, r, 4))),
+                     row_slot(argmax_off, r, 4));
           if (smoothing)
             kb.store(ir.CreateFAdd(kb.load(kb.f32(), row_slot(logit_sum_off, r, 4)), logit_sum), row_slot(logit_sum_off, r, 4));
           Value* target = kb.load(kb.i64(), row_slot(tgt_off, r, 8));
@@ -302,25 +390,11 @@ KernelShape build_lse_forward(llvm::Module& module, const KernelSpec& spec) {
       kb.store(kb.load(kb.f32(), row_slot(sum_off, tid, 4)), kb.gep(kb.arg("partial_sum"), kb.f32(), index));
       if (smoothing)
         kb.store(kb.load(kb.f32(), row_slot(logit_sum_off, tid, 4)), kb.gep(kb.arg("partial_logit_sum"), kb.f32(), index));
+      if (spec.entropy)
+        kb.store(kb.load(kb.f32(), row_slot(entropy_off, tid, 4)), kb.gep(kb.arg("partial_entropy"), kb.f32(), index));
+      if (spec.argmax)
+        kb.store(kb.load(kb.i32(), row_slot(argmax_off, tid, 4)), kb.gep(kb.arg("partial_argmax"), kb.i32(), index));
     });
-    // With class weights, warp 0 of the CTA of row group 0 sums w_v over the split's columns once
-    // (in the first row block, which it takes first), in a fixed order: lane-strided, then a tree.
-    if (spec.class_weight)
-      kb.if_then(ir.CreateAnd(ir.CreateICmpEQ(block, kb.c32(0)), ir.CreateICmpEQ(warp, kb.c32(0))), [&] {
-        Value* acc = kb.local_array(kb.f32(), 1, "weight_total");
-        kb.store(kb.cf(0.f), kb.at(acc, kb.f32(), 0));
-        Value* first = ir.CreateMul(ir.CreateZExt(tile_begin, kb.i64()), kb.c64(t.bn));
-        Value* end = ir.CreateMul(ir.CreateZExt(tile_end, kb.i64()), kb.c64(t.bn));
-        end = ir.CreateSelect(ir.CreateICmpSLT(end, vocab), end, vocab);
-        kb.for_range(ir.CreateAdd(first, ir.CreateZExt(lane, kb.i64())), end, kb.c64(32), [&](Value* v) {
-          Value* slot = kb.at(acc, kb.f32(), 0);
-          kb.store(ir.CreateFAdd(kb.load(kb.f32(), slot), load_class_weight(kb, spec, v)), slot);
-        });
-        Value* total = kb.warp_sum(kb.load(kb.f32(), kb.at(acc, kb.f32(), 0)));
-        kb.if_then(ir.CreateICmpEQ(lane, kb.c32(0)), [&] {
-          kb.store(total, kb.gep(kb.arg("weight_total"), kb.f32(), ir.CreateZExt(split, kb.i64())));
-        });
-      });
   });
   kb.finish();
   return {"lse_forward", t.threads(), smem_bytes};

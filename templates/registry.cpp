@@ -41,16 +41,24 @@ static_assert(every_kind_has_a_template(), "kTemplates: one builder per row of k
 
 int kernel_smem_per_row(const KernelSpec& spec) {
   const KernelKindInfo& info = kind_info(spec.kind);
-  // lse_forward's label-smoothing logit sum; dlogits_backward's row coefficients P and T.
-  if (spec.kind == KernelKind::LseForward && spec.label_smoothing != 0.f) return info.smem_per_row + 4;
-  if (spec.kind == KernelKind::DlogitsBackward && has_target_terms(spec)) return info.smem_per_row + 8;
+  // lse_forward's label-smoothing logit sum, entropy sum and argmax; dlogits_backward's row
+  // coefficients P and T.
+  if (spec.kind == KernelKind::LseForward)
+    return info.smem_per_row + (spec.label_smoothing != 0.f ? 4 : 0) + (spec.entropy ? 4 : 0) + (spec.argmax ? 4 : 0);
+  // (dlogits_backward: P and T with target terms or the lse rows' gradients, and q for the entropy's.)
+  if (spec.kind == KernelKind::DlogitsBackward && (has_target_terms(spec) || spec.lse_grad))
+    return info.smem_per_row + 8 + (spec.lse_grad && spec.entropy ? 4 : 0);
   return info.smem_per_row;
 }
 
 int kernel_smem_bytes(const KernelSpec& spec) {
   const KernelKindInfo& info = kind_info(spec.kind);
-  // loss_reduce's tree, with class weights: four sums instead of two.
-  if (!info.gemm) return spec.kind == KernelKind::LossReduce && spec.class_weight ? 2 * info.smem_bytes : info.smem_bytes;
+  // loss_reduce's tree, with class weights: four sums instead of two; lse_combine's tree of Σ w_v
+  // (class-weighted smoothing).
+  if (spec.kind == KernelKind::LossReduce && spec.class_weight) return 2 * info.smem_bytes;
+  if (spec.kind == KernelKind::LseCombine && spec.class_weight && spec.label_smoothing != 0.f)
+    return kLseCombineThreads * 4;
+  if (!info.gemm) return info.smem_bytes;
   return gemm_smem_bytes(spec.tile, spec.dtype, info.a, info.b, kernel_smem_per_row(spec) * spec.tile.bm);
 }
 

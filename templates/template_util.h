@@ -94,6 +94,40 @@ inline llvm::Value* load_class_weight(KernelBuilder& kb, const KernelSpec& spec,
   return kb.load(kb.f32(), kb.gep(kb.arg("class_weight"), kb.f32(), v));
 }
 
+// The entropy's online statistic beside the softmax's (max m, s = Σ e^(u − m)): t = Σ e^(u − m)·(u − m),
+// so that H = ln s − t / s (no cancellation between LSE and Σ p·u). Two sets' t at their merged
+// max (`safe`: that max, or 0 where it is −inf): each rescaled by e^(m_i − safe) and shifted by
+// (m_i − safe)·s_i; a set with s = 0 (no logits, m = −inf) adds 0.
+inline llvm::Value* merged_entropy(KernelBuilder& kb, llvm::Value* safe, llvm::Value* m_a, llvm::Value* s_a,
+                                   llvm::Value* t_a, llvm::Value* m_b, llvm::Value* s_b, llvm::Value* t_b) {
+  auto& ir = kb.ir();
+  auto term = [&](llvm::Value* m, llvm::Value* s, llvm::Value* t) {
+    llvm::Value* shift = ir.CreateFSub(m, safe);
+    llvm::Value* value = ir.CreateFMul(kb.exp(shift), kb.fma(shift, s, t));
+    return ir.CreateSelect(ir.CreateFCmpOGT(s, kb.cf(0.f)), value, kb.cf(0.f));
+  };
+  return ir.CreateFAdd(term(m_a, s_a, t_a), term(m_b, s_b, t_b));
+}
+// The argmax of two sets whose maxima are m_a and m_b at indices i_a and i_b (i32): the larger
+// one's, the lower index of equal ones (so every merge order gives the first maximum).
+inline llvm::Value* merged_argmax(KernelBuilder& kb, llvm::Value* m_a, llvm::Value* i_a, llvm::Value* m_b,
+                                  llvm::Value* i_b) {
+  auto& ir = kb.ir();
+  llvm::Value* lower = ir.CreateSelect(ir.CreateICmpSLT(i_a, i_b), i_a, i_b);
+  return ir.CreateSelect(ir.CreateFCmpOGT(m_b, m_a), i_b, ir.CreateSelect(ir.CreateFCmpOGT(m_a, m_b), i_a, lower));
+}
+
+// The rows of the forward's lse buffer (lfce.h): the N LSEs, then, where the spec has them, the
+// token scales, the entropies and the logprobs, N each. The row index of each, and its element m.
+inline int lse_row_scale(const KernelSpec&) { return 1; }
+inline int lse_row_entropy(const KernelSpec& spec) { return 1 + (spec.token_scaling ? 1 : 0); }
+inline int lse_row_logprob(const KernelSpec& spec) { return lse_row_entropy(spec) + (spec.entropy ? 1 : 0); }
+inline llvm::Value* lse_row_at(KernelBuilder& kb, llvm::Value* lse, int row, llvm::Value* n, llvm::Value* m) {
+  auto& ir = kb.ir();
+  llvm::Value* index = row == 0 ? m : ir.CreateAdd(row == 1 ? n : ir.CreateMul(n, kb.c64(row)), m);
+  return kb.gep(lse, kb.f32(), index);
+}
+
 // The power of two that dz is multiplied by before it is rounded to the dtype, and divided by
 // (exactly) in the fp32 epilogues of the kernels that consume it (grad_weight, grad_input,
 // grad_bias). fp16's smallest normal is 6.1e-5: with mean reduction dz = g·p with g = 1/N

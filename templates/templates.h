@@ -16,6 +16,9 @@ struct KernelShape {
   int smem_bytes = 0;  // dynamic shared memory
 };
 
+// lse_combine's threads per CTA (one per token).
+inline constexpr int kLseCombineThreads = 256;
+
 KernelShape build_lse_forward(llvm::Module& module, const KernelSpec& spec);
 KernelShape build_lse_combine(llvm::Module& module, const KernelSpec& spec);
 KernelShape build_loss_reduce(llvm::Module& module, const KernelSpec& spec);

@@ -25,7 +25,7 @@ extern "C" {
  * function in this header. Bump it whenever one of them changes; a binding compares its own
  * copy with lfce_abi_version() when it loads the library, so a stale library is an error at
  * load time instead of corrupted arguments. */
-#define LFCE_ABI_VERSION 6
+#define LFCE_ABI_VERSION 7
 
 typedef enum lfce_status {
   LFCE_OK = 0,
@@ -53,6 +53,14 @@ typedef enum lfce_mode { LFCE_MODE_RECOMPUTE = 0, LFCE_MODE_EAGER = 1 } lfce_mod
  * from PyTorch's allocator always is); bias [vocab] in `dtype`; targets [tokens] in
  * `target_dtype`. Sizes beyond the limits below are rejected (LFCE_ERR_INVALID_ARGUMENT
  * naming the value). */
+/* lfce_problem.outputs: per-token values computed in the forward's passes, none of them N x V.
+ * ENTROPY: -sum_v p_v log p_v of the softmax (every token, ignored ones too); LOGPROB: log p_y of
+ * the target (0 for ignored tokens, NaN for a target outside [0, V)); both differentiable through
+ * lfce_backward_args.grad_lse. PREDICTED: argmax_v of the logits the softmax sees (the lowest
+ * index among equal maxima; -1 for ignored tokens). "The softmax" is that of the logits after
+ * softcap and temperature, with no label smoothing, class weight or token scaling. */
+typedef enum lfce_output { LFCE_OUTPUT_ENTROPY = 1, LFCE_OUTPUT_LOGPROB = 2, LFCE_OUTPUT_PREDICTED = 4 } lfce_output;
+
 typedef struct lfce_problem {
   int64_t tokens;           /* 1 <= N <= 2^31 - 1; a run-time value, not part of any kernel's specialisation */
   int64_t hidden;           /* 1 <= H <= 2^20, any value (H not a multiple of 8 in 16-bit, of 4
@@ -85,7 +93,8 @@ typedef struct lfce_problem {
   int32_t token_scaling;    /* 0 or 1 (Liger-Kernel's use_token_scaling): each counted token's loss (z-loss
                                included) and gradient times its detached p(target) = exp(z_y - LSE) of the
                                logits the softmax sees; lse is then [2 * tokens] (see lfce_forward_args) */
-  int32_t reserved;         /* 0 */
+  int32_t outputs;          /* extra per-token outputs of the forward, a sum of lfce_output flags (0 = none):
+                               entropy and logprob add rows to lse, predicted fills lfce_forward_args.predicted */
   int64_t ignore_index;     /* targets equal to this contribute no loss and no gradient */
   int64_t chunk_size;       /* vocabulary chunk of the backward, <= 2^20 (larger than V: V);
                                0 = derive from workspace_budget (also at most 2^20) */
@@ -98,9 +107,11 @@ typedef struct lfce_forward_args {
   const void* bias;      /* NULL unless has_bias */
   const void* targets;
   const float* class_weight; /* [vocab] fp32, finite, >= 0; NULL unless has_class_weight */
-  float* lse;            /* [tokens] out: log-sum-exp of each row (saved for the backward), of the
-                            logits the softmax sees (after softcap and temperature); with token_scaling
-                            [2 * tokens]: then each token's scale p(target) (0 for ignored tokens) */
+  float* lse;            /* [rows * tokens] out, saved for the backward: row 0 the log-sum-exp of each
+                            token's logits as the softmax sees them (after softcap and temperature); then,
+                            each where asked for, a row of each token's scale p(target) with token_scaling
+                            (0 for ignored tokens), of its entropy (LFCE_OUTPUT_ENTROPY) and of its logprob
+                            (LFCE_OUTPUT_LOGPROB), in that order: rows = 1 + token_scaling + one per output */
   float* token_loss;     /* [tokens] out: per-token loss (weighted, smoothed, z-loss included), 0 for
                             ignored tokens */
   float* loss;           /* [1] out: the reduced loss (mean or sum); may be NULL for reduction none */
@@ -108,6 +119,8 @@ typedef struct lfce_forward_args {
                             has_class_weight [3]: then the sum of the counted tokens' class weights
                             w_y ("mean"'s denominator of the cross-entropy and smoothing terms) and
                             the sum of all V class weights (written with label_smoothing only) */
+  int64_t* predicted;    /* [tokens] out with LFCE_OUTPUT_PREDICTED (argmax ids, -1 for ignored tokens);
+                            else NULL */
   void* workspace;       /* lfce_forward_workspace_size() bytes, 256-byte aligned */
   size_t workspace_bytes;
   int32_t device;        /* CUDA device ordinal */
@@ -120,9 +133,12 @@ typedef struct lfce_backward_args {
   const void* bias;      /* NULL unless has_bias */
   const void* targets;
   const float* class_weight; /* [vocab] fp32 as given to lfce_forward; NULL unless has_class_weight */
-  const float* lse;          /* from lfce_forward ([tokens], or [2 * tokens] with token_scaling) */
+  const float* lse;          /* from lfce_forward ([rows * tokens], see lfce_forward_args) */
   const float* valid_count;  /* from lfce_forward ([1], or [3] with has_class_weight) */
   const float* grad_loss;    /* fp32: [1] for mean/sum, [tokens] for none; NULL means 1 */
+  const float* grad_lse;     /* fp32 [rows * tokens] like lse, or NULL (none): the upstream gradients of
+                                the LSE, entropy and logprob rows, added to the loss's (the token-scale
+                                row is not read: the scale is detached). Not with fp16. */
   /* The gradients: each may be NULL when the caller does not need it (a frozen LM head, a frozen
    * input, LoRA); the kernel that would compute it is then neither compiled nor launched. */
   void* grad_hidden;         /* [tokens, hidden] out, in dtype (aligned to its elements); or NULL */

@@ -27,6 +27,7 @@ __all__ = [
     "CompileError",
     "CudaError",
     "LinearCrossEntropyLoss",
+    "LossOutput",
     "__version__",
     "cache_dir",
     "generate",
@@ -46,7 +47,7 @@ except ImportError:  # generate() and `python -m lfce` still work without PyTorc
     _torch = None
 
 if _torch is not None:
-    from .functional import linear_cross_entropy
+    from .functional import LossOutput, linear_cross_entropy
     from .nn import LinearCrossEntropyLoss
 else:
     def linear_cross_entropy(*args, **kwargs):
@@ -58,6 +59,12 @@ else:
 
         def __init__(self, *args, **kwargs):
             raise ImportError("lfce.LinearCrossEntropyLoss needs PyTorch, which is not installed")
+
+    class LossOutput:
+        """Unavailable: PyTorch is not installed."""
+
+        def __init__(self, *args, **kwargs):
+            raise ImportError("lfce.LossOutput needs PyTorch, which is not installed")
 
 
 def set_log_level(level):

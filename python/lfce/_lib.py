@@ -30,7 +30,7 @@ __all__ = [
 ]
 
 # LFCE_ABI_VERSION of the lfce.h this file mirrors: bump both together.
-ABI_VERSION = 6
+ABI_VERSION = 7
 
 # lfce_status
 OK = 0
@@ -57,6 +57,12 @@ REDUCTION_NONE = 2
 # lfce_mode
 MODE_RECOMPUTE = 0
 MODE_EAGER = 1
+
+# lfce_output: flags of lfce_problem.outputs, the forward's extra per-token outputs
+OUTPUT_ENTROPY = 1    # a row of lse: -sum_v p_v log p_v (differentiable through grad_lse)
+OUTPUT_LOGPROB = 2    # a row of lse: log p_y of the target (differentiable through grad_lse)
+OUTPUT_PREDICTED = 4  # lfce_forward_args.predicted: argmax ids, -1 for ignored tokens
+OUTPUTS_ALL = OUTPUT_ENTROPY | OUTPUT_LOGPROB | OUTPUT_PREDICTED
 
 DTYPES = {"bf16": DTYPE_BF16, "fp16": DTYPE_FP16, "fp32": DTYPE_FP32}
 REDUCTIONS = {"mean": REDUCTION_MEAN, "sum": REDUCTION_SUM, "none": REDUCTION_NONE}
@@ -92,8 +98,8 @@ class Problem(ctypes.Structure):
         ("has_class_weight", ctypes.c_int32),
         ("accumulate_grad_weight", ctypes.c_int32),  # 1: grad_weight is an fp32 buffer added to
         ("accumulate_grad_bias", ctypes.c_int32),  # 1: grad_bias likewise
-        ("token_scaling", ctypes.c_int32),  # 1: each token's loss and gradient times its p(target); lse [2N]
-        ("reserved", ctypes.c_int32),  # 0
+        ("token_scaling", ctypes.c_int32),  # 1: each token's loss and gradient times its p(target); a row of lse
+        ("outputs", ctypes.c_int32),  # a sum of OUTPUT_* flags (0: none)
         ("ignore_index", ctypes.c_int64),
         ("chunk_size", ctypes.c_int64),
         ("workspace_budget", ctypes.c_int64),
@@ -109,10 +115,11 @@ class ForwardArgs(ctypes.Structure):
         ("bias", ctypes.c_void_p),
         ("targets", ctypes.c_void_p),
         ("class_weight", ctypes.c_void_p),  # const float*, [vocab]; NULL unless has_class_weight
-        ("lse", ctypes.c_void_p),  # float*
+        ("lse", ctypes.c_void_p),  # float*: [lse_rows() * tokens]
         ("token_loss", ctypes.c_void_p),  # float*
         ("loss", ctypes.c_void_p),  # float*
         ("valid_count", ctypes.c_void_p),  # float*: [1], or [3] with has_class_weight
+        ("predicted", ctypes.c_void_p),  # int64_t*: [tokens] with OUTPUT_PREDICTED, else NULL
         ("workspace", ctypes.c_void_p),
         ("workspace_bytes", ctypes.c_size_t),
         ("device", ctypes.c_int32),
@@ -132,6 +139,7 @@ class BackwardArgs(ctypes.Structure):
         ("lse", ctypes.c_void_p),  # const float*
         ("valid_count", ctypes.c_void_p),  # const float*
         ("grad_loss", ctypes.c_void_p),  # const float*; NULL means 1
+        ("grad_lse", ctypes.c_void_p),  # const float*, laid out like lse; NULL: none (not with fp16)
         ("grad_hidden", ctypes.c_void_p),
         ("grad_weight", ctypes.c_void_p),  # in dtype, or float* added to with accumulate_grad_weight
         ("grad_bias", ctypes.c_void_p),  # in dtype, or float* added to with accumulate_grad_bias
@@ -377,19 +385,20 @@ def make_problem(tokens, hidden, vocab, dtype, target_dtype=INDEX_INT64, has_bia
                  reduction=REDUCTION_MEAN, mode=MODE_RECOMPUTE, ignore_index=-100,
                  chunk_size=None, workspace_budget=None, softcap=None, temperature=1.0, z_loss_scale=0.0,
                  label_smoothing=0.0, has_class_weight=False, accumulate_grad_weight=False,
-                 accumulate_grad_bias=False, token_scaling=False):
+                 accumulate_grad_bias=False, token_scaling=False, outputs=0):
     """Fill an lfce_problem; None for chunk_size / workspace_budget means the library's default,
     None for softcap no softcap; temperature 1, z_loss_scale 0 and label_smoothing 0 are none
     (the library checks the ranges of the four). accumulate_grad_weight / _bias: the backward adds
     into fp32 gradient buffers (recompute mode only). token_scaling: each counted token's loss and
-    gradient times its detached p(target); the lse buffer is then [2 * tokens].
+    gradient times its detached p(target); the lse buffer is then [2 * tokens]. outputs: a sum of
+    the OUTPUT_* flags (lse_rows() gives the lse buffer's rows).
 
     Every field is checked to fit its C type (ctypes would wrap it silently); whether the
     values make a valid problem is the library's check (lfce_check_problem).
     """
     wide = {"tokens": tokens, "hidden": hidden, "vocab": vocab, "ignore_index": ignore_index,
             "chunk_size": chunk_size or 0, "workspace_budget": workspace_budget or 0}
-    narrow = {"dtype": dtype, "target_dtype": target_dtype, "reduction": reduction, "mode": mode}
+    narrow = {"dtype": dtype, "target_dtype": target_dtype, "reduction": reduction, "mode": mode, "outputs": outputs}
     fields = {name: _check.integer(name, value) for name, value in wide.items()}
     fields.update((name, _check.integer(name, value, minimum=_check.INT32_MIN, maximum=_check.INT32_MAX))
                   for name, value in narrow.items())
@@ -398,7 +407,13 @@ def make_problem(tokens, hidden, vocab, dtype, target_dtype=INDEX_INT64, has_bia
                    has_class_weight=int(bool(has_class_weight)),
                    accumulate_grad_weight=int(bool(accumulate_grad_weight)),
                    accumulate_grad_bias=int(bool(accumulate_grad_bias)),
-                   token_scaling=int(bool(token_scaling)), reserved=0, **fields)
+                   token_scaling=int(bool(token_scaling)), **fields)
+
+
+def lse_rows(token_scaling, outputs):
+    """Rows of the forward's lse buffer (lfce.h): the LSEs, then the token scales with token_scaling,
+    the entropies with OUTPUT_ENTROPY and the logprobs with OUTPUT_LOGPROB, each row [tokens]."""
+    return 1 + bool(token_scaling) + bool(outputs & OUTPUT_ENTROPY) + bool(outputs & OUTPUT_LOGPROB)
 
 
 def forward_workspace_size(problem):

@@ -9,8 +9,8 @@ implementations, on CUDA tensors. The autograd formula is registered on ``lfce::
     lfce::forward(hidden [N, H], weight [V, H], bias [V]?, targets [N], class_weight [V]?,
                   weight_grad_accumulator [V, H]?, bias_grad_accumulator [V]?, ignore_index, reduction,
                   mode, chunk_size?, workspace_budget?, softcap?, temperature, z_loss_scale,
-                  label_smoothing, token_scaling, need_hidden, need_weight, need_bias)
-        -> (loss, lse [N] ([2N] with token_scaling), valid_count, grad_hidden, grad_weight, grad_bias)
+                  label_smoothing, token_scaling, need_hidden, need_weight, need_bias, outputs=0)
+        -> (loss, lse [rows * N], valid_count, grad_hidden, grad_weight, grad_bias, predicted)
 
     loss is fp32: 0-dim for "mean" / "sum", [N] for "none". valid_count is fp32 [1] (the count
     of targets != ignore_index), or [3] with class_weight (fp32 contiguous: the count, the sum of
@@ -24,12 +24,31 @@ implementations, on CUDA tensors. The autograd formula is registered on ``lfce::
     multiplied by its detached p(target); lse then holds the N LSEs followed by the N scales (0 for
     ignored tokens), and the backward reads the same [2N] buffer.
 
+    outputs is a sum of lfce.h's lfce_output flags (_lib.OUTPUT_*): the extra per-token outputs of
+    the softmax the loss sees (after softcap and temperature; no smoothing, class weight or token
+    scale in them). lse holds rows = 1 + token_scaling + (ENTROPY) + (LOGPROB) rows of N, in this
+    order: each token's LSE (every token), its scale with token_scaling, its entropy -sum_v p_v
+    log p_v with OUTPUT_ENTROPY (every token), its log p(target) with OUTPUT_LOGPROB (0 for ignored
+    tokens, NaN for a target outside [0, V)). predicted is int64 [N] with OUTPUT_PREDICTED (the
+    argmax of the logits, the lowest index among equal maxima; -1 for ignored tokens), else [0].
+    lse is differentiable: the gradient of its LSE, entropy and logprob rows reaches lfce::backward
+    as grad_lse, added to the loss's (the scale row's is dropped: the scale is detached). Mode
+    "eager" computes the gradients in the forward, before that gradient is known, so with
+    OUTPUT_ENTROPY or OUTPUT_LOGPROB the forward runs "recompute" (as for "none"); otherwise in mode
+    "eager" a gradient reaching lse (its LSE row) is dropped: lfce.linear_cross_entropy asks for
+    "recompute" whenever it returns a row of lse.
+
     lfce::backward(hidden, weight, bias?, targets, class_weight?, lse, valid_count,
                    grad_loss (fp32, [1] or [N]), weight_grad_accumulator(a!)?,
                    bias_grad_accumulator(b!)?, ignore_index, reduction, chunk_size?,
                    workspace_budget?, softcap?, temperature, z_loss_scale, label_smoothing,
-                   token_scaling, need_hidden, need_weight, need_bias)
+                   token_scaling, need_hidden, need_weight, need_bias, grad_lse=None, outputs=0)
         -> (grad_hidden, grad_weight, grad_bias), each [0] when not needed
+
+    grad_lse: None, or fp32 [rows * N] laid out like lse: the upstream gradients of the LSE, entropy
+    and logprob rows (dLSE/du = p, dH/du = -p (u - (LSE - H)), dlogp_y/du = onehot(y) - p for counted
+    tokens), added to the loss's gradient before the softcap and temperature chain rule. Not with
+    fp16 inputs (ValueError, as the library). grad_loss may be zeros when only grad_lse matters.
 
     With an accumulator, the needed grad_weight (grad_bias) is added into it in place, in fp32,
     by the kernel that would have written it (lfce_problem.accumulate_grad_weight / _bias): no
@@ -116,13 +135,17 @@ def _check_class_weight(class_weight, valid_count=None):
                          f"returns it), got {valid_count.numel()}")
 
 
-def _eager(mode, reduction):
-    """Whether the forward computes the gradients: mode "eager" needs a scalar loss ("none" recomputes)."""
-    return mode == "eager" and reduction != "none"
+_DIFFERENTIABLE_OUTPUTS = _lib.OUTPUT_ENTROPY | _lib.OUTPUT_LOGPROB
+
+
+def _eager(mode, reduction, outputs):
+    """Whether the forward computes the gradients: mode "eager" needs a scalar loss and no entropy
+    or logprob row (their gradients come after the forward); otherwise it recomputes."""
+    return mode == "eager" and reduction != "none" and not outputs & _DIFFERENTIABLE_OUTPUTS
 
 
 def _problem(hidden, weight, bias, targets, class_weight, ignore_index, reduction, mode, chunk_size,
-             workspace_budget, softcap, temperature, z_loss_scale, label_smoothing, token_scaling,
+             workspace_budget, softcap, temperature, z_loss_scale, label_smoothing, token_scaling, outputs,
              accumulate=(False, False)):
     return _lib.make_problem(
         hidden.shape[0], hidden.shape[1], weight.shape[0], DTYPES[hidden.dtype],
@@ -130,7 +153,8 @@ def _problem(hidden, weight, bias, targets, class_weight, ignore_index, reductio
         reduction=_lib.REDUCTIONS[reduction], mode=_lib.MODES[mode], ignore_index=ignore_index,
         chunk_size=chunk_size, workspace_budget=workspace_budget, softcap=softcap, temperature=temperature,
         z_loss_scale=z_loss_scale, label_smoothing=label_smoothing, has_class_weight=class_weight is not None,
-        accumulate_grad_weight=accumulate[0], accumulate_grad_bias=accumulate[1], token_scaling=token_scaling)
+        accumulate_grad_weight=accumulate[0], accumulate_grad_bias=accumulate[1], token_scaling=token_scaling,
+        outputs=outputs)
 
 
 def _accumulated(wanted, accumulators):
@@ -148,9 +172,29 @@ def _accumulator(name, tensor, like):
     return tensor
 
 
-def _lse_size(n, token_scaling):
-    """The forward's lse: the N LSEs, then with token scaling the N scales p(target) (lfce.h)."""
-    return 2 * n if token_scaling else n
+def _lse_size(n, token_scaling, outputs):
+    """The forward's lse: the N LSEs, then with token scaling the N scales p(target), then the N
+    entropies and the N logprobs where asked for (lfce.h)."""
+    return _lib.lse_rows(token_scaling, outputs) * n
+
+
+def _check_lse(hidden, lse, grad_lse, token_scaling, outputs):
+    """The backward's lse and grad_lse as lfce::forward made lse: the kernels would read past a
+    shorter one, or one row as another; and grad_lse not with fp16 (the library refuses it)."""
+    n = hidden.shape[0]
+    expected = _lse_size(n, token_scaling, outputs)
+    if lse.numel() != expected:
+        raise ValueError(f"lfce::backward: lse must hold {expected} values for {n} tokens with "
+                         f"token_scaling={token_scaling} and outputs={outputs} (as lfce::forward returns it), "
+                         f"got {lse.numel()}")
+    if grad_lse is None:
+        return
+    if grad_lse.numel() != expected or grad_lse.dtype != _F32:
+        raise ValueError(f"lfce::backward: grad_lse must be torch.float32 with {expected} values, like lse, got "
+                         f"{grad_lse.dtype} with {grad_lse.numel()}")
+    if hidden.dtype == torch.float16:
+        raise ValueError("lfce::backward: grad_lse (a gradient of the lse, entropy or logprob outputs) is not "
+                         "supported with torch.float16 inputs; use torch.bfloat16 or torch.float32")
 
 
 def _valid_count(hidden, class_weight):
@@ -182,11 +226,12 @@ def _require_loaded(key, problem, what):
 
 
 def backward_kernels(problem, hidden, weight, bias, targets, class_weight, lse, valid_count, grad_loss, wanted,
-                     accumulators=(None, None)):
+                     accumulators=(None, None), grad_lse=None):
     """Enqueue lfce_backward for the gradients ``wanted`` (need_hidden, need_weight, need_bias);
     return (grad_hidden, grad_weight, grad_bias), None for each one not wanted or added into its
     accumulator (weight_grad_accumulator, bias_grad_accumulator: fp32 buffers, or None; the
-    problem's accumulate flags must match what _accumulated() says).
+    problem's accumulate flags must match what _accumulated() says). grad_lse: None, or the fp32
+    gradient of lse's rows (lfce_backward_args.grad_lse).
 
     A gradient not wanted is never allocated and its kernel never runs (NULL in the C API).
     """
@@ -209,7 +254,8 @@ def backward_kernels(problem, hidden, weight, bias, targets, class_weight, lse, 
     args = _lib.BackwardArgs(
         hidden=_ptr(hidden), weight=_ptr(weight), bias=_ptr(bias), targets=_ptr(targets),
         class_weight=_ptr(class_weight), lse=_ptr(lse), valid_count=_ptr(valid_count), grad_loss=_ptr(grad_loss),
-        grad_hidden=_ptr(grad_hidden), grad_weight=_ptr(grad_weight), grad_bias=_ptr(grad_bias),
+        grad_lse=_ptr(grad_lse), grad_hidden=_ptr(grad_hidden), grad_weight=_ptr(grad_weight),
+        grad_bias=_ptr(grad_bias),
         workspace=_ptr(workspace), workspace_bytes=workspace.numel(),
         device=device.index, stream=_stream(device),
     )
@@ -227,9 +273,9 @@ def _forward_impl(hidden: Tensor, weight: Tensor, bias: OptionalTensor, targets:
                   weight_grad_accumulator: OptionalTensor, bias_grad_accumulator: OptionalTensor, ignore_index: int,
                   reduction: str, mode: str, chunk_size: OptionalInt, workspace_budget: OptionalInt,
                   softcap: OptionalFloat, temperature: float, z_loss_scale: float, label_smoothing: float,
-                  token_scaling: bool, need_hidden: bool, need_weight: bool, need_bias: bool
-                  ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    eager = _eager(mode, reduction)
+                  token_scaling: bool, need_hidden: bool, need_weight: bool, need_bias: bool, outputs: int = 0
+                  ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    eager = _eager(mode, reduction, outputs)
     if eager and (weight_grad_accumulator is not None or bias_grad_accumulator is not None):
         # The accumulators are the backward's; eager mode has no backward kernels to add in (as the library).
         raise ValueError("lfce::forward: gradient accumulators need mode 'recompute', got mode 'eager'")
@@ -238,15 +284,16 @@ def _forward_impl(hidden: Tensor, weight: Tensor, bias: OptionalTensor, targets:
     bias, targets, class_weight = _aligned(bias), _aligned(targets), _aligned(class_weight)
     problem = _problem(hidden, weight, bias, targets, class_weight, ignore_index, reduction,
                        "eager" if eager else "recompute", chunk_size, workspace_budget, softcap, temperature,
-                       z_loss_scale, label_smoothing, token_scaling)
+                       z_loss_scale, label_smoothing, token_scaling, outputs)
     wanted = (need_hidden, need_weight, need_bias) if eager else (False, False, False)
     device = hidden.device
     key = _key(problem, device, "forward", wanted)
     _require_loaded(key, problem, "forward")
     n = problem.tokens
     with torch.cuda.device(device):
-        lse = hidden.new_empty(_lse_size(n, token_scaling), dtype=_F32)
+        lse = hidden.new_empty(_lse_size(n, token_scaling, outputs), dtype=_F32)
         token_loss = hidden.new_empty(n, dtype=_F32)
+        predicted = hidden.new_empty(_predicted_size(n, outputs), dtype=torch.int64)
         loss = token_loss if reduction == "none" else hidden.new_empty((), dtype=_F32)
         valid_count = _valid_count(hidden, class_weight)
         workspace = _workspace(_lib.forward_workspace_size(problem), device)
@@ -254,6 +301,7 @@ def _forward_impl(hidden: Tensor, weight: Tensor, bias: OptionalTensor, targets:
             hidden=_ptr(hidden), weight=_ptr(weight), bias=_ptr(bias), targets=_ptr(targets),
             class_weight=_ptr(class_weight), lse=_ptr(lse), token_loss=_ptr(token_loss),
             loss=None if reduction == "none" else _ptr(loss), valid_count=_ptr(valid_count),
+            predicted=_ptr(predicted) if predicted.numel() else None,
             workspace=_ptr(workspace), workspace_bytes=workspace.numel(),
             device=device.index, stream=_stream(device),
         )
@@ -263,7 +311,7 @@ def _forward_impl(hidden: Tensor, weight: Tensor, bias: OptionalTensor, targets:
         grads = backward_kernels(problem, hidden, weight, bias, targets, class_weight, lse, valid_count, None,
                                  wanted)
     _loaded.add(key)
-    return (loss, lse, valid_count) + _or_empty(grads, hidden)
+    return (loss, lse, valid_count) + _or_empty(grads, hidden) + (predicted,)
 
 
 def _backward_impl(hidden: Tensor, weight: Tensor, bias: OptionalTensor, targets: Tensor, class_weight: OptionalTensor,
@@ -271,24 +319,23 @@ def _backward_impl(hidden: Tensor, weight: Tensor, bias: OptionalTensor, targets
                    bias_grad_accumulator: OptionalTensor, ignore_index: int, reduction: str,
                    chunk_size: OptionalInt, workspace_budget: OptionalInt, softcap: OptionalFloat,
                    temperature: float, z_loss_scale: float, label_smoothing: float, token_scaling: bool,
-                   need_hidden: bool, need_weight: bool, need_bias: bool) -> tuple[Tensor, Tensor, Tensor]:
+                   need_hidden: bool, need_weight: bool, need_bias: bool, grad_lse: OptionalTensor = None,
+                   outputs: int = 0) -> tuple[Tensor, Tensor, Tensor]:
     _check_class_weight(class_weight, valid_count)
-    expected = _lse_size(hidden.shape[0], token_scaling)
-    if lse.numel() != expected:  # the kernels would read past it, or the LSEs as scales
-        raise ValueError(f"lfce::backward: lse must hold {expected} values for {hidden.shape[0]} tokens with "
-                         f"token_scaling={token_scaling} (as lfce::forward returns it), got {lse.numel()}")
+    _check_lse(hidden, lse, grad_lse, token_scaling, outputs)
     hidden, weight = _rows_aligned(hidden), _rows_aligned(weight)
-    bias, targets, class_weight, grad_loss = (_aligned(t) for t in (bias, targets, class_weight, grad_loss))
+    bias, targets, class_weight, grad_loss, grad_lse = (_aligned(t) for t in (bias, targets, class_weight, grad_loss,
+                                                                             grad_lse))
     wanted = (need_hidden, need_weight, need_bias and bias is not None)
     accumulators = (weight_grad_accumulator, bias_grad_accumulator)
     problem = _problem(hidden, weight, bias, targets, class_weight, ignore_index, reduction, "recompute", chunk_size,
-                       workspace_budget, softcap, temperature, z_loss_scale, label_smoothing, token_scaling,
+                       workspace_budget, softcap, temperature, z_loss_scale, label_smoothing, token_scaling, outputs,
                        _accumulated(wanted, accumulators))
     key = _key(problem, hidden.device, "backward", wanted)
     _require_loaded(key, problem, "backward")
     with torch.cuda.device(hidden.device):
         grads = backward_kernels(problem, hidden, weight, bias, targets, class_weight, lse.contiguous(),
-                                 valid_count.contiguous(), grad_loss, wanted, accumulators)
+                                 valid_count.contiguous(), grad_loss, wanted, accumulators, grad_lse)
     _loaded.add(key)
     return _or_empty(grads, hidden)
 
@@ -299,21 +346,27 @@ def _empty_unless(wanted, like):
     return like.new_empty(like.shape) if wanted else like.new_empty(0)
 
 
+def _predicted_size(n, outputs):
+    return n if outputs & _lib.OUTPUT_PREDICTED else 0
+
+
 def _forward_fake(hidden, weight, bias, targets, class_weight, weight_grad_accumulator, bias_grad_accumulator,
                   ignore_index, reduction, mode, chunk_size, workspace_budget, softcap, temperature, z_loss_scale,
-                  label_smoothing, token_scaling, need_hidden, need_weight, need_bias):
+                  label_smoothing, token_scaling, need_hidden, need_weight, need_bias, outputs=0):
     n = hidden.shape[0]
-    eager = _eager(mode, reduction)
+    eager = _eager(mode, reduction, outputs)
     loss = hidden.new_empty((n,) if reduction == "none" else (), dtype=_F32)
     grad_bias = _empty_unless(eager and need_bias, bias) if bias is not None else hidden.new_empty(0)
     valid_count = hidden.new_empty(1 if class_weight is None else 3, dtype=_F32)
-    return (loss, hidden.new_empty(_lse_size(n, token_scaling), dtype=_F32), valid_count,
-            _empty_unless(eager and need_hidden, hidden), _empty_unless(eager and need_weight, weight), grad_bias)
+    return (loss, hidden.new_empty(_lse_size(n, token_scaling, outputs), dtype=_F32), valid_count,
+            _empty_unless(eager and need_hidden, hidden), _empty_unless(eager and need_weight, weight), grad_bias,
+            hidden.new_empty(_predicted_size(n, outputs), dtype=torch.int64))
 
 
 def _backward_fake(hidden, weight, bias, targets, class_weight, lse, valid_count, grad_loss, weight_grad_accumulator,
                    bias_grad_accumulator, ignore_index, reduction, chunk_size, workspace_budget, softcap, temperature,
-                   z_loss_scale, label_smoothing, token_scaling, need_hidden, need_weight, need_bias):
+                   z_loss_scale, label_smoothing, token_scaling, need_hidden, need_weight, need_bias, grad_lse=None,
+                   outputs=0):
     # A gradient added into its accumulator is returned as [0], as one not needed.
     need_weight = need_weight and weight_grad_accumulator is None
     need_bias = need_bias and bias_grad_accumulator is None
@@ -327,10 +380,15 @@ def _setup_context(ctx, inputs, output):
     hidden, weight, bias, targets, class_weight = inputs[:5]
     ignore_index, reduction, mode, chunk_size, workspace_budget = inputs[7:12]
     loss_options = inputs[12:17]  # softcap, temperature, z_loss_scale, label_smoothing, token_scaling
-    _, lse, valid_count, grad_hidden, grad_weight, grad_bias = output
+    (outputs,) = inputs[20:] or (0,)  # a direct call may leave the default out
+    _, lse, valid_count, grad_hidden, grad_weight, grad_bias, _ = output
     ctx.options = (ignore_index, reduction, chunk_size, workspace_budget) + tuple(loss_options)
-    ctx.eager = _eager(mode, reduction)
+    ctx.outputs = outputs
+    ctx.eager = _eager(mode, reduction, outputs)
     ctx.has_bias = bias is not None
+    # An output that no gradient reaches gets None, not zeros: no grad_lse for a loss alone (and
+    # none with fp16, which the library refuses), no loss gradient to run for an entropy alone.
+    ctx.set_materialize_grads(False)
     # Kept on ctx, not saved: save_for_backward's version check would fail a second forward into
     # the same buffer before this backward (and any in-place write to a view of its storage, such
     # as Megatron's flat gradient buffer). Under torch.compile AOTAutograd saves it with the check.
@@ -343,30 +401,39 @@ def _setup_context(ctx, inputs, output):
         ctx.save_for_backward(hidden, weight, bias, targets, class_weight, lse, valid_count)
 
 
-def _backward_rule(ctx, grad_loss, *unused):
-    """Gradients of lfce::forward's 20 inputs from the loss's upstream gradient (fp32); none for
-    weight (bias) when its gradient was added into weight_grad_accumulator (bias_grad_accumulator)."""
+def _backward_rule(ctx, grad_loss, grad_lse, *unused):
+    """Gradients of lfce::forward's 21 inputs from the upstream gradients of the loss and of lse
+    (fp32; either None where no gradient reached it); none for weight (bias) when its gradient
+    was added into weight_grad_accumulator (bias_grad_accumulator)."""
     need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
     need_bias = need_bias and ctx.has_bias
+    wanted = (need_hidden, need_weight, need_bias)
     if ctx.eager:
+        # grad_lse is dropped: these gradients were computed in the forward, before it was known
+        # (torch.compile and opcheck hand every output a gradient, zeros included, so it is no error).
+        grad_lse = None
+    if (grad_loss is None and grad_lse is None) or not any(wanted):
+        grads = (None, None, None)
+    elif ctx.eager:
         # grad_loss is 0-dim (mean / sum): scaling by it needs no host sync, and keeps each
         # gradient's dtype (a 0-dim operand does not promote).
         grads = tuple(torch.mul(g, grad_loss) if need and computed else None
-                      for g, need, computed in zip(ctx.saved_tensors, (need_hidden, need_weight, need_bias),
-                                                   ctx.computed))
+                      for g, need, computed in zip(ctx.saved_tensors, wanted, ctx.computed))
     else:
         hidden, weight, bias, targets, class_weight, lse, valid_count = ctx.saved_tensors
+        if grad_loss is None:  # only lse's rows get a gradient (NULL would mean 1)
+            grad_loss = hidden.new_zeros(hidden.shape[0] if ctx.options[1] == "none" else 1, dtype=_F32)
         grad_loss = grad_loss.to(_F32).reshape(-1)  # [1] or [N]
-        if not (need_hidden or need_weight or need_bias):
-            grads = (None, None, None)
-        else:
-            backward_op = _backward_impl if getattr(ctx, "direct", False) else _backward_op
-            grads = backward_op(hidden, weight, bias, targets, class_weight, lse, valid_count, grad_loss,
-                                *ctx.accumulators, *ctx.options, need_hidden, need_weight, need_bias)
-            returned = (need_hidden, need_weight and ctx.accumulators[0] is None,
-                        need_bias and ctx.accumulators[1] is None)
-            grads = tuple(g if want else None for g, want in zip(grads, returned))
-    return grads + (None,) * 17  # none for targets, class_weight, the accumulators (not differentiable), options
+        if grad_lse is not None:
+            grad_lse = grad_lse.to(_F32).contiguous()
+        backward_op = _backward_impl if getattr(ctx, "direct", False) else _backward_op
+        grads = backward_op(hidden, weight, bias, targets, class_weight, lse, valid_count, grad_loss,
+                            *ctx.accumulators, *ctx.options, need_hidden, need_weight, need_bias, grad_lse,
+                            ctx.outputs)
+        returned = (need_hidden, need_weight and ctx.accumulators[0] is None,
+                    need_bias and ctx.accumulators[1] is None)
+        grads = tuple(g if want else None for g, want in zip(grads, returned))
+    return grads + (None,) * 18  # none for targets, class_weight, the accumulators (not differentiable), options
 
 
 # --- registration (once per process) ----------------------------------------------------------

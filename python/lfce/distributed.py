@@ -320,7 +320,8 @@ class _VocabParallelLinearCrossEntropy(torch.autograd.Function):
 
 def linear_cross_entropy(hidden, weight, targets, bias=None, *, group=None, vocab_start=None,
                          sequence_parallel=False, ignore_index=-100, reduction="mean", mode="recompute",
-                         chunk_size=None, workspace_budget=None):
+                         chunk_size=None, workspace_budget=None, return_lse=False, return_entropy=False,
+                         return_logprob=False, return_accuracy=False, return_predicted=False):
     """Cross-entropy of ``hidden @ W.T + b`` against ``targets`` with W, b sharded by vocabulary rows.
 
     Args:
@@ -339,6 +340,9 @@ def linear_cross_entropy(hidden, weight, targets, bias=None, *, group=None, voca
             temperature, z_loss_scale, label_smoothing, class_weight, token_scaling) and gradient accumulators
             (weight_grad_accumulator, bias_grad_accumulator; nor in the module's forward) are not
             supported here yet: this function has no such arguments (a TypeError names the one passed).
+        return_lse, return_entropy, return_logprob, return_accuracy, return_predicted: not supported
+            here yet (ValueError naming the one set to True): each rank's kernels see only its own
+            columns, and these outputs would need their own combine across the ranks.
 
     Returns:
         The fp32 loss, equal on every rank for mean / sum; for "none" the losses of this rank's
@@ -350,6 +354,7 @@ def linear_cross_entropy(hidden, weight, targets, bias=None, *, group=None, voca
         on every rank, naming the ranks and their values); RuntimeError without a process group.
     """
     functional.validate_options(ignore_index, reduction, mode, chunk_size, workspace_budget)
+    _refuse_extra_outputs((return_lse, return_entropy, return_logprob, return_accuracy, return_predicted))
     _check.flag("sequence_parallel", sequence_parallel)
     _check.integer("vocab_start", vocab_start, minimum=0, allow_none=True)
     hidden, weight, bias = functional._autocast((hidden, weight, bias))
@@ -372,6 +377,15 @@ def linear_cross_entropy(hidden, weight, targets, bias=None, *, group=None, voca
     return loss.reshape(batch_shape) if reduction == "none" else loss
 
 
+def _refuse_extra_outputs(values):
+    """The extra per-token outputs (in functional.EXTRA_OUTPUTS' order): each a bool, none True."""
+    for name, value in zip(functional.EXTRA_OUTPUTS, values):
+        if _check.flag(name, value):
+            raise ValueError(f"lfce.distributed: {name}=True is not supported on a vocabulary-sharded weight yet "
+                             "(each rank sees only its shard's logits; the per-token outputs need their own combine "
+                             "across the ranks); use lfce.linear_cross_entropy with the whole weight for it")
+
+
 class VocabParallelLinearCrossEntropyLoss(torch.nn.Module):
     """Module form of :func:`lfce.distributed.linear_cross_entropy`: the options fixed at construction::
 
@@ -380,9 +394,11 @@ class VocabParallelLinearCrossEntropyLoss(torch.nn.Module):
     """
 
     def __init__(self, *, group=None, vocab_start=None, sequence_parallel=False, ignore_index=-100,
-                 reduction="mean", mode="recompute", chunk_size=None, workspace_budget=None):
+                 reduction="mean", mode="recompute", chunk_size=None, workspace_budget=None, return_lse=False,
+                 return_entropy=False, return_logprob=False, return_accuracy=False, return_predicted=False):
         super().__init__()
         functional.validate_options(ignore_index, reduction, mode, chunk_size, workspace_budget)
+        _refuse_extra_outputs((return_lse, return_entropy, return_logprob, return_accuracy, return_predicted))
         _check.flag("sequence_parallel", sequence_parallel)
         _check.integer("vocab_start", vocab_start, minimum=0, allow_none=True)
         self.options = {"group": group, "vocab_start": vocab_start, "sequence_parallel": sequence_parallel,

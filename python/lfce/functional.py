@@ -27,16 +27,24 @@ whatever the input dtype; the gradients are in the inputs' dtypes. Under
 ``weight_grad_accumulator`` / ``bias_grad_accumulator`` (recompute mode) make the backward add
 grad_weight / grad_bias in place into fp32 buffers, such as Megatron's ``main_grad``, instead of
 returning them: the kernel that computes each gradient row adds it there, no [V, H] temporary.
+
+Extra per-token outputs (``return_lse``, ``return_entropy``, ``return_logprob``,
+``return_accuracy``, ``return_predicted``) come from the same passes over the vocabulary, with the
+loss in a ``LossOutput``; the first three are rows of the operator's lse output and differentiable
+(recompute mode: their gradients reach the backward kernels with the loss's).
 """
+
+from __future__ import annotations
 
 import logging
 import operator
+from typing import NamedTuple
 
 import torch
 
 from . import _check, _lib, _ops
 
-__all__ = ["check_class_weight", "linear_cross_entropy", "validate_options"]
+__all__ = ["LossOutput", "check_class_weight", "linear_cross_entropy", "validate_options"]
 
 logger = logging.getLogger("lfce")
 
@@ -60,16 +68,37 @@ def _log_once(level, message, *args):
         logger.log(level, message, *args)
 
 
+class LossOutput(NamedTuple):
+    """What ``linear_cross_entropy`` returns when an extra per-token output is asked for: each field
+    not asked for is None. Per-token tensors have the shape of ``targets``."""
+
+    loss: torch.Tensor
+    z_loss: torch.Tensor | None = None     # with return_z_loss
+    lse: torch.Tensor | None = None        # fp32, differentiable
+    entropy: torch.Tensor | None = None    # fp32, differentiable
+    logprob: torch.Tensor | None = None    # fp32, differentiable
+    accuracy: torch.Tensor | None = None   # fp32, no gradient
+    predicted: torch.Tensor | None = None  # int64, no gradient
+
+
+# The extra outputs, in LossOutput's order; the first three are rows of the operator's lse.
+EXTRA_OUTPUTS = ("return_lse", "return_entropy", "return_logprob", "return_accuracy", "return_predicted")
+_LSE_ROWS = EXTRA_OUTPUTS[:3]
+
+
 def validate_options(ignore_index=-100, reduction="mean", mode="recompute", chunk_size=None,
                      workspace_budget=None, softcap=None, temperature=None, z_loss_scale=None, return_z_loss=False,
-                     label_smoothing=None, token_scaling=False):
-    """Check the non-tensor options; raise ValueError/TypeError naming the bad value."""
+                     label_smoothing=None, token_scaling=False, extra_outputs=None):
+    """Check the non-tensor options; raise ValueError/TypeError naming the bad value. extra_outputs:
+    {name in EXTRA_OUTPUTS: value} (each must be a bool)."""
     _check.softcap(softcap)
     _check.temperature(temperature)
     _check.z_loss_scale(z_loss_scale)
     _check.label_smoothing(label_smoothing)
     _check.flag("return_z_loss", return_z_loss)
     _check.flag("token_scaling", token_scaling)
+    for name, value in (extra_outputs or {}).items():
+        _check.flag(name, value)
     _check.integer("ignore_index", ignore_index)
     _check.choice("reduction", reduction, _lib.REDUCTIONS)
     _check.choice("mode", mode, _lib.MODES)
@@ -144,7 +173,7 @@ def _check_accumulator_devices(accumulators, hidden):
                              f"{value.storage_offset()})")
 
 
-def _validate_tensors(hidden, weight, targets, bias, class_weight=None, accumulators=(None, None)):
+def _validate_tensors(hidden, weight, targets, bias, class_weight=None, accumulators=(None, None), extra_outputs=None):
     """Check types, shapes, dtypes, then devices; return (tokens, hidden size, vocab).
 
     Devices come last so that every other mistake is reported the same way on a
@@ -194,6 +223,11 @@ def _validate_tensors(hidden, weight, targets, bias, class_weight=None, accumula
         # lfce keeps fp16's dz scaled for unweighted tokens (the C library refuses it too).
         raise ValueError("class_weight is not supported with torch.float16 inputs (lfce's fp16 gradient "
                          "scaling assumes unweighted tokens); use torch.bfloat16 or torch.float32")
+    if hidden.dtype == torch.float16:
+        for name in _LSE_ROWS:
+            if (extra_outputs or {}).get(name):  # the C library refuses their gradient with fp16 too
+                raise ValueError(f"{name} is not supported with torch.float16 inputs (lfce has no fp16 gradient "
+                                 "path for lse, entropy and logprob); use torch.bfloat16 or torch.float32")
     _check_accumulators(accumulators, weight, bias)
 
     for name, value in named:
@@ -238,7 +272,9 @@ def _autocast(tensors):
 def linear_cross_entropy(hidden, weight, targets, bias=None, *, ignore_index=-100, reduction="mean",
                          mode="recompute", chunk_size=None, workspace_budget=None, softcap=None, temperature=None,
                          z_loss_scale=None, label_smoothing=None, class_weight=None, return_z_loss=False,
-                         weight_grad_accumulator=None, bias_grad_accumulator=None, shift=False, token_scaling=False):
+                         weight_grad_accumulator=None, bias_grad_accumulator=None, shift=False, token_scaling=False,
+                         return_lse=False, return_entropy=False, return_logprob=False, return_accuracy=False,
+                         return_predicted=False):
     """Cross-entropy of ``hidden @ weight.T + bias`` against ``targets``, fused.
 
     Same result as ``F.cross_entropy(F.linear(hidden, weight, bias).flatten(0, -2),
@@ -255,7 +291,8 @@ def linear_cross_entropy(hidden, weight, targets, bias=None, *, ignore_index=-10
         reduction: "mean" (over non-ignored tokens; NaN if all are ignored, like PyTorch),
             "sum" or "none".
         mode: "recompute" (hold 4 bytes a token until backward) or "eager" (compute the
-            gradients in the forward and hold them; "none" reduction falls back to recompute).
+            gradients in the forward and hold them; "none" reduction, return_lse,
+            return_entropy and return_logprob fall back to recompute, logged once at INFO).
         chunk_size: vocabulary chunk width of the backward; None derives it from the budget.
         workspace_budget: bytes for the backward's logit-gradient chunk; None means 256 MiB.
         softcap: logit softcap c (Gemma 2's final_logit_softcapping, e.g. 30.0): the softmax is
@@ -315,10 +352,32 @@ def linear_cross_entropy(hidden, weight, targets, bias=None, *, ignore_index=-10
             softmax sees (after softcap and temperature), detached: no gradient flows through
             the scale. "mean" still divides by the count (or the sum of w_y with class weights).
 
+        The extra per-token outputs, each asked for by a bool and computed in the loss's own passes
+        (none materialises [N, V]). "The softmax" p below is that of the logits the loss's softmax
+        sees, u = (softcap-capped logits) / T, with no label smoothing, class weight or token scale.
+        Each comes back shaped like ``targets``; with shift=True each belongs to its position of
+        hidden (the last position of a sequence is an ignored token). Not with float16 inputs for
+        the three differentiable ones (ValueError: lfce has no fp16 gradient path for them).
+        return_lse: each token's log-sum-exp of u (every token, ignored ones too), fp32,
+            differentiable (d LSE / du = p), as Cut Cross-Entropy's LSE.
+        return_entropy: each token's entropy ``-sum_v p_v log p_v`` (every token), fp32,
+            differentiable (RL trainers use it as a regulariser).
+        return_logprob: ``log p_y`` of each counted token's target (0 for an ignored token, with no
+            gradient; NaN for a target outside [0, V)), fp32, differentiable.
+        return_accuracy: Liger-Kernel's return_token_accuracy: 1.0 where the argmax of u equals the
+            target, else 0.0 (0 for an ignored token); "none" returns that per token, "mean" and
+            "sum" its mean over the counted tokens (NaN when none is counted). No gradient.
+        return_predicted: Liger-Kernel's return_predicted_tokens: each token's argmax of u (the
+            lowest index among equal maxima), -1 for an ignored token; int64, no gradient.
+
     Returns:
         The loss in fp32: 0-dim for mean/sum, shape hidden.shape[:-1] for none; with
-        return_z_loss, ``(loss, z_loss)`` of those shapes. Gradients are in the dtypes of
-        hidden, weight and bias (those added into an accumulator: in it, in fp32).
+        return_z_loss, ``(loss, z_loss)`` of those shapes. With any return_lse, return_entropy,
+        return_logprob, return_accuracy or return_predicted: a ``LossOutput(loss, z_loss, lse,
+        entropy, logprob, accuracy, predicted)`` named tuple, None in each field not asked for
+        (z_loss with return_z_loss). Gradients are in the dtypes of hidden, weight and bias
+        (those added into an accumulator: in it, in fp32); a gradient reaching lse, entropy or
+        logprob is added to the loss's in the same backward kernels.
 
     Under ``torch.autocast("cuda", dtype=...)`` hidden, weight and bias are first cast to the
     autocast dtype (as for F.linear); their gradients come back in their own dtypes.
@@ -327,8 +386,9 @@ def linear_cross_entropy(hidden, weight, targets, bias=None, *, ignore_index=-10
         TypeError / ValueError naming the bad argument; lfce.CompileError if a kernel
         fails to compile; lfce.CudaError if the driver fails.
     """
+    extra = dict(zip(EXTRA_OUTPUTS, (return_lse, return_entropy, return_logprob, return_accuracy, return_predicted)))
     validate_options(ignore_index, reduction, mode, chunk_size, workspace_budget, softcap, temperature, z_loss_scale,
-                     return_z_loss, label_smoothing, token_scaling)
+                     return_z_loss, label_smoothing, token_scaling, extra)
     _check.flag("shift", shift)
     accumulators = (weight_grad_accumulator, bias_grad_accumulator)
     _check_accumulator_mode(mode, accumulators)
@@ -336,7 +396,7 @@ def linear_cross_entropy(hidden, weight, targets, bias=None, *, ignore_index=-10
     temperature, z_loss_scale = _check.temperature(temperature), _check.z_loss_scale(z_loss_scale)
     label_smoothing = _check.label_smoothing(label_smoothing)
     hidden, weight, bias = _autocast((hidden, weight, bias))
-    N, H, _ = _validate_tensors(hidden, weight, targets, bias, class_weight, accumulators)
+    N, H, _ = _validate_tensors(hidden, weight, targets, bias, class_weight, accumulators, extra)
     class_weight = _fp32_class_weight(class_weight)
     batch_shape = hidden.shape[:-1]
     if shift:
@@ -351,30 +411,63 @@ def linear_cross_entropy(hidden, weight, targets, bias=None, *, ignore_index=-10
     if mode == "eager" and reduction == "none":
         _log_once(logging.INFO, "lfce: mode 'eager' needs a scalar loss; reduction 'none' uses 'recompute'")
         mode = "recompute"
+    if mode == "eager" and any(extra[name] for name in _LSE_ROWS):
+        _log_once(logging.INFO, "lfce: mode 'eager' computes the gradients before those of lse, entropy and logprob "
+                                "are known; return_lse, return_entropy and return_logprob use 'recompute'")
+        mode = "recompute"
 
     # Which gradients a backward can ask for is known here (inside the operator grad mode is
     # off); eager mode computes only those (none when grad mode is off).
     wanted = tuple(torch.is_grad_enabled() and t is not None and t.requires_grad for t in (hidden, weight, bias))
     options = [None if v is None else operator.index(v) for v in (ignore_index, chunk_size, workspace_budget)]
     out = _ops.forward(hidden, weight, bias, targets, class_weight, *accumulators, options[0], reduction, mode,
-                       *options[1:], softcap, temperature, z_loss_scale, label_smoothing, token_scaling, *wanted)
+                       *options[1:], softcap, temperature, z_loss_scale, label_smoothing, token_scaling, *wanted,
+                       _output_flags(extra))
     loss = out[0].reshape(batch_shape) if reduction == "none" else out[0]
-    if not return_z_loss:
-        return loss
-    z_loss = _z_loss(out[1], out[2], targets, options[0], z_loss_scale, reduction, token_scaling)  # (lse, count)
-    return loss, z_loss.reshape(batch_shape) if reduction == "none" else z_loss
+    z_loss = None
+    if return_z_loss:
+        z_loss = _z_loss(out[1], out[2], targets, options[0], z_loss_scale, reduction, token_scaling)  # (lse, count)
+        z_loss = z_loss.reshape(batch_shape) if reduction == "none" else z_loss
+    if not any(extra.values()):
+        return (loss, z_loss) if return_z_loss else loss
+    # (lse, valid_count, predicted) of the operator
+    return LossOutput(loss, z_loss, *_extra_outputs(out[1], out[2], out[6], targets, options[0], reduction,
+                                                    token_scaling, extra, batch_shape))
+
+
+def _output_flags(extra):
+    """lfce_problem.outputs for the extra outputs asked for: accuracy needs the predicted ids."""
+    flags = _lib.OUTPUT_ENTROPY if extra["return_entropy"] else 0
+    flags |= _lib.OUTPUT_LOGPROB if extra["return_logprob"] else 0
+    return flags | (_lib.OUTPUT_PREDICTED if extra["return_accuracy"] or extra["return_predicted"] else 0)
+
+
+def _extra_outputs(lse, valid_count, predicted, targets, ignore_index, reduction, token_scaling, extra, batch_shape):
+    """(lse, entropy, logprob, accuracy, predicted), each None unless asked for, from the operator's
+    lse [rows * N] (the LSEs, the scales with token scaling, the entropies, the logprobs: views,
+    so that their gradients reach the operator as lse's), valid_count and predicted [N]."""
+    n = targets.shape[0]
+    entropy_row = 1 + int(token_scaling)
+    logprob_row = entropy_row + int(extra["return_entropy"])
+    rows = [lse.narrow(0, row * n, n).reshape(batch_shape) if extra[name] else None
+            for name, row in zip(_LSE_ROWS, (0, entropy_row, logprob_row))]
+    accuracy = None
+    if extra["return_accuracy"]:  # Liger-Kernel's token accuracy, from the argmax ids (no kernel)
+        correct = ((predicted == targets) & (targets != ignore_index)).to(torch.float32)
+        accuracy = correct.reshape(batch_shape) if reduction == "none" else correct.sum() / valid_count.detach()[0]
+    return (*rows, accuracy, predicted.reshape(batch_shape) if extra["return_predicted"] else None)
 
 
 def _z_loss(lse, valid_count, targets, ignore_index, z_loss_scale, reduction, token_scaling):
     """s * LSE**2 of the counted tokens, reduced as the loss, from the forward's LSE (no kernel);
     detached: a gradient through it would be dropped, so it has none. "mean" divides by the count
     valid_count[0], class weights or not (they weight the cross-entropy only). With token scaling
-    lse is [2N], the LSEs then the scales p(target): each term times its scale, as Liger-Kernel."""
+    lse's second row holds the scales p(target): each term times its scale, as Liger-Kernel."""
     lse, valid_count = lse.detach(), valid_count.detach()
     n = targets.shape[0]
     term = z_loss_scale * lse[:n] * lse[:n]
     if token_scaling:
-        term = term * lse[n:]
+        term = term * lse[n:2 * n]
     term = torch.where(targets != ignore_index, term, torch.zeros_like(term))
     if reduction == "none":
         return term

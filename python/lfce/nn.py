@@ -5,7 +5,12 @@ from __future__ import annotations
 import torch
 
 from . import _check
-from .functional import check_class_weight, linear_cross_entropy, validate_options
+from .functional import (
+    EXTRA_OUTPUTS,
+    check_class_weight,
+    linear_cross_entropy,
+    validate_options,
+)
 
 __all__ = ["LinearCrossEntropyLoss"]
 
@@ -21,7 +26,9 @@ class LinearCrossEntropyLoss(torch.nn.Module):
 
     Args: see :func:`lfce.linear_cross_entropy` (ignore_index, reduction, mode,
     chunk_size, workspace_budget, softcap, temperature, z_loss_scale, label_smoothing,
-    class_weight, return_z_loss, shift, token_scaling). ``class_weight`` is a registered buffer, as
+    class_weight, return_z_loss, shift, token_scaling, and the extra outputs return_lse,
+    return_entropy, return_logprob, return_accuracy, return_predicted: with any of them set, forward
+    returns an :class:`lfce.LossOutput`). ``class_weight`` is a registered buffer, as
     ``torch.nn.CrossEntropyLoss``'s ``weight``: it follows ``module.to(device)`` and is in the
     state dict; its length and device are checked against the inputs at each call.
 
@@ -39,10 +46,13 @@ class LinearCrossEntropyLoss(torch.nn.Module):
 
     def __init__(self, *, ignore_index=-100, reduction="mean", mode="recompute", chunk_size=None,
                  workspace_budget=None, softcap=None, temperature=None, z_loss_scale=None, label_smoothing=None,
-                 class_weight=None, return_z_loss=False, shift=False, token_scaling=False):
+                 class_weight=None, return_z_loss=False, shift=False, token_scaling=False, return_lse=False,
+                 return_entropy=False, return_logprob=False, return_accuracy=False, return_predicted=False):
         super().__init__()
+        self.extra_outputs = dict(zip(EXTRA_OUTPUTS, (return_lse, return_entropy, return_logprob, return_accuracy,
+                                                      return_predicted)))
         validate_options(ignore_index, reduction, mode, chunk_size, workspace_budget, softcap, temperature, z_loss_scale,
-                         return_z_loss, label_smoothing, token_scaling)
+                         return_z_loss, label_smoothing, token_scaling, self.extra_outputs)
         check_class_weight(class_weight)
         self.register_buffer("class_weight", class_weight)
         self.softcap = softcap
@@ -69,7 +79,7 @@ class LinearCrossEntropyLoss(torch.nn.Module):
             softcap=self.softcap, temperature=self.temperature, z_loss_scale=self.z_loss_scale,
             label_smoothing=self.label_smoothing, class_weight=self.class_weight, return_z_loss=self.return_z_loss,
             weight_grad_accumulator=weight_grad_accumulator, bias_grad_accumulator=bias_grad_accumulator,
-            shift=self.shift, token_scaling=self.token_scaling,
+            shift=self.shift, token_scaling=self.token_scaling, **self.extra_outputs,
         )
 
     def extra_repr(self):
@@ -85,4 +95,5 @@ class LinearCrossEntropyLoss(torch.nn.Module):
             options.append("shift=True")
         if self.token_scaling:
             options.append("token_scaling=True")
+        options.extend(f"{name}=True" for name, value in self.extra_outputs.items() if value)
         return ", ".join(options)

@@ -115,6 +115,12 @@ case $test in
       --accumulate-grad-weight --mode eager -o "$work/x"
     expect_status 2 "accumulate_grad_bias = 1 needs has_bias = 1" "$lfce" compile --vocab 100 --hidden 16 \
       --accumulate-grad-bias -o "$work/x" ;;
+  compile_extra_outputs_change_only_their_kernels)
+    compile_plain
+    changes_only "--outputs entropy" "entropy=1" "lse_forward lse_combine"
+    changes_only "--outputs predicted" "argmax=1" "lse_forward lse_combine"
+    changes_only "--outputs logprob" "logprob=1" "lse_combine"
+    expect_status 2 "outputs" "$lfce" compile --vocab 100 --hidden 16 --outputs accuracy -o "$work/x" ;;
   every_command_has_help)
     for cmd in "" compile precompile tune cache "cache ls" "cache info" "cache verify" "cache clear"; do
       # shellcheck disable=SC2086

@@ -74,6 +74,25 @@ std::vector<Case> all_cases() {
 
 INSTANTIATE_TEST_SUITE_P(AllTemplates, Codegen, testing::ValuesIn(all_cases()), case_name);
 
+// Generates each spec of `variants` once (by its text): no call, no local memory, and (every spec
+// but `plain`) assembled by ptxas without spills; distinct texts give distinct PTX. Returns how many
+// distinct specs there were.
+size_t expect_distinct_kernels_without_calls_or_spills(const KernelSpec& plain, const std::vector<KernelSpec>& variants) {
+  std::map<std::string, std::string> ptx_of;  // spec text -> PTX
+  for (const KernelSpec& s : variants) {
+    const std::string what = s.text();
+    if (ptx_of.count(what)) continue;
+    const std::string ptx = generate_kernel(s).ptx;
+    ptx_of[what] = ptx;
+    EXPECT_FALSE(std::regex_search(ptx, std::regex(R"(\bcall(\.uni)?\b)"))) << what;
+    EXPECT_EQ(ptx.find(".local"), std::string::npos) << what;
+    if (s != plain) testing_ptxas::expect_assembles_without_spills(ptx, s.arch);
+  }
+  std::set<std::string> distinct;
+  for (const auto& [what, ptx] : ptx_of) EXPECT_TRUE(distinct.insert(ptx).second) << what << ": PTX of another set";
+  return ptx_of.size();
+}
+
 // The loss options are code only in the kernels that read them, only when set: every set of
 // options a kernel reads gives it its own PTX, with no call and no spill (tanh from ex2 and
 // div.full; the temperature and the z-loss are multiplications). A kind that does not read an
@@ -107,7 +126,7 @@ TEST(Codegen, EachSetOfLossOptionsGivesItsOwnKernelWithoutCallsOrSpills) {
           plain.tile = kind == KernelKind::LseForward ? TileConfig{128, 128, 64, 1, 1, 4, 2}
                                                       : TileConfig{128, 256, 64, 1, 1, 4, 2};
         const uint32_t reads = plain.fields_read();
-        std::map<std::string, std::string> ptx_of;  // spec text -> PTX, one per set the kind tells apart
+        std::vector<KernelSpec> variants;
         for (const Options& o : sets) {
           KernelSpec s = plain;
           if (reads & kFieldSoftcap) s.softcap = o.softcap;
@@ -117,21 +136,57 @@ TEST(Codegen, EachSetOfLossOptionsGivesItsOwnKernelWithoutCallsOrSpills) {
           s.z_loss_scale = o.z_loss_scale;
           s.token_scaling = o.token_scaling;
           s = s.normalised();
-          // The tiles Plan::tile gives these two combinations on sm_90a (a wgmma tile spilled).
-          if (s.tile.wgmma() && s.kind == KernelKind::LseForward && s.class_weight) s.tile = TileConfig{128, 128, 64, 2, 4, 3};
+          // The tile Plan::tile gives this combination on sm_90a (a wgmma tile spilled).
           if (s.tile.wgmma() && s.kind == KernelKind::DlogitsBackward && s.bias && s.class_weight && s.label_smoothing != 0.f)
             s.tile = TileConfig{128, 128, 64, 1, 1, 4, 2};
-          const std::string what = s.text();
-          if (ptx_of.count(what)) continue;
-          const std::string ptx = generate_kernel(s).ptx;
-          ptx_of[what] = ptx;
-          EXPECT_FALSE(std::regex_search(ptx, std::regex(R"(\bcall(\.uni)?\b)"))) << what;
-          EXPECT_EQ(ptx.find(".local"), std::string::npos) << what;
-          if (s != plain) testing_ptxas::expect_assembles_without_spills(ptx, arch);
+          variants.push_back(s);
         }
-        std::set<std::string> distinct;
-        for (const auto& [what, ptx] : ptx_of) EXPECT_TRUE(distinct.insert(ptx).second) << what << ": PTX of another set";
-        EXPECT_EQ(ptx_of.size(), expected) << plain.text();
+        EXPECT_EQ(expect_distinct_kernels_without_calls_or_spills(plain, variants), expected) << plain.text();
+      }
+}
+
+// The extra per-token outputs (lfce_problem.outputs) and the backward through the lse rows: each set
+// a kernel reads gives it its own PTX, with no call and no spill, on both mainloops, with and
+// without a bias (the staged and the register epilogues of lse_forward and dlogits_backward).
+TEST(Codegen, ExtraOutputsAndTheirGradientsGiveTheirOwnKernelsWithoutCallsOrSpills) {
+  if (!testing_ptxas::have_ptxas()) GTEST_SKIP() << "ptxas not found at configure time (install the CUDA toolkit)";
+  struct Outputs {
+    bool entropy, argmax, logprob, lse_grad;
+    float softcap = 0.f, label_smoothing = 0.f;
+    bool class_weight = false;
+  };
+  const Outputs sets[] = {{false, false, false, false}, {true, false, false, false},  {false, true, false, false},
+                          {false, false, true, false},  {true, true, true, false},    {false, false, false, true},
+                          {true, false, false, true},   {false, false, true, true},   {true, true, true, true, 30.f},
+                          {true, false, true, true, 0.f, 0.1f, true}};
+  // lse_forward: entropy, argmax, both (and the smoothing set); lse_combine every output set (and
+  // the smoothing one); dlogits_backward the lse_grad sets only (the outputs alone are not its code).
+  const std::map<KernelKind, size_t> distinct_sets = {
+      {KernelKind::LseForward, 6}, {KernelKind::LseCombine, 6}, {KernelKind::DlogitsBackward, 6}};
+  for (Arch arch : {Arch::SM80, Arch::SM90A})
+    for (bool bias : {false, true})
+      for (const auto& [kind, expected] : distinct_sets) {
+        KernelSpec plain = spec_for({kind, DType::BF16, arch, bias});
+        if (arch == Arch::SM90A)  // the default wgmma tiles
+          plain.tile = kind == KernelKind::LseForward ? TileConfig{128, 128, 64, 1, 1, 4, 2}
+                                                      : TileConfig{128, 256, 64, 1, 1, 4, 2};
+        std::vector<KernelSpec> variants;
+        for (const Outputs& o : sets) {
+          KernelSpec s = plain;
+          s.entropy = o.entropy;
+          s.argmax = o.argmax;
+          s.logprob = o.logprob;
+          s.lse_grad = o.lse_grad;
+          if (s.fields_read() & kFieldSoftcap) s.softcap = o.softcap;
+          s.label_smoothing = o.label_smoothing;
+          s.class_weight = o.class_weight;
+          s = s.normalised();
+          // The tile Plan::tile gives dlogits_backward's heavier epilogues on sm_90a.
+          if (s.tile.wgmma() && s.kind == KernelKind::DlogitsBackward && s.lse_grad)
+            s.tile = TileConfig{128, 128, 64, 1, 1, 4, 2};
+          variants.push_back(s);
+        }
+        EXPECT_EQ(expect_distinct_kernels_without_calls_or_spills(plain, variants), expected) << plain.text();
       }
 }
 

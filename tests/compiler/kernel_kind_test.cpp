@@ -45,6 +45,10 @@ const std::vector<FieldChange>& field_changes() {
       {kFieldClassWeight, "class_weight", [](KernelSpec& s) { s.class_weight = true; }},
       {kFieldAccumulate, "accumulate", [](KernelSpec& s) { s.accumulate = true; }},
       {kFieldTokenScaling, "token_scaling", [](KernelSpec& s) { s.token_scaling = true; }},
+      {kFieldEntropy, "entropy", [](KernelSpec& s) { s.entropy = true; }},
+      {kFieldArgmax, "argmax", [](KernelSpec& s) { s.argmax = true; }},
+      {kFieldLogprob, "logprob", [](KernelSpec& s) { s.logprob = true; }},
+      {kFieldLseGrad, "lse_grad", [](KernelSpec& s) { s.lse_grad = true; }},
   };
   return changes;
 }
@@ -95,7 +99,8 @@ TEST_P(KindFields, UnreadFieldsLeaveThePtxAndKeyAloneAndReadOnesChangeBoth) {
     if (reads & f.field) {
       EXPECT_NE(generate_kernel(changed).ptx, base_ptx) << f.name << " is marked read but does not change the code";
       EXPECT_NE(changed.normalised().text(), base.normalised().text()) << "normalised() drops " << f.name;
-    } else if (f.field & (kLogitMapFields | kFieldZLoss | kTargetTermFields | kFieldAccumulate | kFieldTokenScaling)) {
+    } else if (f.field & (kLogitMapFields | kFieldZLoss | kTargetTermFields | kFieldAccumulate | kFieldTokenScaling |
+                          kOutputFields | kFieldArgmax | kFieldLseGrad)) {
       EXPECT_THROW(generate_kernel(changed), SpecError) << f.name << " set on a kind that does not read it";
       EXPECT_EQ(changed.normalised(), base.normalised());
     } else {
@@ -132,6 +137,18 @@ TEST(KernelKindTable, ConditionalReadsChangeTheCodeExactlyWhereTheyAreRead) {
   EXPECT_NE(generate_kernel(weighted).ptx, generate_kernel(fwd).ptx);
   fwd.label_smoothing = 0.f;
   EXPECT_FALSE(fwd.fields_read() & kFieldClassWeight);
+
+  // dlogits_backward reads the entropy and logprob rows only for their gradients.
+  KernelSpec lse_grad = small_spec(KernelKind::DlogitsBackward, DType::BF16, Reduction::Mean);
+  EXPECT_FALSE(lse_grad.fields_read() & (kFieldEntropy | kFieldLogprob));
+  lse_grad.lse_grad = true;
+  ASSERT_TRUE((lse_grad.fields_read() & kOutputFields) == kOutputFields);
+  const std::string with_lse_grad = generate_kernel(lse_grad).ptx;
+  for (auto set : {+[](KernelSpec& s) { s.entropy = true; }, +[](KernelSpec& s) { s.logprob = true; }}) {
+    KernelSpec changed = lse_grad;
+    set(changed);
+    EXPECT_NE(generate_kernel(changed).ptx, with_lse_grad) << changed.text();
+  }
 
   KernelSpec reduce = small_spec(KernelKind::LossReduce, DType::BF16, Reduction::Mean).normalised();
   EXPECT_FALSE(reduce.fields_read() & kFieldVocab);

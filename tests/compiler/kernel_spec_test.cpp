@@ -192,6 +192,53 @@ TEST(KernelSpec, AccumulateIsPartOfTheTextOnlyWhenSetAndOnlyOnTheGradientKernels
   }
 }
 
+// The extra outputs' flags: ";entropy=1" ";argmax=1" ";logprob=1" ";lse_grad=1", each in the text only
+// when set, read back, refused where its kind does not read it (naming the flag), and any value
+// other than 1 named.
+TEST(KernelSpec, ExtraOutputFlagsArePartOfTheTextOnlyWhenSetAndOnlyWhereRead) {
+  struct Flag {
+    const char* name;
+    bool KernelSpec::*member;
+    KernelKind reader, other;
+  };
+  const Flag flags[] = {{"entropy", &KernelSpec::entropy, KernelKind::LseForward, KernelKind::GradInput},
+                        {"argmax", &KernelSpec::argmax, KernelKind::LseCombine, KernelKind::DlogitsBackward},
+                        {"logprob", &KernelSpec::logprob, KernelKind::LseCombine, KernelKind::LseForward},
+                        {"lse_grad", &KernelSpec::lse_grad, KernelKind::DlogitsBackward, KernelKind::LseCombine}};
+  for (const Flag& f : flags) {
+    SCOPED_TRACE(f.name);
+    KernelSpec s = sample();
+    s.kind = f.reader;
+    s.dtype = DType::BF16;
+    s = s.normalised();
+    EXPECT_EQ(s.text().find(f.name), std::string::npos);
+    s.*f.member = true;
+    const std::string text = s.text();
+    EXPECT_EQ(text.substr(text.rfind(';')), std::string(";") + f.name + "=1");
+    EXPECT_EQ(KernelSpec::parse(text), s);
+    EXPECT_NO_THROW(s.validate());
+    EXPECT_NE(spec_error([&] { KernelSpec::parse(text.substr(0, text.size() - 1) + "2"); })
+                  .find(std::string("'") + f.name + "' must be 1"),
+              std::string::npos);
+    KernelSpec other = sample();
+    other.kind = f.other;
+    other.*f.member = true;
+    EXPECT_FALSE(other.normalised().*f.member);
+    EXPECT_NE(spec_error([&] { other.validate(); }).find(std::string(f.name) + " is set on a kernel that"),
+              std::string::npos);
+  }
+  // dlogits_backward takes the entropy and logprob rows with lse_grad only, and refuses lse_grad for fp16.
+  KernelSpec d = sample();
+  d.kind = KernelKind::DlogitsBackward;
+  d.dtype = DType::BF16;
+  d.entropy = true;
+  EXPECT_NE(spec_error([&] { d.validate(); }).find("entropy is set on a kernel that"), std::string::npos);
+  d.lse_grad = true;
+  EXPECT_NO_THROW(d.validate());
+  d.dtype = DType::FP16;
+  EXPECT_NE(spec_error([&] { d.validate(); }).find("lse_grad needs bf16 or fp32, got fp16"), std::string::npos);
+}
+
 TEST(KernelSpec, AllLossOptionsTogetherRoundTrip) {
   KernelSpec s = sample();
   s.softcap = 30.f;
@@ -306,7 +353,7 @@ TEST(KernelSpec, ValidateNamesWhatAWgmmaTileNeeds) {
 
 TEST(KernelSpec, EveryFieldChangesTheKey) {
   KernelSpec base = sample();
-  std::vector<KernelSpec> variants(21, base);
+  std::vector<KernelSpec> variants(25, base);
   variants[0].kind = KernelKind::GradInput;
   variants[1].vocab += 1;
   variants[2].hidden += 8;
@@ -328,6 +375,10 @@ TEST(KernelSpec, EveryFieldChangesTheKey) {
   variants[18].class_weight = true;
   variants[19].accumulate = true;
   variants[20].token_scaling = true;
+  variants[21].entropy = true;
+  variants[22].argmax = true;
+  variants[23].logprob = true;
+  variants[24].lse_grad = true;
   std::set<std::string> texts{base.text()};
   for (const KernelSpec& v : variants) {
     EXPECT_NE(v, base);

@@ -8,13 +8,16 @@ _backward_impl directly, without the operators), and lets CPU tensors through th
 It computes as lfce does: fp32 from the inputs in their dtype, the forward's LSE reused in the
 backward, each gradient rounded once to its input's dtype, or added in fp32 into its accumulator.
 With token scaling lse is [2N] as lfce.h has it: the LSEs, then each token's scale p(target) (0 for
-ignored tokens), which multiplies that token's loss and gradient.
+ignored tokens), which multiplies that token's loss and gradient. The extra outputs (lfce.h's
+lfce_output flags) add the entropy and logprob rows to lse and fill predicted; the backward adds
+grad_lse's terms to dz (dLSE/du = p, dH/du = -p (u - S) with S = LSE - H from the saved rows,
+dlogp_y/du = onehot(y) - p for counted tokens) before the softcap and temperature slope.
 """
 
 import torch
 import torch.nn.functional as F
 
-from lfce import _ops, functional
+from lfce import _lib, _ops, functional
 
 
 def _logits(hidden, weight, bias):
@@ -35,28 +38,48 @@ def _class_weights(class_weight, vocab):
     return torch.ones(vocab) if class_weight is None else class_weight
 
 
-def _grads(hidden, weight, bias, targets, class_weight, lse, count, grad_loss, ignore_index, reduction, options):
+def _rows(lse, n, token_scaling, outputs):
+    """lse [rows * N] as {name: [N] row} (lfce.h's order), the rows present only."""
+    names = ["lse"] + ["scale"] * bool(token_scaling) + ["entropy"] * bool(outputs & _lib.OUTPUT_ENTROPY)
+    names += ["logprob"] * bool(outputs & _lib.OUTPUT_LOGPROB)
+    return dict(zip(names, lse.reshape(len(names), n)))
+
+
+def _grads(hidden, weight, bias, targets, class_weight, lse, count, grad_loss, ignore_index, reduction, options,
+           grad_lse=None, outputs=0):
     """fp32 (grad_hidden, grad_weight, grad_bias) from dz_v = (P p_v - T [v = y] - U w_v) * slope per
     row, the constants as lfce's (docs/design.md): P = a ((1 - eps) w_y + eps W / V) + b 2 s LSE,
     T = a (1 - eps) w_y, U = a eps / V; a scales the cross-entropy (the upstream gradient, / sum of
-    w_y for mean, times the token's scale with token scaling), b the z-loss (/ the count, likewise)."""
+    w_y for mean, times the token's scale with token scaling), b the z-loss (/ the count, likewise).
+    With grad_lse, its rows' terms are added before the slope (see the module docstring)."""
     softcap, temperature, z_loss_scale, eps, token_scaling = options
     logits, slope = _softmax_logits(hidden, weight, bias, softcap, temperature)
     vocab = weight.shape[0]
     valid = targets != ignore_index
-    target = torch.where(valid, targets, 0).long()
+    target = torch.where(valid & (targets >= 0) & (targets < vocab), targets, 0).long()
     w = _class_weights(class_weight, vocab)
     w_sum = count[2] if class_weight is not None else vocab  # the forward's sum (written with smoothing)
     g = grad_loss.float().expand(hidden.shape[0]) if grad_loss is not None else torch.ones(hidden.shape[0])
     n = hidden.shape[0]
-    lse, scale = (lse[:n], lse[n:]) if token_scaling else (lse, torch.ones(n))
+    rows = _rows(lse, n, token_scaling, outputs)
+    lse, scale = rows["lse"], rows.get("scale", torch.ones(n))
     a = b = g * valid * scale
     if reduction == "mean":
         a, b = a / (count[1] if class_weight is not None else count[0]), b / count[0]
     p = torch.exp(logits - lse[:, None])  # the forward's LSE, as lfce
+    onehot = F.one_hot(target, vocab).float()
     big_p = a * ((1 - eps) * w[target] + eps * w_sum / vocab) + b * 2 * z_loss_scale * lse
-    dz = big_p[:, None] * p - (a * (1 - eps) * w[target])[:, None] * F.one_hot(target, vocab).float()
-    dz = (dz - (a * eps / vocab)[:, None] * w[None, :]) * slope
+    dz = big_p[:, None] * p - (a * (1 - eps) * w[target])[:, None] * onehot
+    dz = dz - (a * eps / vocab)[:, None] * w[None, :]
+    if grad_lse is not None:
+        upstream = _rows(grad_lse, n, token_scaling, outputs)
+        dz = dz + upstream["lse"][:, None] * p
+        if "entropy" in rows:  # S = sum_v p_v u_v = LSE - H, from the forward's rows
+            mean_logit = lse - rows["entropy"]
+            dz = dz - upstream["entropy"][:, None] * p * (logits - mean_logit[:, None])
+        if "logprob" in rows:
+            dz = dz + (upstream["logprob"] * valid)[:, None] * (onehot - p)
+    dz = dz * slope
     return dz @ weight.float(), dz.t() @ hidden.float(), dz.sum(0)
 
 
@@ -74,12 +97,13 @@ def _outputs(grads, hidden, weight, bias, wanted, accumulators=(None, None)):
 
 def forward_cpu(hidden, weight, bias, targets, class_weight, weight_grad_accumulator, bias_grad_accumulator,
                 ignore_index, reduction, mode, chunk_size, workspace_budget, softcap, temperature, z_loss_scale,
-                label_smoothing, token_scaling, need_hidden, need_weight, need_bias):
+                label_smoothing, token_scaling, need_hidden, need_weight, need_bias, outputs=0):
     logits, _ = _softmax_logits(hidden, weight, bias, softcap, temperature)
     vocab = weight.shape[0]
     lse = logits.logsumexp(-1)
     valid = targets != ignore_index
-    target = torch.where(valid, targets, 0).long()
+    in_range = (targets >= 0) & (targets < vocab)
+    target = torch.where(valid & in_range, targets, 0).long()
     w = _class_weights(class_weight, vocab)
     picked = logits.gather(1, target[:, None])[:, 0]
     smoothed = (w * (lse[:, None] - logits)).sum(-1) / vocab
@@ -95,19 +119,31 @@ def forward_cpu(hidden, weight, bias, targets, class_weight, weight_grad_accumul
     token_loss = cross_entropy + z_loss
     mean = cross_entropy.sum() / count[1 if class_weight is not None else 0] + z_loss.sum() / count[0]
     loss = {"none": token_loss, "sum": token_loss.sum(), "mean": mean}[reduction]
-    eager = mode == "eager" and reduction != "none"  # "none" recomputes, as in lfce
+    eager = _ops._eager(mode, reduction, outputs)  # "none", entropy or logprob recompute, as in lfce
     wanted = (need_hidden, need_weight, need_bias) if eager else (False, False, False)
-    lse = torch.cat([lse, scale]) if token_scaling else lse
+    rows = [lse, scale] if token_scaling else [lse]
+    if outputs & _lib.OUTPUT_ENTROPY:  # -sum_v p_v log p_v = LSE - sum_v p_v u_v, every token
+        rows.append(lse - (torch.exp(logits - lse[:, None]) * logits).sum(-1))
+    if outputs & _lib.OUTPUT_LOGPROB:  # 0 for ignored tokens, NaN for a target outside [0, V)
+        logprob = torch.where(valid, picked - lse, torch.zeros_like(lse))
+        rows.append(torch.where(valid & ~in_range, torch.full_like(lse, float("nan")), logprob))
+    predicted = torch.empty(0, dtype=torch.int64)
+    if outputs & _lib.OUTPUT_PREDICTED:  # torch.argmax gives the first of equal maxima
+        predicted = torch.where(valid, logits.argmax(-1), torch.full_like(targets, -1, dtype=torch.int64))
+    lse = torch.cat(rows)
     options = (softcap, temperature, z_loss_scale, label_smoothing, token_scaling)
-    grads = _grads(hidden, weight, bias, targets, class_weight, lse, count, None, ignore_index, reduction, options)
-    return (loss, lse, count) + _outputs(grads, hidden, weight, bias, wanted)
+    grads = _grads(hidden, weight, bias, targets, class_weight, lse, count, None, ignore_index, reduction, options,
+                   None, outputs)
+    return (loss, lse, count) + _outputs(grads, hidden, weight, bias, wanted) + (predicted,)
 
 
 def backward_cpu(hidden, weight, bias, targets, class_weight, lse, valid_count, grad_loss, weight_grad_accumulator,
                  bias_grad_accumulator, ignore_index, reduction, chunk_size, workspace_budget, softcap, temperature,
-                 z_loss_scale, label_smoothing, token_scaling, need_hidden, need_weight, need_bias):
+                 z_loss_scale, label_smoothing, token_scaling, need_hidden, need_weight, need_bias, grad_lse=None,
+                 outputs=0):
+    _ops._check_lse(hidden, lse, grad_lse, token_scaling, outputs)  # the operator's own checks, as the CUDA one
     grads = _grads(hidden, weight, bias, targets, class_weight, lse, valid_count, grad_loss, ignore_index, reduction,
-                   (softcap, temperature, z_loss_scale, label_smoothing, token_scaling))
+                   (softcap, temperature, z_loss_scale, label_smoothing, token_scaling), grad_lse, outputs)
     return _outputs(grads, hidden, weight, bias, (need_hidden, need_weight, need_bias),
                     (weight_grad_accumulator, bias_grad_accumulator))
 

@@ -360,10 +360,17 @@ def test_backward_operator_refuses_an_lse_without_the_scales_token_scaling_needs
                             "mean", None, None, None, 1.0, 0.0, 0.0, True, True, True, False)
 
 
-def test_make_problem_sets_token_scaling_and_zeroes_the_reserved_field():
-    p = _lib.make_problem(64, 256, 1000, _lib.DTYPE_BF16, token_scaling=True)
-    assert (p.token_scaling, p.reserved) == (1, 0)
-    assert _lib.make_problem(64, 256, 1000, _lib.DTYPE_BF16).token_scaling == 0
+def test_make_problem_sets_token_scaling_and_the_outputs():
+    p = _lib.make_problem(64, 256, 1000, _lib.DTYPE_BF16, token_scaling=True,
+                          outputs=_lib.OUTPUT_ENTROPY | _lib.OUTPUT_PREDICTED)
+    assert (p.token_scaling, p.outputs) == (1, 5)
+    plain = _lib.make_problem(64, 256, 1000, _lib.DTYPE_BF16)
+    assert (plain.token_scaling, plain.outputs) == (0, 0)
+
+
+def test_make_problem_refuses_outputs_too_wide_for_their_c_type():
+    with raises(ValueError, "outputs must be in [-2**31, 2**31 - 1], got 4294967296"):
+        _lib.make_problem(64, 256, 1000, _lib.DTYPE_BF16, outputs=2**32)
 
 
 def test_gradient_accumulators_reach_the_operator_uncopied(on_cpu, monkeypatch):
@@ -479,13 +486,25 @@ def test_library_refuses_bias_gradient_accumulation_without_a_bias():
 
 
 @pytest.mark.lib
-@pytest.mark.parametrize("field, value, message", [("token_scaling", 2, "must be 0 or 1, got 2"),
-                                                   ("reserved", 1, "must be 0, got 1")])
-def test_library_names_a_token_scaling_flag_that_is_not_0_or_1_and_a_reserved_field_not_0(field, value, message):
+def test_library_names_a_token_scaling_flag_that_is_not_0_or_1():
     p = problem()
-    setattr(p, field, value)
-    with raises(ValueError, f"lfce_problem.{field}", message):
+    p.token_scaling = 2
+    with raises(ValueError, "lfce_problem.token_scaling", "must be 0 or 1, got 2"):
         check_problem(p)
+
+
+@pytest.mark.lib
+@pytest.mark.parametrize("outputs", [8, -1])
+def test_library_names_an_outputs_field_with_a_bit_outside_the_flags(outputs):
+    with raises(ValueError, f"lfce_problem.outputs = {outputs} is not valid; expected a sum of "
+                "LFCE_OUTPUT_ENTROPY (1), LFCE_OUTPUT_LOGPROB (2) and LFCE_OUTPUT_PREDICTED (4)"):
+        check_problem(problem(outputs=outputs))
+
+
+@pytest.mark.lib
+@pytest.mark.parametrize("outputs", range(8))
+def test_library_accepts_every_sum_of_the_output_flags(outputs):
+    check_problem(problem(outputs=outputs, token_scaling=bool(outputs & 1)))
 
 
 @pytest.mark.lib

@@ -12,6 +12,7 @@ import re
 import pytest
 import torch
 
+import lfce
 from lfce.compat import cce, liger
 
 
@@ -60,17 +61,42 @@ def cpu_inputs():
     return torch.randn(4, 16), torch.randn(10, 16), torch.randint(0, 10, (4,))
 
 
-@pytest.mark.parametrize("option, value", [
-    ("accum_dtype", torch.bfloat16), ("return_token_accuracy", True), ("return_predicted_tokens", True)])
-def test_liger_functional_names_an_option_lfce_lacks(option, value):
+def test_liger_functional_names_an_option_lfce_lacks():
     x, w, y = cpu_inputs()
-    with pytest.raises(NotImplementedError, match=f"Liger-Kernel's option {option}="):
-        liger.liger_fused_linear_cross_entropy(x, w, y, **{option: value})
+    with pytest.raises(NotImplementedError, match="Liger-Kernel's option accum_dtype="):
+        liger.liger_fused_linear_cross_entropy(x, w, y, accum_dtype=torch.bfloat16)
 
 
 def test_liger_module_names_an_option_lfce_lacks_at_construction():
-    with pytest.raises(NotImplementedError, match="Liger-Kernel's option return_token_accuracy=True"):
-        liger.LigerFusedLinearCrossEntropyLoss(return_token_accuracy=True)
+    with pytest.raises(NotImplementedError, match="Liger-Kernel's option accum_dtype=torch.bfloat16"):
+        liger.LigerFusedLinearCrossEntropyLoss(accum_dtype=torch.bfloat16)
+
+
+LIGER_CALLS = [lambda x, w, y, **options: liger.liger_fused_linear_cross_entropy(x, w, y, **options),
+               lambda x, w, y, **options: liger.LigerFusedLinearCrossEntropyLoss(**options)(w, x, y)]
+
+
+@pytest.mark.parametrize("call", LIGER_CALLS, ids=["liger", "module"])
+@pytest.mark.parametrize("accuracy, predicted", [(True, False), (False, True), (True, True)])
+def test_liger_token_accuracy_and_predicted_tokens_reach_lfce_and_come_back_in_liger_kernels_output(
+        call, accuracy, predicted, monkeypatch):
+    seen = []
+    answer = lfce.LossOutput(torch.tensor(1.0), None, None, None, None, torch.tensor(0.5) if accuracy else None,
+                             torch.arange(4) if predicted else None)
+    monkeypatch.setattr(liger, "linear_cross_entropy", lambda *args, **options: seen.append(options) or answer)
+    x, w, y = cpu_inputs()
+    out = call(x, w, y, return_token_accuracy=accuracy, return_predicted_tokens=predicted)
+    assert (seen[0]["return_accuracy"], seen[0]["return_predicted"]) == (accuracy, predicted)
+    assert isinstance(out, liger.CrossEntropyOutput) and out.loss is answer.loss and out.z_loss is None
+    assert out.token_accuracy is answer.accuracy and out.predicted_tokens is answer.predicted
+
+
+@pytest.mark.parametrize("call", LIGER_CALLS, ids=["liger", "module"])
+@pytest.mark.parametrize("option", ["return_token_accuracy", "return_predicted_tokens"])
+def test_liger_extra_outputs_must_be_bools_named_as_liger_kernel_names_them(call, option):
+    x, w, y = cpu_inputs()
+    with pytest.raises(TypeError, match=f"{option} must be a bool, got int 1"):
+        call(x, w, y, **{option: 1})
 
 
 @pytest.mark.parametrize("call", [

@@ -95,7 +95,7 @@ def test_fake_forward_gives_an_fp32_loss_of_the_reduction_shape(reduction, dtype
 def test_fake_forward_gradients_only_in_eager_mode_and_only_those_wanted(mode):
     out, _ = fake_call("mean", mode, (True, False, True), bias=True)
     eager = mode == "eager"
-    assert out[3:] == [((7, 64) if eager else (0,), BF16), ((0,), BF16), ((100,) if eager else (0,), BF16)]
+    assert out[3:6] == [((7, 64) if eager else (0,), BF16), ((0,), BF16), ((100,) if eager else (0,), BF16)]
 
 
 @pytest.mark.parametrize("wanted", [(True, True, True), (False, True, False), (True, False, False)])

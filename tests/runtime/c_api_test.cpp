@@ -79,22 +79,31 @@ TEST(CApi, WorkspaceSizesNeedNoGpu) {
   EXPECT_GE(bwd, static_cast<size_t>(chunk) * 40 * 2);
 }
 
+// A forward call whose arguments are all valid for small_problem() (lse room for its rows, predicted
+// ids): without a driver it fails at the driver.
+struct ForwardCall {
+  alignas(16) char buffer[1 << 16];
+  float lse[4 * 33], loss[33], reduced, count;
+  alignas(8) int64_t targets[33] = {}, predicted[34] = {};
+  lfce_forward_args args{};
+  ForwardCall() {
+    args.hidden = buffer;
+    args.weight = buffer;
+    args.targets = targets;
+    args.lse = lse;
+    args.token_loss = loss;
+    args.loss = &reduced;
+    args.valid_count = &count;
+    args.workspace = buffer;
+    args.workspace_bytes = sizeof buffer;
+  }
+};
+
 TEST(CApi, LaunchWithoutDriverFailsWithClearError) {
   ASSERT_TRUE(kNoDriver);
   lfce_problem p = small_problem();
-  alignas(16) static char buffer[1 << 16];
-  float lse[33], loss[33], reduced, count;
-  int64_t targets[33] = {};
-  lfce_forward_args a{};
-  a.hidden = buffer;
-  a.weight = buffer;
-  a.targets = targets;
-  a.lse = lse;
-  a.token_loss = loss;
-  a.loss = &reduced;
-  a.valid_count = &count;
-  a.workspace = buffer;
-  a.workspace_bytes = sizeof buffer;
+  static ForwardCall call;
+  lfce_forward_args& a = call.args;
   EXPECT_EQ(lfce_forward(&p, &a), LFCE_ERR_CUDA);
   EXPECT_NE(std::string(lfce_last_error()).find("no usable NVIDIA driver"), std::string::npos) << lfce_last_error();
 }
@@ -131,6 +140,37 @@ void expect_reaches_the_driver(const lfce_problem& p, const lfce_backward_args& 
   ASSERT_TRUE(kNoDriver);
   EXPECT_EQ(lfce_backward(&p, &a), LFCE_ERR_CUDA) << lfce_last_error();
   EXPECT_NE(std::string(lfce_last_error()).find("no usable NVIDIA driver"), std::string::npos) << lfce_last_error();
+}
+
+// The extra outputs: LFCE_OUTPUT_PREDICTED needs the predicted buffer (8-byte aligned int64), named
+// before the driver is touched; grad_lse reaches the driver with bf16 and is refused with fp16.
+TEST(CApi, ForwardWithPredictedOutputNeedsItsBuffer) {
+  ASSERT_TRUE(kNoDriver);
+  lfce_problem p = small_problem();
+  p.outputs = LFCE_OUTPUT_PREDICTED | LFCE_OUTPUT_ENTROPY;
+  static ForwardCall call;
+  lfce_forward_args& a = call.args;
+  int64_t* predicted = call.predicted;
+  EXPECT_EQ(lfce_forward(&p, &a), LFCE_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(lfce_last_error()).find("predicted"), std::string::npos) << lfce_last_error();
+  a.predicted = reinterpret_cast<int64_t*>(reinterpret_cast<char*>(predicted) + 4);
+  EXPECT_EQ(lfce_forward(&p, &a), LFCE_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(lfce_last_error()).find("predicted"), std::string::npos) << lfce_last_error();
+  a.predicted = predicted;
+  EXPECT_EQ(lfce_forward(&p, &a), LFCE_ERR_CUDA) << lfce_last_error();
+}
+
+TEST(CApi, BackwardTakesGradLseExceptWithFp16) {
+  BackwardCall call;
+  float grad_lse[33] = {};
+  call.args.grad_lse = grad_lse;
+  expect_reaches_the_driver(small_problem(), call.args);
+  lfce_problem p = small_problem();
+  p.dtype = LFCE_DTYPE_FP16;
+  EXPECT_EQ(lfce_backward(&p, &call.args), LFCE_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(lfce_last_error()).find("grad_lse (the gradients of the lse rows) needs bf16 or fp32 inputs, got fp16"),
+            std::string::npos)
+      << lfce_last_error();
 }
 
 TEST(CApi, BackwardAcceptsNullGradWeightForAFrozenHead) {

@@ -173,12 +173,14 @@ TEST(Plan, LabelSmoothingAndClassWeightsReachTheKernelsThatReadThem) {
   EXPECT_TRUE(spec(KernelKind::LseForward).class_weight);
   EXPECT_EQ(spec(KernelKind::LseForward).label_smoothing, 0.1f);
   EXPECT_EQ(spec(KernelKind::LossReduce).label_smoothing, 0.f);
-  // The forward's workspace gains the partial logit sums and the per-split weight totals.
+  // The forward's workspace gains the partial logit sums ([splits, N]).
   const Plan plan(p, Arch::SM90A);
   const Plan::ForwardLayout layout = plan.forward_layout();
   EXPECT_EQ(layout.partial_logit_sum, plain_bytes);
-  EXPECT_GE(layout.weight_total - layout.partial_logit_sum, sizeof(float) * 8192 * static_cast<size_t>(plan.splits()));
-  EXPECT_GT(layout.bytes, layout.weight_total);
+  EXPECT_EQ(layout.bytes - layout.partial_logit_sum, layout.partial_sum - layout.partial_max);
+  EXPECT_GE(layout.bytes - layout.partial_logit_sum, sizeof(float) * 8192 * static_cast<size_t>(plan.splits()));
+  // With it, lse_forward keeps its wgmma tile (W is summed by lse_combine, not beside the mainloop).
+  EXPECT_TRUE(plan.spec(KernelKind::LseForward).tile.wgmma()) << plan.spec(KernelKind::LseForward).text();
   c.reduction = LFCE_REDUCTION_SUM;
   EXPECT_EQ(problem_spec(KernelKind::LossReduce, problem_from_c(&c), Arch::SM90A).z_loss_scale, 0.f);
 }
@@ -207,15 +209,12 @@ TEST(Plan, AccumulatedGradientsAreCheckedAndReachOnlyTheirKernels) {
 }
 
 // Token scaling: a flag, read by lse_combine and dlogits_backward (and by loss_reduce only to split a
-// scaled z-loss out for mean with class weights); the reserved field must be 0.
+// scaled z-loss out for mean with class weights).
 TEST(Plan, TokenScalingReachesTheKernelsThatReadIt) {
   lfce_problem c = llama3(8192);
   c.token_scaling = 2;
   expect_error_naming(c, "lfce_problem.token_scaling must be 0 or 1, got 2");
   c.token_scaling = 1;
-  c.reserved = 7;
-  expect_error_naming(c, "lfce_problem.reserved must be 0, got 7");
-  c.reserved = 0;
   Problem p = problem_from_c(&c);
   auto spec = [&](KernelKind kind) { return problem_spec(kind, p, Arch::SM90A); };
   EXPECT_TRUE(spec(KernelKind::LseCombine).token_scaling);
@@ -228,6 +227,60 @@ TEST(Plan, TokenScalingReachesTheKernelsThatReadIt) {
   EXPECT_TRUE(spec(KernelKind::LossReduce).token_scaling);
   EXPECT_EQ(spec(KernelKind::LossReduce).z_loss_scale, 1e-4f);
   for (const KernelKindInfo& info : kKernelKinds) EXPECT_NO_THROW(spec(info.kind).validate()) << info.name;
+}
+
+// The extra outputs: a sum of lfce_output flags (anything else named), each reaching the kernels
+// that compute it; the lse rows follow the LSEs in the documented order; the forward workspace
+// gains the partials of the entropy and the argmax; lse_grad (set by lfce_backward, not the C
+// struct) reaches dlogits_backward alone, and with it the entropy and logprob rows it reads.
+TEST(Plan, ExtraOutputsReachTheKernelsThatComputeThem) {
+  lfce_problem c = llama3(8192);
+  for (int32_t bad : {8, -1, 15}) {
+    c.outputs = bad;
+    expect_error_naming(c, "lfce_problem.outputs = " + std::to_string(bad) +
+                               " is not valid; expected a sum of LFCE_OUTPUT_ENTROPY (1), LFCE_OUTPUT_LOGPROB (2) and "
+                               "LFCE_OUTPUT_PREDICTED (4)");
+  }
+  c.outputs = 0;
+  Problem plain = problem_from_c(&c);
+  const Plan::ForwardLayout plain_layout = Plan(plain, Arch::SM90A).forward_layout();
+  c.outputs = LFCE_OUTPUT_ENTROPY | LFCE_OUTPUT_LOGPROB | LFCE_OUTPUT_PREDICTED;
+  c.token_scaling = 1;
+  Problem p = problem_from_c(&c);
+  EXPECT_TRUE(p.entropy && p.logprob && p.predicted && !p.lse_grad);
+  EXPECT_EQ(lse_rows(p), 4);
+  EXPECT_EQ(lse_rows(plain), 1);
+  auto spec = [&](KernelKind kind) { return problem_spec(kind, p, Arch::SM90A); };
+  EXPECT_TRUE(spec(KernelKind::LseForward).entropy && spec(KernelKind::LseForward).argmax);
+  EXPECT_FALSE(spec(KernelKind::LseForward).logprob);
+  EXPECT_TRUE(spec(KernelKind::LseCombine).entropy && spec(KernelKind::LseCombine).argmax &&
+              spec(KernelKind::LseCombine).logprob);
+  KernelSpec dlogits = spec(KernelKind::DlogitsBackward);
+  EXPECT_FALSE(dlogits.entropy || dlogits.logprob || dlogits.argmax || dlogits.lse_grad) << dlogits.text();
+  p.lse_grad = true;
+  dlogits = spec(KernelKind::DlogitsBackward);
+  EXPECT_TRUE(dlogits.entropy && dlogits.logprob && dlogits.lse_grad && !dlogits.argmax) << dlogits.text();
+  for (KernelKind kind : {KernelKind::LossReduce, KernelKind::GradWeight, KernelKind::GradInput, KernelKind::GradBias}) {
+    const KernelSpec s = spec(kind);
+    EXPECT_FALSE(s.entropy || s.argmax || s.logprob || s.lse_grad) << kind_name(kind);
+  }
+  for (const KernelKindInfo& info : kKernelKinds) EXPECT_NO_THROW(spec(info.kind).validate()) << info.name;
+  EXPECT_NE(problem_text(p), problem_text(problem_from_c(&c)));  // lse_grad is part of the plan's key
+  // Its heavier dlogits_backward epilogue takes 64 x 128 per consumer (the driver's JIT spilled at 64 x 256).
+  EXPECT_EQ(Plan(p, Arch::SM90A).spec(KernelKind::DlogitsBackward).tile, (TileConfig{128, 128, 64, 1, 1, 4, 2}));
+  EXPECT_EQ(Plan(problem_from_c(&c), Arch::SM90A).spec(KernelKind::DlogitsBackward).tile.bn, 256);
+  // Two [splits, N] fp32 partials more than the plain problem's workspace.
+  const Plan plan(p, Arch::SM90A);
+  const Plan::ForwardLayout layout = plan.forward_layout();
+  const size_t partial = layout.partial_sum - layout.partial_max;
+  EXPECT_EQ(layout.partial_entropy, plain_layout.bytes);
+  EXPECT_EQ(layout.partial_argmax, layout.partial_entropy + partial);
+  EXPECT_EQ(layout.bytes, plain_layout.bytes + 2 * partial);
+  // fp16 refuses the lse rows' gradients (their dz is not scaled into its range).
+  c.dtype = LFCE_DTYPE_FP16;
+  p = problem_from_c(&c);
+  p.lse_grad = true;
+  EXPECT_THROW(spec(KernelKind::DlogitsBackward).validate(), SpecError);
 }
 
 // fp16's dz headroom is 2x (template_util.h, dz_scale): a temperature of 0.5 or less is refused there.

@@ -34,7 +34,15 @@ OPTIONS = {
     "class_weight": "class_weight=random fp32 [V] in [0.5, 1.5)",
     "smoothing_and_weights": "label_smoothing=0.1, class_weight=random fp32 [V] in [0.5, 1.5)",
     "weight_grad_accumulator": "weight_grad_accumulator=fp32 [V, H] zeros (recompute mode only)",
+    "token_scaling": "token_scaling=True",
+    "shift": "shift=True (hidden as [1, N, H], targets [1, N])",
+    "outputs": "return_lse, return_entropy, return_logprob, return_accuracy, return_predicted (loss differentiated)",
+    "outputs_with_grads": "the five outputs, differentiated: loss + 1e-3 * (lse + entropy + logprob).sum()",
 }
+# Their objective goes through the lse rows too (a second dlogits_backward kernel).
+ROW_GRADIENTS = ("outputs_with_grads",)
+_OUTPUT_FLAGS = {"return_lse": True, "return_entropy": True, "return_logprob": True, "return_accuracy": True,
+                 "return_predicted": True}
 RECOMPUTE_ONLY = ("weight_grad_accumulator",)
 MODES = ("recompute", "eager")
 DTYPES = ("bf16", "fp16", "fp32")
@@ -59,6 +67,10 @@ def option_kwargs(name, weight, seed=0):
         "class_weight": lambda: {"class_weight": class_weight()},
         "smoothing_and_weights": lambda: {"label_smoothing": 0.1, "class_weight": class_weight()},
         "weight_grad_accumulator": lambda: {"weight_grad_accumulator": accumulator()},
+        "token_scaling": lambda: {"token_scaling": True},
+        "shift": lambda: {"shift": True},
+        "outputs": lambda: dict(_OUTPUT_FLAGS),
+        "outputs_with_grads": lambda: dict(_OUTPUT_FLAGS),
     }
     assert set(makers) == set(OPTIONS), "every option needs its arguments"
     return makers[name]()
@@ -150,8 +162,12 @@ def cuda_step(x, w, y, mode, kwargs):
 
     def time_step(name):
         events = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+        shift = kwargs[name].get("shift", False)
         events[0].record()
-        loss = linear_cross_entropy(x, w, y, mode=mode, **kwargs[name])
+        out = linear_cross_entropy(x[None] if shift else x, w, y[None] if shift else y, mode=mode, **kwargs[name])
+        loss = out if isinstance(out, torch.Tensor) else out.loss
+        if name in ROW_GRADIENTS:
+            loss = loss + 1e-3 * (out.lse.sum() + out.entropy.sum() + out.logprob.sum())
         events[1].record()
         # allow_unused: weight has no gradient when it is added into weight_grad_accumulator
         torch.autograd.grad(loss, (x, w), allow_unused=True)

@@ -10,10 +10,12 @@ weights, the z-loss by their count; not with fp16 inputs), label_smoothing, lse_
 (z-loss: lfce's z_loss_scale) and return_z_loss (then a ``CrossEntropyOutput`` with the loss and
 the z-loss term, as Liger returns; the z-loss has no gradient, as Liger's), use_token_scaling
 (lfce's token_scaling: each token's loss, z-loss term and gradient times its detached p(target));
-accum_dtype None or torch.float32 (lfce always accumulates in fp32); chunk_mem_const is a memory
-knob of Liger's and changes no result (lfce sizes its own chunks: see workspace_budget). Not implemented yet, and a
-NotImplementedError naming the option unless left at its default: return_token_accuracy,
-return_predicted_tokens. The loss is fp32.
+return_token_accuracy and return_predicted_tokens (lfce's return_accuracy and return_predicted:
+the argmax of the logits the softmax sees, -1 for ignored tokens; the accuracy per token for
+"none", else its mean over the counted tokens, as Liger's; no gradient), returned in a
+``CrossEntropyOutput`` as Liger returns them; accum_dtype None or torch.float32 (lfce always
+accumulates in fp32); chunk_mem_const is a memory knob of Liger's and changes no result (lfce
+sizes its own chunks: see workspace_budget). The loss is fp32.
 """
 
 from __future__ import annotations
@@ -49,8 +51,8 @@ def _check_options(ce_weight, lse_square_scale, label_smoothing, softcap, return
     if accum_dtype is not None and accum_dtype != torch.float32:
         unsupported(_PACKAGE, "accum_dtype", accum_dtype, None)
     _check.flag("use_token_scaling", use_token_scaling)
-    unsupported(_PACKAGE, "return_token_accuracy", return_token_accuracy, False)
-    unsupported(_PACKAGE, "return_predicted_tokens", return_predicted_tokens, False)
+    _check.flag("return_token_accuracy", return_token_accuracy)
+    _check.flag("return_predicted_tokens", return_predicted_tokens)
 
 
 def liger_fused_linear_cross_entropy(
@@ -75,14 +77,18 @@ def liger_fused_linear_cross_entropy(
     _check_options(ce_weight, lse_square_scale, label_smoothing, softcap, return_z_loss, accum_dtype,
                    use_token_scaling, return_token_accuracy, return_predicted_tokens)
     return _loss(input, weight, target, bias, ce_weight, ignore_index, reduction, softcap, lse_square_scale,
-                 label_smoothing, return_z_loss, use_token_scaling)
+                 label_smoothing, return_z_loss, use_token_scaling, return_token_accuracy, return_predicted_tokens)
 
 
 def _loss(hidden, weight, target, bias, ce_weight, ignore_index, reduction, softcap, lse_square_scale,
-          label_smoothing, return_z_loss, use_token_scaling):
+          label_smoothing, return_z_loss, use_token_scaling, return_token_accuracy, return_predicted_tokens):
+    """The loss alone, or Liger's CrossEntropyOutput when any extra output is asked for (as Liger)."""
     out = linear_cross_entropy(hidden, weight, target, bias, ignore_index=ignore_index, reduction=reduction,
                                softcap=softcap, z_loss_scale=lse_square_scale, label_smoothing=label_smoothing,
-                               class_weight=ce_weight, return_z_loss=return_z_loss, token_scaling=use_token_scaling)
+                               class_weight=ce_weight, return_z_loss=return_z_loss, token_scaling=use_token_scaling,
+                               return_accuracy=return_token_accuracy, return_predicted=return_predicted_tokens)
+    if return_token_accuracy or return_predicted_tokens:  # an lfce.LossOutput
+        return CrossEntropyOutput(out.loss, out.z_loss, out.accuracy, out.predicted)
     return CrossEntropyOutput(*out) if return_z_loss else out
 
 
@@ -123,4 +129,4 @@ class LigerFusedLinearCrossEntropyLoss(torch.nn.Module):
     def forward(self, lin_weight, _input, target, bias=None):
         return _loss(_input, lin_weight, target, bias, self.ce_weight, self.ignore_index, self.reduction,
                      self.softcap, self.lse_square_scale, self.label_smoothing, self.return_z_loss,
-                     self.use_token_scaling)
+                     self.use_token_scaling, self.return_token_accuracy, self.return_predicted_tokens)
