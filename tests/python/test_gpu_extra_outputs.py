@@ -9,8 +9,8 @@ definitions, independent of the kernels and of checks.reference:
 and the gradients of loss * g + sum_t (w1_t lse_t + w2_t entropy_t + w3_t logprob_t), random
 per-token weights w of the loss gradient's size, through autograd, checked elementwise and per row
 (checks.assert_close with the GRAD tolerances). The outputs are fp32 values computed from inputs
-in the dtype, as the loss is, so they share its tolerance (LOSS); each test records what it
-measured (record_error) so both can be tuned from one GPU run.
+in the dtype, compared with the OUTPUT tolerance (about ten times what the H200 measured); each
+test records what it measured (record_error).
 
 V = 64007 is a multiple of no tile; V = 256000 with peaked logits (p(target) about 0.8: the
 entropy small, the accuracy 1) is the large case. Random targets would make the accuracy 0, so
@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from checks import (
     GRAD,
     LOSS,
+    Tolerance,
     assert_bitwise_equal,
     assert_close,
     make_inputs,
@@ -44,11 +45,15 @@ EVERY_OUTPUT = {"return_lse": True, "return_entropy": True, "return_logprob": Tr
                 "return_predicted": True}
 # Two logits of a token closer than this (in units of u) may come out of the fp32 GEMM in either order.
 NEAR_TIE = 1e-3
-# The entropy is LSE - S with S = sum_v p_v u_v, a sum of the size of LSE: its fp32 error (p's
-# relative error from the exponential of an argument up to |LSE| in size, about 1e-5 in PyTorch's
-# fp32 softmax on the CPU, 8e-6 of |LSE| measured on the CPU model) is a fraction of |LSE|, not of
-# the entropy, which is small where the softmax is peaked.
-ENTROPY_ERROR_OF_LSE = 1e-5
+# The outputs are fp32 values from the same (dtype-rounded) inputs as the reference: only the
+# kernels' fp32 sums and exponentials differ from it. Measured on the H200 (2026-12-01, 35cad34,
+# test-results/2026-12-01-h200-session9-run5 to -run7): relative L2 up to 2.4e-7 for lse, entropy
+# and logprob, and with peaked logits at V = 256000 1.2e-6 for the small entropies and 5.9e-6 for the
+# logprobs near 0 (u_y - LSE: about one fp32 ulp of |LSE| ~ 15 absolute); elementwise at most a sixth
+# of these bounds (about 2e-6 absolute at |LSE| ~ 11; the entropy as ln s - t / s, no cancellation
+# between LSE and sum p u).
+OUTPUT = Tolerance(rel_l2=1e-6, rtol=1e-6, atol=1e-5, row=None, row_floor=0.0)
+OUTPUT_REL_L2 = {"lse": 1e-6, "entropy": 5e-6, "logprob": 2e-5}
 # Random per-token weights of either sign make some tokens' dz a near-cancelling sum of the loss's
 # and the rows' terms; its fp32 rounding (p within 2^-24 |LSE| relative) is then a larger fraction of
 # a rare class's grad_weight row than the loss alone gives: up to 1.4e-4 on the CPU model, so the
@@ -160,14 +165,9 @@ def assert_outputs(out, ref, y, reduction, dtype, extra, record_error):
 
 
 def output_tolerance(name, dtype, ref):
-    """The loss's tolerance (fp32 values from inputs in the dtype); the entropy's widened to
-    ENTROPY_ERROR_OF_LSE of the LSEs' size where that is larger."""
-    tol = LOSS[dtype]
-    if name != "entropy":
-        return tol
-    lse, entropy = ref["lse"].abs(), ref["entropy"].abs()
-    return replace(tol, rel_l2=max(tol.rel_l2, ENTROPY_ERROR_OF_LSE * float(lse.norm() / entropy.norm())),
-                   atol=max(tol.atol, ENTROPY_ERROR_OF_LSE * float(lse.max() / entropy.max())))
+    """The outputs' tolerance (OUTPUT, OUTPUT_REL_L2), whatever the dtype: the reference rounds the
+    inputs alike."""
+    return replace(OUTPUT, rel_l2=OUTPUT_REL_L2[name])
 
 
 def assert_accuracy(accuracy, predicted, u, y, reduction):
