@@ -230,12 +230,23 @@ int lfce_precompile_for(const lfce_problem* problem, const char* arch, const lfc
       limits.smem_per_block = bounded(device->smem_per_block, int64_t{1} << 30, "smem_per_block");
     }
     // The winners stored in this session's cache directory (the one --cache-dir names) for these limits.
-    lfce::runtime::Plan plan(p, target, lfce::api::Session::get().tuning(p, target, limits), limits);
-    for (lfce::KernelKind kind : kernel_kinds(p)) {
-      const lfce::KernelSpec spec = plan.spec(kind);
+    auto plan_for = [&](const lfce::runtime::Problem& q) {
+      return lfce::runtime::Plan(q, target, lfce::api::Session::get().tuning(q, target, limits), limits);
+    };
+    std::vector<lfce::KernelSpec> specs;
+    const lfce::runtime::Plan plan = plan_for(p);
+    for (lfce::KernelKind kind : kernel_kinds(p)) specs.push_back(plan.spec(kind));
+    // An entropy or logprob output is there to be differentiated (an RL objective): the backward
+    // then runs the dlogits_backward that takes the lse rows' gradients (lfce_backward_args.grad_lse).
+    if (p.entropy || p.logprob) {
+      lfce::runtime::Problem with_gradients = p;
+      with_gradients.lse_grad = true;
+      specs.push_back(plan_for(with_gradients).spec(lfce::KernelKind::DlogitsBackward));
+    }
+    for (const lfce::KernelSpec& spec : specs) {
       const lfce::runtime::PrecompileResult r = lfce::runtime::precompile(spec);
       if (!callback) continue;
-      std::string name(lfce::kind_name(kind)), text = spec.text();
+      std::string name(lfce::kind_name(spec.kind)), text = spec.text();
       lfce_precompiled info{name.c_str(), text.c_str(), r.key.c_str(), r.hit ? 1 : 0, r.compile_ms, r.elapsed_ms,
                             r.ptx_bytes};
       callback(&info, user);

@@ -219,7 +219,8 @@ typedef struct lfce_precompiled {
 typedef void (*lfce_precompile_callback)(const lfce_precompiled* kernel, void* user);
 
 /* Fills the cache with the PTX of every kernel the problem needs on `arch` ("sm_90a", "sm_80"),
- * with the tuned tiles where a tuning is stored. No GPU needed. */
+ * with the tuned tiles where a tuning is stored (with an entropy or logprob output, also the
+ * backward kernel that takes their gradients, lfce_backward_args.grad_lse). No GPU needed. */
 LFCE_API int lfce_precompile(const lfce_problem* problem, const char* arch, lfce_precompile_callback callback,
                              void* user);
 

@@ -80,13 +80,17 @@ def _archs(archs):
 
 def precompile(model=None, *, vocab=None, hidden=None, archs=("sm_90a", "sm_80"), dtype="bf16", has_bias=False,
                mode="recompute", reduction="mean", tokens=8192, chunk_size=None, workspace_budget=None,
-               sm_count=None, smem_per_block=None):
+               sm_count=None, smem_per_block=None, **loss_options):
     """Fill the cache with every kernel of a model preset (or of ``vocab``/``hidden``) for ``archs``.
 
     No GPU is needed. ``sm_count`` and ``smem_per_block`` (bytes, the opt-in limit per block)
     describe the GPU the kernels are for when it is not the arch's reference device (an
-    H200-class GPU for sm_90a): the default tiles depend on both. Returns one dict per kernel
-    and arch: name, arch, spec, key, cache_hit, compile_ms (LLVM), elapsed_ms, ptx_size.
+    H200-class GPU for sm_90a): the default tiles depend on both. ``loss_options``: the loss
+    options of the calls to precompile for, as lfce.kernels.problem_for takes them (softcap,
+    temperature, z_loss_scale, label_smoothing, class_weight=True/False, token_scaling,
+    outputs=("entropy", "logprob", "predicted")); with an entropy or logprob output the backward
+    kernel that takes their gradients is compiled too. Returns one dict per kernel and arch:
+    name, arch, spec, key, cache_hit, compile_ms (LLVM), elapsed_ms, ptx_size.
     """
     vocab, hidden = _shape(model, vocab, hidden)
     archs = _archs(archs)
@@ -94,7 +98,7 @@ def precompile(model=None, *, vocab=None, hidden=None, archs=("sm_90a", "sm_80")
                                _check.integer("smem_per_block", smem_per_block, minimum=1, maximum=1 << 30,
                                               allow_none=True) or 0)
     problem = problem_for(vocab, hidden, dtype=dtype, has_bias=has_bias, mode=mode, reduction=reduction,
-                          tokens=tokens, chunk_size=chunk_size, workspace_budget=workspace_budget)
+                          tokens=tokens, chunk_size=chunk_size, workspace_budget=workspace_budget, **loss_options)
     rows = []
     for arch in archs:
         def convert(k, arch=arch):

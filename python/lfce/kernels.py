@@ -24,9 +24,22 @@ def dtype_code(dtype):
     return code
 
 
+# The extra outputs that change kernels (lfce_problem.outputs), by name.
+OUTPUT_FLAGS = {"entropy": _lib.OUTPUT_ENTROPY, "logprob": _lib.OUTPUT_LOGPROB, "predicted": _lib.OUTPUT_PREDICTED}
+
+
 def problem_for(vocab, hidden, *, dtype="bf16", has_bias=False, mode="recompute", reduction="mean",
-                tokens=8192, chunk_size=None, workspace_budget=None, ignore_index=-100):
-    """Validate the options of a problem description and fill an lfce_problem."""
+                tokens=8192, chunk_size=None, workspace_budget=None, ignore_index=-100, softcap=None,
+                temperature=None, z_loss_scale=None, label_smoothing=None, class_weight=False, token_scaling=False,
+                outputs=()):
+    """Validate the options of a problem description and fill an lfce_problem. The loss options are
+    linear_cross_entropy's (class_weight: whether there are class weights; the values are run-time
+    data); outputs: names from OUTPUT_FLAGS (return_accuracy needs "predicted")."""
+    if isinstance(outputs, str):
+        outputs = (outputs,)
+    unknown = [name for name in outputs if name not in OUTPUT_FLAGS]
+    if unknown:
+        raise ValueError(f"outputs: unknown output(s) {unknown}; expected names from {sorted(OUTPUT_FLAGS)}")
     return _lib.make_problem(
         _check.positive("tokens", tokens), _check.positive("hidden", hidden), _check.positive("vocab", vocab),
         dtype_code(dtype), has_bias=_check.flag("has_bias", has_bias),
@@ -35,12 +48,17 @@ def problem_for(vocab, hidden, *, dtype="bf16", has_bias=False, mode="recompute"
         ignore_index=_check.integer("ignore_index", ignore_index),
         chunk_size=_check.positive("chunk_size", chunk_size, allow_none=True),
         workspace_budget=_check.positive("workspace_budget", workspace_budget, allow_none=True),
+        softcap=_check.softcap(softcap), temperature=_check.temperature(temperature),
+        z_loss_scale=_check.z_loss_scale(z_loss_scale), label_smoothing=_check.label_smoothing(label_smoothing),
+        has_class_weight=_check.flag("class_weight", class_weight), token_scaling=_check.flag("token_scaling",
+                                                                                               token_scaling),
+        outputs=sum(OUTPUT_FLAGS[name] for name in set(outputs)),
     )
 
 
 def generate(vocab, hidden, *, arch="sm_90a", dtype="bf16", has_bias=False, mode="recompute",
              reduction="mean", tokens=8192, chunk_size=None, workspace_budget=None,
-             ignore_index=-100):
+             ignore_index=-100, **loss_options):
     """Generate every kernel a problem needs for ``arch`` ("sm_80" or "sm_90a"); no GPU is touched.
 
     Returns a list of dicts, one per kernel, in the library's order::
@@ -50,11 +68,13 @@ def generate(vocab, hidden, *, arch="sm_90a", dtype="bf16", has_bias=False, mode
          "threads": threads per CTA}
 
     ``tokens`` matters only where the library derives a tile or chunk choice from it.
+    ``loss_options``: problem_for's (softcap, temperature, z_loss_scale, label_smoothing,
+    class_weight, token_scaling, outputs).
     Raises ValueError for a bad request and CompileError if LLVM fails.
     """
     problem = problem_for(vocab, hidden, dtype=dtype, has_bias=has_bias, mode=mode, reduction=reduction,
                           tokens=tokens, chunk_size=chunk_size, workspace_budget=workspace_budget,
-                          ignore_index=ignore_index)
+                          ignore_index=ignore_index, **loss_options)
     arch = _check.text("arch", arch)
     kernels = []
     failures = []

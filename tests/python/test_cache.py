@@ -83,6 +83,26 @@ def test_precompile_for_a_99_kib_gpu_picks_other_tiles(cache):
     assert any(a["spec"] != b["spec"] for a, b in zip(plain, small))
 
 
+def test_precompile_takes_the_loss_options_and_the_outputs_backward(cache):
+    """The loss options reach the kernels' specs; an entropy or logprob output adds the backward
+    kernel that takes their gradients (one more dlogits_backward, with lse_grad)."""
+    plain = lfce.precompile(vocab=1000, hidden=64, archs="sm_80", tokens=64)
+    options = lfce.precompile(vocab=1000, hidden=64, archs="sm_80", tokens=64, softcap=30.0, label_smoothing=0.1,
+                              class_weight=True, outputs=("entropy", "predicted"))
+    assert len(options) == len(plain) + 1
+    assert options[-1]["name"] == "dlogits_backward" and "lse_grad=1" in options[-1]["spec"]
+    specs = {k["name"]: k["spec"] for k in options[:-1]}
+    assert "softcap=30" in specs["lse_forward"] and "entropy=1" in specs["lse_forward"]
+    assert "argmax=1" in specs["lse_combine"] and "class_weight=1" in specs["lse_combine"]
+    assert "lse_grad" not in specs["dlogits_backward"]
+    with pytest.raises(ValueError, match=r"outputs: unknown output\(s\) \['accuracy'\]"):
+        lfce.precompile(vocab=1000, hidden=64, archs="sm_80", outputs=("accuracy",))
+    with pytest.raises(ValueError, match="softcap"):
+        lfce.precompile(vocab=1000, hidden=64, archs="sm_80", softcap=-1.0)
+    with pytest.raises(TypeError, match="shift"):
+        lfce.precompile(vocab=1000, hidden=64, archs="sm_80", shift=True)
+
+
 @pytest.mark.parametrize(("option", "value", "error"), [("sm_count", 0, ValueError),
                                                         ("smem_per_block", 2 ** 30 + 1, ValueError),
                                                         ("sm_count", 1.5, TypeError)])

@@ -112,6 +112,23 @@ TEST_F(CacheWithEntries, PrecompileForADeviceWithLessSharedMemoryPicksOtherTiles
   }
 }
 
+// With an entropy or logprob output the backward that differentiates it (grad_lse) is precompiled
+// too: one more dlogits_backward, with lse_grad; the predicted ids alone need none.
+TEST_F(CacheWithEntries, PrecompileWithDifferentiableOutputsAddsTheirBackwardKernel) {
+  lfce_problem p = problem(64, 64, 1000);
+  const std::vector<std::string> plain = precompiled_specs(p, "sm_80", nullptr);
+  p.outputs = LFCE_OUTPUT_PREDICTED;
+  EXPECT_EQ(precompiled_specs(p, "sm_80", nullptr).size(), plain.size());
+  p.outputs = LFCE_OUTPUT_ENTROPY | LFCE_OUTPUT_LOGPROB;
+  const std::vector<std::string> specs = precompiled_specs(p, "sm_80", nullptr);
+  ASSERT_EQ(specs.size(), plain.size() + 1);
+  EXPECT_EQ(specs.back().rfind("dlogits_backward;", 0), 0u) << specs.back();
+  EXPECT_NE(specs.back().find(";entropy=1;logprob=1;lse_grad=1"), std::string::npos) << specs.back();
+  int with_lse_grad = 0;
+  for (const std::string& s : specs) with_lse_grad += s.find("lse_grad=1") != std::string::npos;
+  EXPECT_EQ(with_lse_grad, 1);
+}
+
 TEST_F(CacheWithEntries, PrecompileForRejectsLimitsOutOfRangeNamingThem) {
   const lfce_problem p = problem(64, 64, 1000);
   for (const auto& [limits, name] : {std::pair{lfce_device_limits{-1, 0}, "sm_count = -1"},
