@@ -91,13 +91,8 @@ KernelShape build_dlogits_backward(llvm::Module& module, const KernelSpec& spec)
       upstream = ir.CreateFMul(upstream, kb.load(kb.f32(), lse_row_at(kb, kb.arg("lse"), lse_row_scale(spec), n, safe_m)));
     if (row_terms) {
       // a and b (equal without class weights), then T, U and P.
-      Value* a = upstream;
-      Value* b = upstream;
-      if (spec.reduction == Reduction::Mean) {
-        auto count = [&](int i) { return kb.load(kb.f32(), kb.gep(kb.arg("valid_count"), kb.f32(), kb.c64(i))); };
-        a = kb.div_full(upstream, count(spec.class_weight ? 1 : 0));
-        b = spec.class_weight ? kb.div_full(upstream, count(0)) : a;
-      }
+      Value* a = per_valid_token(kb, spec, upstream, kb.arg("valid_count"), spec.class_weight ? 1 : 0);
+      Value* b = spec.class_weight ? per_valid_token(kb, spec, upstream, kb.arg("valid_count")) : a;
       Value* scale = dz_scale(kb, spec, kb.arg("grad_loss"), kb.arg("valid_count"));  // fp16 (no class weights)
       a = ir.CreateSelect(counted, ir.CreateFMul(a, scale), kb.cf(0.f));
       b = spec.class_weight ? ir.CreateSelect(counted, ir.CreateFMul(b, scale), kb.cf(0.f)) : a;
@@ -162,7 +157,8 @@ KernelShape build_dlogits_backward(llvm::Module& module, const KernelSpec& spec)
   // row's softmax by 1 + 2s·LSE (a per-row constant: LLVM computes it once per row).
   // column_weight: w_v where the row has U and class weights (else nullptr: w_v = 1).
   auto dz_of = [&](Value* z, const RowConstants& row, Value* hit, Value* column_weight) {
-    z = capped_logit(kb, spec, z);
+    const CappedLogit capped = capped_logit_with_slope(kb, spec, z);
+    z = capped.u;
     Value* p = kb.exp(ir.CreateFSub(z, row.lse));
     Value* dz = nullptr;
     if (row_terms) {
@@ -173,7 +169,7 @@ KernelShape build_dlogits_backward(llvm::Module& module, const KernelSpec& spec)
       if (Value* factor = z_loss_factor(kb, spec, row.lse)) p = ir.CreateFMul(p, factor);
       dz = ir.CreateFMul(row.g, ir.CreateFSub(p, ir.CreateSelect(hit, kb.cf(1.f), kb.cf(0.f))));
     }
-    if (Value* slope = capped_logit_slope(kb, spec, z)) dz = ir.CreateFMul(dz, slope);
+    if (capped.slope) dz = ir.CreateFMul(dz, capped.slope);
     // g = 0 (ignored or padding rows) gives an exact 0 even where z or LSE is not finite.
     dz = ir.CreateSelect(row.zero ? row.zero : ir.CreateFCmpOEQ(row.g, kb.cf(0.f)), kb.cf(0.f), dz);
     Value* rounded = kb.from_f32(dz, elem);
@@ -184,7 +180,8 @@ KernelShape build_dlogits_backward(llvm::Module& module, const KernelSpec& spec)
   // (The epilogue with a bias and the staged one keep dz_of above: their registers under the
   // driver's JIT were measured with it.)
   auto lean_dz = [&](Value* z, const RowConstants& row, Value* hit) {
-    z = capped_logit(kb, spec, z);
+    const CappedLogit capped = capped_logit_with_slope(kb, spec, z);
+    z = capped.u;
     Value* p = kb.exp2(kb.fma(z, kb.cf(KernelBuilder::kLog2e), ir.CreateFMul(row.lse, kb.cf(-KernelBuilder::kLog2e))));
     Value* dz = nullptr;
     if (row_terms) {
@@ -198,7 +195,7 @@ KernelShape build_dlogits_backward(llvm::Module& module, const KernelSpec& spec)
       if (Value* factor = z_loss_factor(kb, spec, row.lse)) g = ir.CreateFMul(g, factor);
       dz = kb.fma(g, p, ir.CreateFNeg(ir.CreateSelect(hit, row.g, kb.cf(0.f))));
     }
-    if (Value* slope = capped_logit_slope(kb, spec, z)) dz = ir.CreateFMul(dz, slope);
+    if (capped.slope) dz = ir.CreateFMul(dz, capped.slope);
     return ir.CreateSelect(row.zero ? row.zero : ir.CreateFCmpOEQ(row.g, kb.cf(0.f)), kb.cf(0.f), dz);
   };
   // What rounding `exact` (fp32) to the dtype loses, stored for token m. Computed where it is

@@ -169,31 +169,23 @@ void lse_forward_specialised(KernelBuilder& kb, const KernelSpec& spec, GemmSkel
         for (int h = 0; h < 2; ++h) {
           Value* m = kb.load(kb.f32(), kb.at(stats, kb.f32(), 2 * h));
           Value* s = kb.load(kb.f32(), kb.at(stats, kb.f32(), 2 * h + 1));
-          for (int mask = 1; mask <= 2; mask *= 2)
-            std::tie(m, s) = merge(kb, m, s, kb.shfl_xor(m, mask), kb.shfl_xor(s, mask));
-          Value* logit_sum = nullptr;
-          if (smoothing) {
-            logit_sum = kb.load(kb.f32(), kb.at(logit_sums, kb.f32(), h));
-            for (int mask = 1; mask <= 2; mask *= 2) logit_sum = ir.CreateFAdd(logit_sum, kb.shfl_xor(logit_sum, mask));
-          }
-          // The entropy's t and the argmax merge over the quad beside (max, sum): from the same
-          // pre-merge values, so each step reads the quad's maxima before they change.
-          Value *entropy_t = nullptr, *argmax = nullptr;
-          if (entropy_sums || argmaxes) {
-            Value* mq = kb.load(kb.f32(), kb.at(stats, kb.f32(), 2 * h));
-            Value* sq = kb.load(kb.f32(), kb.at(stats, kb.f32(), 2 * h + 1));
-            if (entropy_sums) entropy_t = kb.load(kb.f32(), kb.at(entropy_sums, kb.f32(), h));
-            if (argmaxes) argmax = kb.load(kb.i32(), kb.at(argmaxes, kb.i32(), h));
-            for (int mask = 1; mask <= 2; mask *= 2) {
-              Value* m_other = kb.shfl_xor(mq, mask);
-              Value* s_other = kb.shfl_xor(sq, mask);
-              Value* merged_max = kb.fmax(mq, m_other);
+          Value* logit_sum = smoothing ? kb.load(kb.f32(), kb.at(logit_sums, kb.f32(), h)) : nullptr;
+          Value* entropy_t = entropy_sums ? kb.load(kb.f32(), kb.at(entropy_sums, kb.f32(), h)) : nullptr;
+          Value* argmax = argmaxes ? kb.load(kb.i32(), kb.at(argmaxes, kb.i32(), h)) : nullptr;
+          // Merged over the quad: the entropy's t and the argmax from the same pre-merge (max, sum)
+          // as the merge itself, so each step reads the quad's maxima before they change.
+          for (int mask = 1; mask <= 2; mask *= 2) {
+            Value* s_other = kb.shfl_xor(s, mask);
+            Value* m_other = kb.shfl_xor(m, mask);
+            if (logit_sum) logit_sum = ir.CreateFAdd(logit_sum, kb.shfl_xor(logit_sum, mask));
+            if (entropy_t || argmax) {
+              Value* merged_max = kb.fmax(m, m_other);
               Value* safe = ir.CreateSelect(ir.CreateFCmpOEQ(merged_max, neg_inf(kb)), kb.cf(0.f), merged_max);
               if (entropy_t)
-                entropy_t = merged_entropy(kb, safe, mq, sq, entropy_t, m_other, s_other, kb.shfl_xor(entropy_t, mask));
-              if (argmax) argmax = merged_argmax(kb, mq, argmax, m_other, kb.shfl_xor_i32(argmax, mask));
-              std::tie(mq, sq) = merge(kb, mq, sq, m_other, s_other);
+                entropy_t = merged_entropy(kb, safe, m, s, entropy_t, m_other, s_other, kb.shfl_xor(entropy_t, mask));
+              if (argmax) argmax = merged_argmax(kb, m, argmax, m_other, kb.shfl_xor_i32(argmax, mask));
             }
+            std::tie(m, s) = merge(kb, m, s, m_other, s_other);
           }
           Value* row = row_of(m0, h);
           kb.if_then(ir.CreateAnd(ir.CreateICmpEQ(pos.quad_lane, kb.c32(0)), ir.CreateICmpSLT(row, n)), [&] {

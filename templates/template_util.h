@@ -44,27 +44,31 @@ inline llvm::Value* add_bias(KernelBuilder& kb, const KernelSpec& spec, llvm::Va
 // (which would serialise a wgmma kernel), absolute error a few fp32 ulps; tanh.approx.f32's
 // 2^-11 relative error would show in the loss. T enters as one multiplication by c / T (by 1 / T
 // without a cap).
-inline llvm::Value* capped_logit(KernelBuilder& kb, const KernelSpec& spec, llvm::Value* z) {
+struct CappedLogit {
+  llvm::Value* u;      // the softmax's logit
+  llvm::Value* slope;  // du / dz, or nullptr (1, no code) with neither a cap nor a temperature
+};
+// u and du / dz = (1 − tanh²(z / c)) / T. The cap's slope is s·(2 − s) with s = 2 / (e^{2|x|} + 1)
+// (= (1 − |tanh|)(1 + |tanh|)), from the same s as tanh: 1 − tanh² taken from the rounded tanh
+// would lose the slope's relative precision where |tanh| nears 1 (large |z| / c).
+inline CappedLogit capped_logit_with_slope(KernelBuilder& kb, const KernelSpec& spec, llvm::Value* z) {
   auto& ir = kb.ir();
   const float inverse_t = 1.f / spec.temperature;
-  if (spec.softcap == 0.f)
-    return spec.temperature == 1.f ? z : ir.CreateFMul(z, kb.cf(inverse_t));
+  if (spec.softcap == 0.f) {
+    if (spec.temperature == 1.f) return {z, nullptr};
+    return {ir.CreateFMul(z, kb.cf(inverse_t)), kb.cf(inverse_t)};
+  }
   llvm::Value* x = ir.CreateFMul(z, kb.cf(1.f / spec.softcap));
   llvm::Value* ax = ir.CreateIntrinsic(llvm::Intrinsic::fabs, {kb.f32()}, {x});
   llvm::Value* e = kb.exp(ir.CreateFMul(ax, kb.cf(2.f)));
-  llvm::Value* t = ir.CreateFSub(kb.cf(1.f), kb.div_full(kb.cf(2.f), ir.CreateFAdd(e, kb.cf(1.f))));
-  t = ir.CreateIntrinsic(llvm::Intrinsic::copysign, {kb.f32()}, {t, x});
-  return ir.CreateFMul(t, kb.cf(spec.temperature == 1.f ? spec.softcap : spec.softcap * inverse_t));
+  llvm::Value* s = kb.div_full(kb.cf(2.f), ir.CreateFAdd(e, kb.cf(1.f)));
+  llvm::Value* t = ir.CreateIntrinsic(llvm::Intrinsic::copysign, {kb.f32()}, {ir.CreateFSub(kb.cf(1.f), s), x});
+  llvm::Value* u = ir.CreateFMul(t, kb.cf(spec.temperature == 1.f ? spec.softcap : spec.softcap * inverse_t));
+  llvm::Value* slope = ir.CreateFMul(s, ir.CreateFSub(kb.cf(2.f), s));
+  return {u, spec.temperature == 1.f ? slope : ir.CreateFMul(slope, kb.cf(inverse_t))};
 }
-// d (the softmax's logit) / dz at its value u = capped_logit(z): (1 − (u·T / c)²) / T, the cap's
-// slope 1 − tanh² times 1 / T; 1 / T without a cap; nullptr (1, no code) with neither.
-inline llvm::Value* capped_logit_slope(KernelBuilder& kb, const KernelSpec& spec, llvm::Value* u) {
-  auto& ir = kb.ir();
-  const float inverse_t = 1.f / spec.temperature;
-  if (spec.softcap == 0.f) return spec.temperature == 1.f ? nullptr : kb.cf(inverse_t);
-  llvm::Value* t = ir.CreateFMul(u, kb.cf(spec.temperature / spec.softcap));
-  llvm::Value* slope = ir.CreateFSub(kb.cf(1.f), ir.CreateFMul(t, t));
-  return spec.temperature == 1.f ? slope : ir.CreateFMul(slope, kb.cf(inverse_t));
+inline llvm::Value* capped_logit(KernelBuilder& kb, const KernelSpec& spec, llvm::Value* z) {
+  return capped_logit_with_slope(kb, spec, z).u;
 }
 
 // The z-loss (PaLM; Liger-Kernel's lse_square_scale) of a token whose LSE is `lse`: s·LSE², or
@@ -140,10 +144,12 @@ inline llvm::Value* lse_row_at(KernelBuilder& kb, llvm::Value* lse, int row, llv
 // g divided by the valid count for mean reduction, with div.full.f32 (2 ulp): the IEEE division
 // is a subroutine call in SASS, and a call anywhere in a kernel makes the driver's JIT
 // serialise its wgmma instructions (H200, driver 580). Every kernel computes it the same way.
+// index: which of valid_count's denominators (0 the count; 1 the targets' summed class weights).
 inline llvm::Value* per_valid_token(KernelBuilder& kb, const KernelSpec& spec, llvm::Value* g,
-                                    llvm::Value* valid_count) {
+                                    llvm::Value* valid_count, int index = 0) {
   if (spec.reduction != Reduction::Mean) return g;
-  return kb.div_full(g, kb.load(kb.f32(), valid_count));
+  llvm::Value* count = index == 0 ? valid_count : kb.gep(valid_count, kb.f32(), kb.c64(index));
+  return kb.div_full(g, kb.load(kb.f32(), count));
 }
 
 // dz_scale and its reciprocal (both exact powers of two, from the same bits), or 1 and 1.
