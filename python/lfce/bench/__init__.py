@@ -34,7 +34,9 @@ the highest allocation during forward + backward beyond the inputs (gradients in
 
 Profile (gemm_profile.py; on by default, alone with ``--gemm-only``): from torch.profiler traces,
 each lfce GEMM kernel's time, launches and TFLOP/s over one recompute forward + backward against the
-cuBLAS GEMM of the same shape, and the time of every kernel of that forward + backward.
+cuBLAS GEMM of the same shape, and the time of every kernel of that forward + backward. Each side is
+traced after a second of back-to-back calls of itself (gemm_profile.WARM_SECONDS), so that both run at
+the clock the card's power cap settles to, not the boost clock of a card that was idle a moment.
 
 The JSON (written after each shape, so an interrupted run keeps what it measured) records what the
 figures depend on (meta.metadata()): date, GPU, driver, torch, Triton, Liger and CCE versions, the

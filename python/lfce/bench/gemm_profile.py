@@ -10,6 +10,7 @@ grad_input). Over one recompute forward + backward each of the four GEMM kernels
 import json
 import os
 import tempfile
+import time
 
 # lfce GEMM kernel -> the cuBLAS product of the same shape and output layout, as "what it computes".
 GEMM_KERNELS = {
@@ -19,6 +20,12 @@ GEMM_KERNELS = {
     "grad_input": "dz·W [N, H]",
 }
 TRACE_CATEGORIES = ("kernel", "gpu_memset", "gpu_memcpy")  # device activity in a chrome trace
+# Seconds of back-to-back calls before each trace. A GEMM at full rate draws the H200 to its power
+# cap within a fraction of a second, and the SM clock then settles near 1.45-1.5 GHz (at 645 W) from
+# the 1.98 GHz an idle card starts at; a product traced after a pause runs its first calls at the
+# higher clock. Both sides are traced in the settled state a training step runs in (sustained
+# lse_forward and cuBLAS logits GEMM: the same clock and power, bench/power_clocks.py).
+WARM_SECONDS = 1.0
 
 
 def gemm_flops(tokens, hidden, vocab):
@@ -80,12 +87,17 @@ def gemm_rows(activity, cublas, tokens, hidden, vocab, steps, launches=None):
     return rows
 
 
-def _trace(step, steps):
-    """Device activity of ``steps`` calls of ``step`` under torch.profiler (after one warm-up call)."""
+def _trace(step, steps, warm_seconds=WARM_SECONDS):
+    """Device activity of ``steps`` calls of ``step`` under torch.profiler, after one warm-up call and
+    ``warm_seconds`` of back-to-back calls (WARM_SECONDS)."""
     import torch
 
     step()
     torch.cuda.synchronize()
+    start = time.perf_counter()
+    while time.perf_counter() - start < warm_seconds:
+        step()
+        torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             step()
@@ -117,9 +129,10 @@ def _cublas_products(x, w):
     }, dzt
 
 
-def profile(x, w, y, steps=2):
+def profile(x, w, y, steps=2, warm_seconds=WARM_SECONDS):
     """The per-kernel breakdown of an lfce recompute forward + backward and the GEMM-only
-    comparison, for the inputs' shape: {"steps", "chunk", "kernels": [...], "gemms": [...]}."""
+    comparison, for the inputs' shape: {"steps", "warm_seconds", "chunk", "kernels": [...],
+    "gemms": [...]}. Each side is traced after ``warm_seconds`` of back-to-back calls of itself."""
     import torch
 
     from .. import _lib
@@ -131,14 +144,14 @@ def profile(x, w, y, steps=2):
 
     def step():
         torch.autograd.grad(linear_cross_entropy(x, w, y, mode="recompute"), (x, w))
-    activity = _trace(step, steps)
+    activity = _trace(step, steps, warm_seconds)
     products, dzt = _cublas_products(x, w)
     cublas = {}
     for kernel, product in products.items():
-        times = _trace(product, steps)
+        times = _trace(product, steps, warm_seconds)
         cublas[kernel] = (sum(us for _, us in times.values()) / steps / 1e3, sorted(times))
     del dzt, products
-    return {"steps": steps, "chunk": chunk, "kernels": breakdown(activity, steps),
+    return {"steps": steps, "warm_seconds": warm_seconds, "chunk": chunk, "kernels": breakdown(activity, steps),
             "gemms": gemm_rows(activity, cublas, tokens, hidden, vocab, steps, expected_launches(vocab, chunk))}
 
 
