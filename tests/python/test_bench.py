@@ -277,6 +277,14 @@ def test_device_activity_counts_kernels_and_memsets_only():
                                                    "Memset (Device)": [1, 10.0]}
 
 
+def test_median_activity_takes_each_kernels_median_over_the_rounds():
+    rounds = [{"lse_forward": [2, 30.0], "grad_input": [16, 5.0]},
+              {"lse_forward": [2, 10.0]},
+              {"lse_forward": [2, 20.0], "grad_input": [16, 7.0], "Memset (Device)": [1, 1.0]}]
+    assert gemm_profile.median_activity(rounds) == {"lse_forward": [2, 20.0], "grad_input": [16, 6.0],
+                                                    "Memset (Device)": [1, 1.0]}
+
+
 def test_breakdown_is_per_step_longest_first_with_shares():
     rows = gemm_profile.breakdown(gemm_profile.device_activity(TRACE), steps=2)
     assert [r["name"] for r in rows] == ["lse_forward", "dlogits_backward", "Memset (Device)"]

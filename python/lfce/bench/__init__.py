@@ -36,7 +36,8 @@ Profile (gemm_profile.py; on by default, alone with ``--gemm-only``): from torch
 each lfce GEMM kernel's time, launches and TFLOP/s over one recompute forward + backward against the
 cuBLAS GEMM of the same shape, and the time of every kernel of that forward + backward. Each side is
 traced after a second of back-to-back calls of itself (gemm_profile.WARM_SECONDS), so that both run at
-the clock the card's power cap settles to, not the boost clock of a card that was idle a moment.
+the clock the card's power cap settles to, not the boost clock of a card that was idle a moment; the
+sides are traced in turn three times (gemm_profile.ROUNDS) and each time is the median of the rounds.
 
 The JSON (written after each shape, so an interrupted run keeps what it measured) records what the
 figures depend on (meta.metadata()): date, GPU, driver, torch, Triton, Liger and CCE versions, the

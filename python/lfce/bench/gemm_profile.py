@@ -9,6 +9,7 @@ grad_input). Over one recompute forward + backward each of the four GEMM kernels
 
 import json
 import os
+import statistics
 import tempfile
 import time
 
@@ -26,6 +27,10 @@ TRACE_CATEGORIES = ("kernel", "gpu_memset", "gpu_memcpy")  # device activity in 
 # higher clock. Both sides are traced in the settled state a training step runs in (sustained
 # lse_forward and cuBLAS logits GEMM: the same clock and power, bench/power_clocks.py).
 WARM_SECONDS = 1.0
+# The two sides are traced in turn this many times (lfce, then each cuBLAS product, again), and each
+# kernel's time is the median over the rounds: the settled clock still drifts by several percent
+# over a minute as the card warms, and a side traced only first or only last would carry that drift.
+ROUNDS = 3
 
 
 def gemm_flops(tokens, hidden, vocab):
@@ -51,6 +56,16 @@ def device_activity(trace):
         entry[0] += 1
         entry[1] += float(event.get("dur", 0.0))
     return totals
+
+
+def median_activity(rounds):
+    """device_activity() of several rounds of the same calls, each name's time the median over the
+    rounds (its launches from the first round that has it)."""
+    names = []
+    for activity in rounds:
+        names += [name for name in activity if name not in names]
+    return {name: [next(a[name][0] for a in rounds if name in a),
+                   statistics.median(a[name][1] for a in rounds if name in a)] for name in names}
 
 
 def breakdown(activity, steps):
@@ -129,10 +144,11 @@ def _cublas_products(x, w):
     }, dzt
 
 
-def profile(x, w, y, steps=2, warm_seconds=WARM_SECONDS):
+def profile(x, w, y, steps=2, warm_seconds=WARM_SECONDS, rounds=ROUNDS):
     """The per-kernel breakdown of an lfce recompute forward + backward and the GEMM-only
-    comparison, for the inputs' shape: {"steps", "warm_seconds", "chunk", "kernels": [...],
-    "gemms": [...]}. Each side is traced after ``warm_seconds`` of back-to-back calls of itself."""
+    comparison, for the inputs' shape: {"steps", "warm_seconds", "rounds", "chunk", "kernels": [...],
+    "gemms": [...]}. Each side is traced after ``warm_seconds`` of back-to-back calls of itself, the
+    sides in turn ``rounds`` times; every time is the median over the rounds."""
     import torch
 
     from .. import _lib
@@ -144,14 +160,20 @@ def profile(x, w, y, steps=2, warm_seconds=WARM_SECONDS):
 
     def step():
         torch.autograd.grad(linear_cross_entropy(x, w, y, mode="recompute"), (x, w))
-    activity = _trace(step, steps, warm_seconds)
     products, dzt = _cublas_products(x, w)
-    cublas = {}
-    for kernel, product in products.items():
-        times = _trace(product, steps, warm_seconds)
-        cublas[kernel] = (sum(us for _, us in times.values()) / steps / 1e3, sorted(times))
+    lfce_rounds, cublas_rounds = [], {kernel: [] for kernel in products}
+    for _ in range(rounds):
+        lfce_rounds.append(_trace(step, steps, warm_seconds))
+        for kernel, product in products.items():
+            cublas_rounds[kernel].append(_trace(product, steps, warm_seconds))
     del dzt, products
-    return {"steps": steps, "warm_seconds": warm_seconds, "chunk": chunk, "kernels": breakdown(activity, steps),
+    activity = median_activity(lfce_rounds)
+    cublas = {}
+    for kernel, traces in cublas_rounds.items():
+        times = median_activity(traces)
+        cublas[kernel] = (sum(us for _, us in times.values()) / steps / 1e3, sorted(times))
+    return {"steps": steps, "warm_seconds": warm_seconds, "rounds": rounds, "chunk": chunk,
+            "kernels": breakdown(activity, steps),
             "gemms": gemm_rows(activity, cublas, tokens, hidden, vocab, steps, expected_launches(vocab, chunk))}
 
 
