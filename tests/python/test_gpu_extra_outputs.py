@@ -223,8 +223,25 @@ CASES = {
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("mode", ["recompute", "eager"])
 def test_extra_outputs_and_their_gradients_match_an_fp64_reference(mode, reduction, dtype, case, record_error):
+    check_case(case, 192, 64007, mode, reduction, dtype, record_error)
+
+
+@pytest.mark.parametrize("case", ["temperature_entropy", "together"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("mode", ["recompute", "eager"])
+def test_output_combinations_at_a_large_vocabulary(mode, reduction, dtype, case, record_error):
+    """Issue 9's two combinations of outputs (temperature with the entropy; lse, logprob, accuracy and
+    predicted together) at V = 256000, in the whole matrix."""
+    check_case(case, 64, 256000, mode, reduction, dtype, record_error)
+
+
+def check_case(case, n, vocab, mode, reduction, dtype, record_error):
+    """CASES[case] on n tokens (every fifth ignored, every other counted one predicted) at this vocabulary:
+    the loss, the outputs and the gradients against the fp64 reference, and the outputs' (and the
+    temperature's) terms far from the tolerances."""
     extra, softcap, temperature, bias = CASES[case]
-    x, w, b, y = make_inputs(192, 256, 64007, dtype, bias=bias)
+    x, w, b, y = make_inputs(n, 256, vocab, dtype, bias=bias)
     y = predicted_targets(x, w, b, y, softcap, temperature)
     grad = upstream(reduction, y.shape, dtype)
     weights = {name: value for name, value in row_weights(y, reduction, grad).items() if extra.get(f"return_{name}")}
