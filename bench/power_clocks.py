@@ -17,7 +17,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 
-SHAPES = (("gemma2-2b", 2304, 256000), ("llama3-8b", 4096, 128256))
+MODELS = ("gemma2-2b", "llama3-8b")  # (hidden, vocab) from lfce.presets
 QUERY = "clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active"
 
 
@@ -56,14 +56,14 @@ def sample(fn, seconds):
 
 
 def measure_shape(hidden, vocab, seconds, tokens=8192):
-    """{case: sample()} for lfce's forward and the cuBLAS logits GEMM at one shape."""
+    """{case: sample()} for lfce's forward and the cuBLAS logits GEMM at one shape (the benchmark
+    harness's inputs, lfce.bench.impls.make_inputs)."""
     import torch
 
     import lfce
+    from lfce.bench.impls import make_inputs
 
-    x = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16)
-    w = (torch.randn(vocab, hidden, device="cuda") / hidden ** 0.5).to(torch.bfloat16)
-    y = torch.randint(0, vocab, (tokens,), device="cuda")
+    x, w, y = (t.detach() for t in make_inputs(tokens, hidden, vocab, torch.bfloat16))
     logits = torch.empty(tokens, vocab, device="cuda", dtype=torch.bfloat16)
     cases = (("lfce_forward", lambda: lfce.linear_cross_entropy(x, w, y)),
              ("cublas_logits", lambda: torch.matmul(x, w.t(), out=logits)))
@@ -86,9 +86,11 @@ def main(argv=None):
     if not args.seconds > 0:
         parser.error(f"--seconds must be > 0, got {args.seconds}")
     from lfce.bench.meta import metadata, write_json
+    from lfce.presets import table
 
     results = {}
-    for model, hidden, vocab in SHAPES:
+    for model in MODELS:
+        hidden, vocab = table()[model]
         for name, row in measure_shape(hidden, vocab, args.seconds).items():
             results[f"{model}/{name}"] = row
             print(f"{model:10} {name:14} {row['ms_per_call']:7.2f} ms  {row['sm_clock_mhz_mean']:6.0f} MHz "
