@@ -262,12 +262,14 @@ TuneResult tune(const Problem& problem, int device, const TuneOptions& options) 
   TuneOptions on_device = options;
   // Candidates are pruned against this device's limits, run with them, and their winners keyed by them.
   on_device.limits = runtime::DeviceLimits{info.max_smem_optin, info.sm_count};
-  // Tiles are tuned without class weights (which need an array of them) and storing the
-  // gradients (not adding into fp32 buffers); the tuning key leaves those options out, so the
-  // winners serve those problems too.
+  // Tiles are tuned without class weights (which need an array of them), storing the gradients
+  // (not adding into fp32 buffers) and without a causal shift (the host reference scores each
+  // token against its own target); the tuning key leaves those options out, so the winners serve
+  // those problems too.
   Problem plain = problem;
   plain.class_weight = false;
   plain.accumulate_grad_weight = plain.accumulate_grad_bias = false;
+  plain.sequence_length = 0;
   GpuBench bench(plain, device, on_device);
   spdlog::info("tuning on {} ({}): N={} H={} V={} {}", bench.device_name(), arch_name(arch), problem.tokens,
                problem.hidden, problem.vocab, dtype_name(problem.dtype));

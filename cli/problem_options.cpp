@@ -116,6 +116,12 @@ void ProblemOptions::add_to(CLI::App& app) {
                "each token's loss and gradient times its detached p(target) (Liger-Kernel's use_token_scaling)");
   app.add_flag("--accumulate-grad-bias", accumulate_grad_bias,
                "the backward adds grad_bias into an fp32 buffer; needs --bias, recompute mode");
+  // Its fit to --tokens is the library's to check (tokens a multiple of it).
+  app.add_option("--sequence-length", sequence_length,
+                 "causal shift over sequences of this many tokens: position t scored against target t+1 "
+                 "(Cut Cross-Entropy's shift; 0: none)")
+      ->check(at_least(0))
+      ->capture_default_str();
   app.add_option("--outputs", outputs, "extra per-token outputs of the forward, comma-separated: entropy, logprob, predicted")
       ->delimiter(',')
       ->check(CLI::IsMember({"entropy", "logprob", "predicted"}));
@@ -142,6 +148,7 @@ lfce_problem ProblemOptions::problem(int64_t vocab, int64_t hidden) const {
   p.accumulate_grad_weight = accumulate_grad_weight ? 1 : 0;
   p.accumulate_grad_bias = accumulate_grad_bias ? 1 : 0;
   p.token_scaling = token_scaling ? 1 : 0;
+  p.sequence_length = sequence_length;
   for (const std::string& name : outputs)
     p.outputs |= name == "entropy" ? LFCE_OUTPUT_ENTROPY : name == "logprob" ? LFCE_OUTPUT_LOGPROB : LFCE_OUTPUT_PREDICTED;
   return p;

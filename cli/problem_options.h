@@ -27,6 +27,7 @@ struct ProblemOptions {
   bool class_weight = false;
   bool accumulate_grad_weight = false, accumulate_grad_bias = false;
   bool token_scaling = false;
+  int64_t sequence_length = 0;
   std::vector<std::string> outputs;  // "entropy", "logprob", "predicted"
   int64_t ignore_index = -100;
 

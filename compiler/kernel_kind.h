@@ -46,8 +46,9 @@ enum SpecField : uint32_t {
   kFieldArgmax = 1u << 17,
   kFieldLogprob = 1u << 18,
   kFieldLseGrad = 1u << 19,
+  kFieldShift = 1u << 20,  // read wherever the targets are (load_target): KernelSpec::fields_read()
 };
-inline constexpr uint32_t kAllSpecFields = (1u << 20) - 1;
+inline constexpr uint32_t kAllSpecFields = (1u << 21) - 1;
 
 struct KernelKindInfo {
   KernelKind kind;
@@ -72,7 +73,7 @@ struct KernelKindInfo {
 // Shared memory: lse_forward / dlogits_backward keep (max or LSE f32, sum or g f32, target
 // i64) per BM row; loss_reduce's tree holds two floats for each of its 1024 threads.
 // Fields: the template's own reads of spec.<field>, and those of the helpers it calls
-// (load_target: targets; load_bias: bias, dtype; elem_type: dtype; GemmSkeleton: tile, dtype).
+// (load_target: targets and shift; load_bias: bias, dtype; elem_type: dtype; GemmSkeleton: tile, dtype).
 // No kind reads the chunk: a chunk's offset and length are run-time arguments (v_begin, v_len).
 inline constexpr uint32_t kGemmFields = kFieldHidden | kFieldDType | kFieldTile;
 // The options that map each logit before the softmax: read wherever logits are.

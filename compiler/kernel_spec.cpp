@@ -139,6 +139,7 @@ std::string KernelSpec::text() const {
   if (argmax) out << ";argmax=1";
   if (logprob) out << ";logprob=1";
   if (lse_grad) out << ";lse_grad=1";
+  if (shift) out << ";shift=1";
   return out.str();
 }
 
@@ -217,6 +218,7 @@ KernelSpec KernelSpec::parse(std::string_view text) {
   take_flag("argmax", spec.argmax, "without the argmax");
   take_flag("logprob", spec.logprob, "without the logprob");
   take_flag("lse_grad", spec.lse_grad, "without gradients of the lse rows");
+  take_flag("shift", spec.shift, "without a causal shift");
   if (!fields.empty()) throw SpecError("KernelSpec has unknown field '" + fields.begin()->first + "'");
   return spec;
 }
@@ -280,6 +282,7 @@ void KernelSpec::validate() const {
   flag(argmax, "argmax", kFieldArgmax, "computes no argmax");
   flag(logprob, "logprob", kFieldLogprob, "computes no logprob (nor dz through it)");
   flag(lse_grad, "lse_grad", kFieldLseGrad, "computes no dz");
+  flag(shift, "shift", kFieldShift, "reads no targets");
   // The lse rows' gradients are not scaled for fp16 (their size is unknown: dz_scale would not fit).
   if (lse_grad && dtype == DType::FP16) fail("lse_grad needs bf16 or fp32, got fp16");
   if (!info.gemm) return;
@@ -375,6 +378,8 @@ uint32_t KernelSpec::fields_read() const {
   if (info.unscales_dz && dtype == DType::FP16)
     reads |= kFieldReduction | (reduction == Reduction::None ? 0u : uint32_t{kFieldMode});
   if (info.adds_target_term && dtype != DType::FP32) reads |= kFieldTargets;
+  // The causal shift is part of reading a target (load_target).
+  if (reads & kFieldTargets) reads |= kFieldShift;
   // lse_forward reads the class weights only for label smoothing's weighted logit sum;
   // loss_reduce the z-loss only for "mean" with class weights (the z-loss's own denominator).
   if (kind == KernelKind::LseForward && label_smoothing == 0.f) reads &= ~uint32_t{kFieldClassWeight};
@@ -417,6 +422,7 @@ KernelSpec KernelSpec::normalised() const {
   if (reads & kFieldArgmax) out.argmax = argmax;
   if (reads & kFieldLogprob) out.logprob = logprob;
   if (reads & kFieldLseGrad) out.lse_grad = lse_grad;
+  if (reads & kFieldShift) out.shift = shift;
   return out;
 }
 

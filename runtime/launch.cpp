@@ -116,7 +116,7 @@ void run_forward(const Problem& problem, const lfce_forward_args& a, const PlanF
   require_workspace(a.workspace, a.workspace_bytes, layout.bytes, "lfce_forward");
   auto stream = static_cast<CUstream>(a.stream);
 
-  int64_t n = problem.tokens, ignore = problem.ignore_index;
+  int64_t n = problem.tokens, ignore = problem.ignore_index, sequence_length = problem.sequence_length;
   int32_t splits = static_cast<int32_t>(plan.splits());
   void* x = const_cast<void*>(a.hidden);
   void* w = const_cast<void*>(a.weight);
@@ -146,6 +146,7 @@ void run_forward(const Problem& problem, const lfce_forward_args& a, const PlanF
   if (fwd.entropy) fwd_args.push_back(&entropy_partials);
   if (fwd.argmax) fwd_args.push_back(&argmax_partials);
   if (fwd.class_weight) fwd_args.push_back(&class_weight);
+  if (fwd.shift) fwd_args.push_back(&sequence_length);
   launch_gemm(kernel_for(a.device, fwd), fwd, {static_cast<unsigned>(plan.row_groups()), static_cast<unsigned>(splits), 1}, stream,
               fwd_args, Operand{x, h, n, h}, Operand{w, h, v, h});
 
@@ -156,12 +157,14 @@ void run_forward(const Problem& problem, const lfce_forward_args& a, const PlanF
   if (combine.label_smoothing != 0.f && combine.class_weight) combine_args.push_back(&count);
   if (combine.entropy) combine_args.push_back(&entropy_partials);
   if (combine.argmax) combine_args.insert(combine_args.end(), {&argmax_partials, &predicted});
+  if (combine.shift) combine_args.push_back(&sequence_length);
   kernel_for(a.device, combine).launch({grid_dim(n, 256, 'x'), 1, 1}, stream, combine_args.data());
 
   const KernelSpec reduce = plan.spec(KernelKind::LossReduce);
   std::vector<void*> reduce_args = {&token_loss, &y, &n, &ignore, &loss, &count};
   if (reduce.class_weight) reduce_args.push_back(&class_weight);
   if (reduce.z_loss_scale != 0.f) reduce_args.push_back(&lse);
+  if (reduce.shift) reduce_args.push_back(&sequence_length);
   kernel_for(a.device, reduce).launch({1, 1, 1}, stream, reduce_args.data());
 }
 
@@ -199,6 +202,7 @@ void run_backward(const Problem& problem, const lfce_backward_args& a, const Pla
   auto stream = static_cast<CUstream>(a.stream);
 
   int64_t n = problem.tokens, ignore = problem.ignore_index, ld = plan.ld();
+  int64_t sequence_length = problem.sequence_length;
   const int64_t h = problem.hidden;
   void* x = const_cast<void*>(a.hidden);
   void* w = const_cast<void*>(a.weight);
@@ -239,6 +243,7 @@ void run_backward(const Problem& problem, const lfce_backward_args& a, const Pla
                                        &n,  &ignore,  &v_begin, &v_len, &ld, &dz,  &residual};
     if (dlogits.class_weight) dlogits_args.push_back(&class_weight);
     if (dlogits.lse_grad) dlogits_args.push_back(&grad_lse);
+    if (dlogits.shift) dlogits_args.push_back(&sequence_length);
     launch_gemm(dlogits_kernel, dlogits, dlogits_grid, stream, dlogits_args, Operand{x, h, n, h},
                 Operand{w_chunk, h, v_len, h});
 
@@ -252,11 +257,13 @@ void run_backward(const Problem& problem, const lfce_backward_args& a, const Pla
       gb_kernel->launch({grid_dim(v_len, 8, 'x'), 1, 1}, stream, gb_args);
     }
 
-    if (gx_kernel)  // A = dzᵀ [v_len, ld] MN-major; B = W[chunk] [v_len, H] MN-major
-      launch_gemm(*gx_kernel, gx, gemm_grid(plan, gx, n, h, "grad_input"), stream,
-                  {&dz, &w, &n, &ld, &v_begin, &v_len, &acc, &grad_hidden, &first, &last, &grad_loss, &count, &y,
-                   &residual},
-                  Operand{dz, ld, n, v_len}, Operand{w_chunk, h, h, v_len});
+    if (gx_kernel) {  // A = dzᵀ [v_len, ld] MN-major; B = W[chunk] [v_len, H] MN-major
+      std::vector<void*> gx_args = {&dz,   &w,         &n,         &ld,    &v_begin, &v_len, &acc,
+                                    &grad_hidden, &first, &last, &grad_loss, &count, &y,      &residual};
+      if (gx.shift) gx_args.push_back(&sequence_length);
+      launch_gemm(*gx_kernel, gx, gemm_grid(plan, gx, n, h, "grad_input"), stream, gx_args, Operand{dz, ld, n, v_len},
+                  Operand{w_chunk, h, h, v_len});
+    }
   }
 }
 

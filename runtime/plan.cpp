@@ -109,7 +109,8 @@ std::string problem_text(const Problem& p) {
          ",label_smoothing=" + float_text(p.label_smoothing) + ",class_weight=" + (p.class_weight ? "1" : "0") +
          ",accumulate=" + (p.accumulate_grad_weight ? "w" : "") + (p.accumulate_grad_bias ? "b" : "") +
          ",token_scaling=" + (p.token_scaling ? "1" : "0") + ",outputs=" + (p.entropy ? "e" : "") +
-         (p.logprob ? "l" : "") + (p.predicted ? "p" : "") + ",lse_grad=" + (p.lse_grad ? "1" : "0");
+         (p.logprob ? "l" : "") + (p.predicted ? "p" : "") + ",lse_grad=" + (p.lse_grad ? "1" : "0") +
+         ",sequence_length=" + std::to_string(p.sequence_length);
 }
 
 int lse_rows(const Problem& p) { return 1 + p.token_scaling + p.entropy + p.logprob; }
@@ -168,6 +169,7 @@ Problem problem_from_c(const lfce_problem* c) {
     throw SpecError("lfce_problem.workspace_budget must be >= 1 byte (or 0 for 256 MiB), got " +
                     std::to_string(c->workspace_budget));
   p.workspace_budget = c->workspace_budget ? c->workspace_budget : kDefaultWorkspaceBudget;
+  p.sequence_length = c->sequence_length;
   check_problem(p);
   return p;
 }
@@ -190,6 +192,10 @@ void check_problem(const Problem& p) {
                     std::to_string(kMaxChunk) + " (2^20), the largest lfce accepts");
   if (p.workspace_budget < 0)
     throw SpecError("lfce_problem.workspace_budget must be >= 0, got " + std::to_string(p.workspace_budget));
+  if (p.sequence_length < 0 || p.sequence_length > p.tokens || (p.sequence_length > 0 && p.tokens % p.sequence_length))
+    throw SpecError("lfce_problem.sequence_length = " + std::to_string(p.sequence_length) +
+                    " must be 0 (no shift) or a length T >= 1 of which tokens = " + std::to_string(p.tokens) +
+                    " is a multiple (sequences of T tokens)");
   // fp16 dz is scaled to |g·scale| < 2^15 (template_util.h, dz_scale); the temperature multiplies
   // dz by up to 1 / T, so T <= 0.5 could reach fp16's largest finite value, 65504.
   if (p.dtype == DType::FP16 && p.temperature <= 0.5f)
@@ -320,6 +326,7 @@ KernelSpec problem_spec(KernelKind kind, const Problem& p, Arch arch) {
   if (!(reads & kFieldZLoss)) s.z_loss_scale = 0.f;
   s.token_scaling = p.token_scaling && (reads & kFieldTokenScaling);
   s.lse_grad = p.lse_grad && (reads & kFieldLseGrad);
+  s.shift = p.sequence_length > 0 && (reads & kFieldShift);
   // (dlogits_backward reads the entropy and logprob flags only with lse_grad: after it.)
   const uint32_t output_reads = s.fields_read();
   s.entropy = p.entropy && (output_reads & kFieldEntropy);

@@ -36,6 +36,9 @@ struct Problem {
   // gradients (lfce_backward_args.grad_lse not NULL: set by lfce_backward, never by the C struct).
   bool entropy = false, logprob = false, predicted = false;
   bool lse_grad = false;
+  // Causal shift: sequences of this many tokens, each position scored against the next one's
+  // target (lfce_problem.sequence_length); 0 = none.
+  int64_t sequence_length = 0;
 };
 
 // The rows of lse (lfce.h): the LSEs, then the token scales, entropies and logprobs where asked for.

@@ -38,6 +38,7 @@ KernelShape build_dlogits_backward(llvm::Module& module, const KernelSpec& spec)
                                {"residual", ParamType::GlobalPtr}};
   if (spec.class_weight) params.push_back({"class_weight", ParamType::GlobalPtr});
   if (spec.lse_grad) params.push_back({"grad_lse", ParamType::GlobalPtr});
+  add_shift_param(spec, params);
   KernelBuilder kb(module, "dlogits_backward", gemm_params(t, params), t.threads());
   const bool target_terms = has_target_terms(spec);
   // The P/T/U form: the target terms' or the lse rows' gradients need it.
@@ -79,7 +80,7 @@ KernelShape build_dlogits_backward(llvm::Module& module, const KernelSpec& spec)
   auto row_constants = [&](Value* m) {
     Value* in_rows = ir.CreateICmpSLT(m, n);
     Value* safe_m = ir.CreateSelect(in_rows, m, kb.c64(0));
-    Value* target = load_target(kb, spec, kb.arg("targets"), safe_m);
+    Value* target = load_target(kb, spec, kb.arg("targets"), safe_m, kb.arg("ignore_index"));
     Value* counted = ir.CreateAnd(in_rows, ir.CreateICmpNE(target, kb.arg("ignore_index")));
     Value* upstream = kb.cf(1.f);
     if (spec.mode == Mode::Recompute) {

@@ -15,16 +15,16 @@ constexpr int kLoadGroup = 8;  // fp32 sum pairs read between warp syncs in the 
 
 KernelShape build_grad_input(llvm::Module& module, const KernelSpec& spec) {
   const TileConfig& t = spec.tile;
-  KernelBuilder kb(module, "grad_input",
-                   gemm_params(t, {{"dz", ParamType::GlobalPtr}, {"w", ParamType::GlobalPtr}, {"n", ParamType::I64},
-                    {"ld", ParamType::I64}, {"v_begin", ParamType::I64}, {"v_len", ParamType::I64},
-                    // fp32 problems accumulate in the output itself: the same buffer twice.
-                    {"acc", ParamType::GlobalPtr, /*noalias=*/false},
-                    {"grad_input", ParamType::GlobalPtr, /*noalias=*/false},
-                    {"first", ParamType::I32}, {"last", ParamType::I32}, {"grad_loss", ParamType::GlobalPtr},
-                    {"valid_count", ParamType::GlobalPtr}, {"targets", ParamType::GlobalPtr},
-                    {"residual", ParamType::GlobalPtr}}),
-                   t.threads());
+  std::vector<Param> params = {{"dz", ParamType::GlobalPtr}, {"w", ParamType::GlobalPtr}, {"n", ParamType::I64},
+                               {"ld", ParamType::I64}, {"v_begin", ParamType::I64}, {"v_len", ParamType::I64},
+                               // fp32 problems accumulate in the output itself: the same buffer twice.
+                               {"acc", ParamType::GlobalPtr, /*noalias=*/false},
+                               {"grad_input", ParamType::GlobalPtr, /*noalias=*/false},
+                               {"first", ParamType::I32}, {"last", ParamType::I32}, {"grad_loss", ParamType::GlobalPtr},
+                               {"valid_count", ParamType::GlobalPtr}, {"targets", ParamType::GlobalPtr},
+                               {"residual", ParamType::GlobalPtr}};
+  add_shift_param(spec, params);
+  KernelBuilder kb(module, "grad_input", gemm_params(t, params), t.threads());
   auto& ir = kb.ir();
   llvm::Type* elem = elem_type(kb, spec.dtype);
   GemmSkeleton gemm(kb, spec, Layout::MNMajor, Layout::MNMajor);
@@ -48,7 +48,7 @@ KernelShape build_grad_input(llvm::Module& module, const KernelSpec& spec) {
   auto target_term = [&](Value* m) {
     Value* in_rows = ir.CreateICmpSLT(m, n);
     Value* safe_m = ir.CreateSelect(in_rows, m, kb.c64(0));
-    Value* v = ir.CreateSub(load_target(kb, spec, kb.arg("targets"), safe_m), v_begin);
+    Value* v = ir.CreateSub(load_target(kb, spec, kb.arg("targets"), safe_m, kb.c64(-1)), v_begin);
     Value* hit = ir.CreateAnd(in_rows, ir.CreateAnd(ir.CreateICmpSGE(v, kb.c64(0)), ir.CreateICmpSLT(v, v_len)));
     Value* residual = kb.load(kb.f32(), kb.gep(kb.arg("residual"), kb.f32(), safe_m));
     return Target{hit, ir.CreateSelect(hit, residual, kb.cf(0.f)),

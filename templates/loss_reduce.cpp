@@ -21,6 +21,7 @@ KernelShape build_loss_reduce(llvm::Module& module, const KernelSpec& spec) {
                                {"loss", ParamType::GlobalPtr}, {"valid_count", ParamType::GlobalPtr}};
   if (weighted) params.push_back({"class_weight", ParamType::GlobalPtr});
   if (z_loss) params.push_back({"lse", ParamType::GlobalPtr});
+  add_shift_param(spec, params);
   KernelBuilder kb(module, "loss_reduce", params, kThreads);
   auto& ir = kb.ir();
   Value* tid = kb.tid();
@@ -31,7 +32,7 @@ KernelShape build_loss_reduce(llvm::Module& module, const KernelSpec& spec) {
   Value* count_slot = kb.at(acc, kb.f32(), 1);
   for (int i = 0; i < sums; ++i) kb.store(kb.cf(0.f), kb.at(acc, kb.f32(), i));
   kb.for_range(ir.CreateZExt(tid, kb.i64()), kb.arg("n"), kb.c64(kThreads), [&](Value* m) {
-    Value* target = load_target(kb, spec, kb.arg("targets"), m);
+    Value* target = load_target(kb, spec, kb.arg("targets"), m, kb.arg("ignore_index"));
     Value* valid = ir.CreateICmpNE(target, kb.arg("ignore_index"));
     Value* loss = kb.load(kb.f32(), kb.gep(kb.arg("token_loss"), kb.f32(), m));
     kb.store(ir.CreateFAdd(kb.load(kb.f32(), sum_slot), loss), sum_slot);

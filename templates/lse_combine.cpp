@@ -33,6 +33,7 @@ KernelShape build_lse_combine(llvm::Module& module, const KernelSpec& spec) {
     params.push_back({"partial_argmax", ParamType::GlobalPtr});
     params.push_back({"predicted", ParamType::GlobalPtr});
   }
+  add_shift_param(spec, params);
   KernelBuilder kb(module, "lse_combine", params, kThreads);
   auto& ir = kb.ir();
   // Σ_v w_v, or V: every CTA sums the V weights in the same fixed order (each thread the v ≡ tid
@@ -109,7 +110,7 @@ KernelShape build_lse_combine(llvm::Module& module, const KernelSpec& spec) {
       Value* entropy = ir.CreateFSub(kb.log(sum), kb.div_full(kb.load(kb.f32(), entropy_slot), sum));
       kb.store(entropy, lse_row_at(kb, kb.arg("lse"), lse_row_entropy(spec), n, m));
     }
-    Value* target = load_target(kb, spec, kb.arg("targets"), m);
+    Value* target = load_target(kb, spec, kb.arg("targets"), m, kb.arg("ignore_index"));
     Value* ignored = ir.CreateICmpEQ(target, kb.arg("ignore_index"));
     Value* in_range = ir.CreateAnd(ir.CreateICmpSGE(target, kb.c64(0)), ir.CreateICmpSLT(target, kb.c64(spec.vocab)));
     Value* loss_slot = kb.gep(kb.arg("token_loss"), kb.f32(), m);

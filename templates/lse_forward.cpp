@@ -75,7 +75,7 @@ void lse_forward_specialised(KernelBuilder& kb, const KernelSpec& spec, GemmSkel
         for (int h = 0; h < 2; ++h) {
           Value* m = row_of(m0, h);
           Value* in_rows = ir.CreateICmpSLT(m, n);
-          Value* target = load_target(kb, spec, kb.arg("targets"), ir.CreateSelect(in_rows, m, kb.c64(0)));
+          Value* target = load_target(kb, spec, kb.arg("targets"), ir.CreateSelect(in_rows, m, kb.c64(0)), kb.c64(-1));
           kb.store(ir.CreateSelect(in_rows, target, kb.c64(-1)), kb.at(targets, kb.i64(), h));
           kb.store(neg_inf(kb), kb.at(stats, kb.f32(), 2 * h));
           kb.store(kb.cf(0.f), kb.at(stats, kb.f32(), 2 * h + 1));
@@ -214,6 +214,7 @@ KernelShape build_lse_forward(llvm::Module& module, const KernelSpec& spec) {
   if (spec.entropy) params.push_back({"partial_entropy", ParamType::GlobalPtr});
   if (spec.argmax) params.push_back({"partial_argmax", ParamType::GlobalPtr});
   if (spec.class_weight) params.push_back({"class_weight", ParamType::GlobalPtr});  // (only with label smoothing)
+  add_shift_param(spec, params);
   KernelBuilder kb(module, "lse_forward", gemm_params(t, params), t.threads());
   auto& ir = kb.ir();
   GemmSkeleton gemm(kb, spec, Layout::KMajor, Layout::KMajor);
@@ -271,7 +272,8 @@ KernelShape build_lse_forward(llvm::Module& module, const KernelSpec& spec) {
       Value* target = kb.c64(-1);
       kb.if_then_else(
           ir.CreateICmpSLT(tid, rows),
-          [&] { kb.store(load_target(kb, spec, kb.arg("targets"), ir.CreateAdd(m0, ir.CreateZExt(tid, kb.i64()))), row_slot(tgt_off, tid, 8)); },
+          [&] { kb.store(load_target(kb, spec, kb.arg("targets"), ir.CreateAdd(m0, ir.CreateZExt(tid, kb.i64())), kb.c64(-1)),
+                                   row_slot(tgt_off, tid, 8)); },
           [&] { kb.store(target, row_slot(tgt_off, tid, 8)); });
     });
 

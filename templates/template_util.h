@@ -17,12 +17,31 @@ inline llvm::Type* elem_type(KernelBuilder& kb, DType dtype) {
   return nullptr;
 }
 
-// targets[row] (i64 index) as i64, whatever the stored index type.
-inline llvm::Value* load_target(KernelBuilder& kb, const KernelSpec& spec, llvm::Value* targets,
-                                llvm::Value* row) {
+// The run-time argument load_target reads with a causal shift: push it last onto a kernel's
+// parameters (the runtime appends the sequence length last to the same kernels' arguments).
+inline void add_shift_param(const KernelSpec& spec, std::vector<Param>& params) {
+  if (spec.shift) params.push_back({"sequence_length", ParamType::I64});
+}
+
+// Row `row`'s target (an in-range row) as i64, whatever the stored index type: targets[row], or
+// with the spec's causal shift targets[row + 1], and `absent` (a value the caller treats as no
+// target) for the last row of each sequence, where row + 1 is a multiple of the kernel's
+// `sequence_length` T. That test is a 32-bit remainder (rows < 2^31): a 64-bit one is a
+// subroutine call in SASS. The load stays in bounds (row itself at a sequence's end).
+inline llvm::Value* load_target(KernelBuilder& kb, const KernelSpec& spec, llvm::Value* targets, llvm::Value* row,
+                                llvm::Value* absent) {
+  auto& ir = kb.ir();
   llvm::Type* t = spec.targets == IndexType::I64 ? kb.i64() : kb.i32();
+  llvm::Value* end = nullptr;
+  if (spec.shift) {
+    llvm::Value* next = ir.CreateAdd(row, kb.c64(1));
+    llvm::Value* length = ir.CreateTrunc(kb.arg("sequence_length"), kb.i32());
+    end = ir.CreateICmpEQ(ir.CreateURem(ir.CreateTrunc(next, kb.i32()), length), kb.c32(0));
+    row = ir.CreateSelect(end, row, next);
+  }
   llvm::Value* v = kb.load(t, kb.gep(targets, t, row));
-  return spec.targets == IndexType::I64 ? v : kb.ir().CreateSExt(v, kb.i64());
+  if (spec.targets != IndexType::I64) v = ir.CreateSExt(v, kb.i64());
+  return end ? ir.CreateSelect(end, absent, v) : v;
 }
 
 // bias[v] as f32, or 0 when the spec has no bias.

@@ -25,7 +25,7 @@ extern "C" {
  * function in this header. Bump it whenever one of them changes; a binding compares its own
  * copy with lfce_abi_version() when it loads the library, so a stale library is an error at
  * load time instead of corrupted arguments. */
-#define LFCE_ABI_VERSION 7
+#define LFCE_ABI_VERSION 8
 
 typedef enum lfce_status {
   LFCE_OK = 0,
@@ -99,6 +99,12 @@ typedef struct lfce_problem {
   int64_t chunk_size;       /* vocabulary chunk of the backward, <= 2^20 (larger than V: V);
                                0 = derive from workspace_budget (also at most 2^20) */
   int64_t workspace_budget; /* bytes for the backward's logit-gradient chunk; 0 = 256 MiB */
+  int64_t sequence_length;  /* T >= 1 with a causal shift (Cut Cross-Entropy's shift): the tokens are
+                               sequences of T positions (tokens a multiple of T) and position t of each
+                               is scored against targets[t + 1] of the same sequence, read in place (no
+                               shifted copy); its last position counts as ignored (no loss, no
+                               gradient, not in valid_count). The targets array is the unshifted
+                               [tokens] one. 0 = no shift */
 } lfce_problem;
 
 typedef struct lfce_forward_args {

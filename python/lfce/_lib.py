@@ -30,7 +30,7 @@ __all__ = [
 ]
 
 # LFCE_ABI_VERSION of the lfce.h this file mirrors: bump both together.
-ABI_VERSION = 7
+ABI_VERSION = 8
 
 # lfce_status
 OK = 0
@@ -103,6 +103,7 @@ class Problem(ctypes.Structure):
         ("ignore_index", ctypes.c_int64),
         ("chunk_size", ctypes.c_int64),
         ("workspace_budget", ctypes.c_int64),
+        ("sequence_length", ctypes.c_int64),  # T: causal shift over sequences of T tokens (0: none)
     ]
 
 
@@ -385,19 +386,21 @@ def make_problem(tokens, hidden, vocab, dtype, target_dtype=INDEX_INT64, has_bia
                  reduction=REDUCTION_MEAN, mode=MODE_RECOMPUTE, ignore_index=-100,
                  chunk_size=None, workspace_budget=None, softcap=None, temperature=1.0, z_loss_scale=0.0,
                  label_smoothing=0.0, has_class_weight=False, accumulate_grad_weight=False,
-                 accumulate_grad_bias=False, token_scaling=False, outputs=0):
+                 accumulate_grad_bias=False, token_scaling=False, outputs=0, sequence_length=0):
     """Fill an lfce_problem; None for chunk_size / workspace_budget means the library's default,
     None for softcap no softcap; temperature 1, z_loss_scale 0 and label_smoothing 0 are none
     (the library checks the ranges of the four). accumulate_grad_weight / _bias: the backward adds
     into fp32 gradient buffers (recompute mode only). token_scaling: each counted token's loss and
     gradient times its detached p(target); the lse buffer is then [2 * tokens]. outputs: a sum of
-    the OUTPUT_* flags (lse_rows() gives the lse buffer's rows).
+    the OUTPUT_* flags (lse_rows() gives the lse buffer's rows). sequence_length: T > 0 for a causal
+    shift (each position scored against the next one's target, read in place; tokens a multiple of T).
 
     Every field is checked to fit its C type (ctypes would wrap it silently); whether the
     values make a valid problem is the library's check (lfce_check_problem).
     """
     wide = {"tokens": tokens, "hidden": hidden, "vocab": vocab, "ignore_index": ignore_index,
-            "chunk_size": chunk_size or 0, "workspace_budget": workspace_budget or 0}
+            "chunk_size": chunk_size or 0, "workspace_budget": workspace_budget or 0,
+            "sequence_length": sequence_length}
     narrow = {"dtype": dtype, "target_dtype": target_dtype, "reduction": reduction, "mode": mode, "outputs": outputs}
     fields = {name: _check.integer(name, value) for name, value in wide.items()}
     fields.update((name, _check.integer(name, value, minimum=_check.INT32_MIN, maximum=_check.INT32_MAX))

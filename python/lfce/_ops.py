@@ -9,7 +9,8 @@ implementations, on CUDA tensors. The autograd formula is registered on ``lfce::
     lfce::forward(hidden [N, H], weight [V, H], bias [V]?, targets [N], class_weight [V]?,
                   weight_grad_accumulator [V, H]?, bias_grad_accumulator [V]?, ignore_index, reduction,
                   mode, chunk_size?, workspace_budget?, softcap?, temperature, z_loss_scale,
-                  label_smoothing, token_scaling, need_hidden, need_weight, need_bias, outputs=0)
+                  label_smoothing, token_scaling, need_hidden, need_weight, need_bias, outputs=0,
+                  sequence_length=0)
         -> (loss, lse [rows * N], valid_count, grad_hidden, grad_weight, grad_bias, predicted)
 
     loss is fp32: 0-dim for "mean" / "sum", [N] for "none". valid_count is fp32 [1] (the count
@@ -38,11 +39,17 @@ implementations, on CUDA tensors. The autograd formula is registered on ``lfce::
     "eager" a gradient reaching lse (its LSE row) is dropped: lfce.linear_cross_entropy asks for
     "recompute" whenever it returns a row of lse.
 
+    sequence_length: T > 0 for a causal shift (lfce_problem.sequence_length): the N tokens are
+    sequences of T, position t of each is scored against targets[t + 1] of its sequence, read in
+    place (targets stays the unshifted [N] tensor), and each sequence's last position counts as
+    ignored (loss 0, no gradient, not in valid_count, predicted -1).
+
     lfce::backward(hidden, weight, bias?, targets, class_weight?, lse, valid_count,
                    grad_loss (fp32, [1] or [N]), weight_grad_accumulator(a!)?,
                    bias_grad_accumulator(b!)?, ignore_index, reduction, chunk_size?,
                    workspace_budget?, softcap?, temperature, z_loss_scale, label_smoothing,
-                   token_scaling, need_hidden, need_weight, need_bias, grad_lse=None, outputs=0)
+                   token_scaling, need_hidden, need_weight, need_bias, grad_lse=None, outputs=0,
+                   sequence_length=0)
         -> (grad_hidden, grad_weight, grad_bias), each [0] when not needed
 
     grad_lse: None, or fp32 [rows * N] laid out like lse: the upstream gradients of the LSE, entropy
@@ -146,7 +153,7 @@ def _eager(mode, reduction, outputs):
 
 def _problem(hidden, weight, bias, targets, class_weight, ignore_index, reduction, mode, chunk_size,
              workspace_budget, softcap, temperature, z_loss_scale, label_smoothing, token_scaling, outputs,
-             accumulate=(False, False)):
+             sequence_length, accumulate=(False, False)):
     return _lib.make_problem(
         hidden.shape[0], hidden.shape[1], weight.shape[0], DTYPES[hidden.dtype],
         target_dtype=INDEX_DTYPES[targets.dtype], has_bias=bias is not None,
@@ -154,7 +161,7 @@ def _problem(hidden, weight, bias, targets, class_weight, ignore_index, reductio
         chunk_size=chunk_size, workspace_budget=workspace_budget, softcap=softcap, temperature=temperature,
         z_loss_scale=z_loss_scale, label_smoothing=label_smoothing, has_class_weight=class_weight is not None,
         accumulate_grad_weight=accumulate[0], accumulate_grad_bias=accumulate[1], token_scaling=token_scaling,
-        outputs=outputs)
+        outputs=outputs, sequence_length=sequence_length)
 
 
 def _accumulated(wanted, accumulators):
@@ -273,8 +280,8 @@ def _forward_impl(hidden: Tensor, weight: Tensor, bias: OptionalTensor, targets:
                   weight_grad_accumulator: OptionalTensor, bias_grad_accumulator: OptionalTensor, ignore_index: int,
                   reduction: str, mode: str, chunk_size: OptionalInt, workspace_budget: OptionalInt,
                   softcap: OptionalFloat, temperature: float, z_loss_scale: float, label_smoothing: float,
-                  token_scaling: bool, need_hidden: bool, need_weight: bool, need_bias: bool, outputs: int = 0
-                  ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+                  token_scaling: bool, need_hidden: bool, need_weight: bool, need_bias: bool, outputs: int = 0,
+                  sequence_length: int = 0) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     eager = _eager(mode, reduction, outputs)
     if eager and (weight_grad_accumulator is not None or bias_grad_accumulator is not None):
         # The accumulators are the backward's; eager mode has no backward kernels to add in (as the library).
@@ -284,7 +291,7 @@ def _forward_impl(hidden: Tensor, weight: Tensor, bias: OptionalTensor, targets:
     bias, targets, class_weight = _aligned(bias), _aligned(targets), _aligned(class_weight)
     problem = _problem(hidden, weight, bias, targets, class_weight, ignore_index, reduction,
                        "eager" if eager else "recompute", chunk_size, workspace_budget, softcap, temperature,
-                       z_loss_scale, label_smoothing, token_scaling, outputs)
+                       z_loss_scale, label_smoothing, token_scaling, outputs, sequence_length)
     wanted = (need_hidden, need_weight, need_bias) if eager else (False, False, False)
     device = hidden.device
     key = _key(problem, device, "forward", wanted)
@@ -320,7 +327,7 @@ def _backward_impl(hidden: Tensor, weight: Tensor, bias: OptionalTensor, targets
                    chunk_size: OptionalInt, workspace_budget: OptionalInt, softcap: OptionalFloat,
                    temperature: float, z_loss_scale: float, label_smoothing: float, token_scaling: bool,
                    need_hidden: bool, need_weight: bool, need_bias: bool, grad_lse: OptionalTensor = None,
-                   outputs: int = 0) -> tuple[Tensor, Tensor, Tensor]:
+                   outputs: int = 0, sequence_length: int = 0) -> tuple[Tensor, Tensor, Tensor]:
     _check_class_weight(class_weight, valid_count)
     _check_lse(hidden, lse, grad_lse, token_scaling, outputs)
     hidden, weight = _rows_aligned(hidden), _rows_aligned(weight)
@@ -330,7 +337,7 @@ def _backward_impl(hidden: Tensor, weight: Tensor, bias: OptionalTensor, targets
     accumulators = (weight_grad_accumulator, bias_grad_accumulator)
     problem = _problem(hidden, weight, bias, targets, class_weight, ignore_index, reduction, "recompute", chunk_size,
                        workspace_budget, softcap, temperature, z_loss_scale, label_smoothing, token_scaling, outputs,
-                       _accumulated(wanted, accumulators))
+                       sequence_length, _accumulated(wanted, accumulators))
     key = _key(problem, hidden.device, "backward", wanted)
     _require_loaded(key, problem, "backward")
     with torch.cuda.device(hidden.device):
@@ -352,7 +359,7 @@ def _predicted_size(n, outputs):
 
 def _forward_fake(hidden, weight, bias, targets, class_weight, weight_grad_accumulator, bias_grad_accumulator,
                   ignore_index, reduction, mode, chunk_size, workspace_budget, softcap, temperature, z_loss_scale,
-                  label_smoothing, token_scaling, need_hidden, need_weight, need_bias, outputs=0):
+                  label_smoothing, token_scaling, need_hidden, need_weight, need_bias, outputs=0, sequence_length=0):
     n = hidden.shape[0]
     eager = _eager(mode, reduction, outputs)
     loss = hidden.new_empty((n,) if reduction == "none" else (), dtype=_F32)
@@ -366,7 +373,7 @@ def _forward_fake(hidden, weight, bias, targets, class_weight, weight_grad_accum
 def _backward_fake(hidden, weight, bias, targets, class_weight, lse, valid_count, grad_loss, weight_grad_accumulator,
                    bias_grad_accumulator, ignore_index, reduction, chunk_size, workspace_budget, softcap, temperature,
                    z_loss_scale, label_smoothing, token_scaling, need_hidden, need_weight, need_bias, grad_lse=None,
-                   outputs=0):
+                   outputs=0, sequence_length=0):
     # A gradient added into its accumulator is returned as [0], as one not needed.
     need_weight = need_weight and weight_grad_accumulator is None
     need_bias = need_bias and bias_grad_accumulator is None
@@ -380,10 +387,10 @@ def _setup_context(ctx, inputs, output):
     hidden, weight, bias, targets, class_weight = inputs[:5]
     ignore_index, reduction, mode, chunk_size, workspace_budget = inputs[7:12]
     loss_options = inputs[12:17]  # softcap, temperature, z_loss_scale, label_smoothing, token_scaling
-    (outputs,) = inputs[20:] or (0,)  # a direct call may leave the default out
+    outputs, sequence_length = (tuple(inputs[20:]) + (0, 0))[:2]  # a direct call may leave the defaults out
     _, lse, valid_count, grad_hidden, grad_weight, grad_bias, _ = output
     ctx.options = (ignore_index, reduction, chunk_size, workspace_budget) + tuple(loss_options)
-    ctx.outputs = outputs
+    ctx.outputs, ctx.sequence_length = outputs, sequence_length
     ctx.eager = _eager(mode, reduction, outputs)
     ctx.has_bias = bias is not None
     # An output that no gradient reaches gets None, not zeros: no grad_lse for a loss alone (and
@@ -402,7 +409,7 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward_rule(ctx, grad_loss, grad_lse, *unused):
-    """Gradients of lfce::forward's 21 inputs from the upstream gradients of the loss and of lse
+    """Gradients of lfce::forward's 22 inputs from the upstream gradients of the loss and of lse
     (fp32; either None where no gradient reached it); none for weight (bias) when its gradient
     was added into weight_grad_accumulator (bias_grad_accumulator)."""
     need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
@@ -429,11 +436,11 @@ def _backward_rule(ctx, grad_loss, grad_lse, *unused):
         backward_op = _backward_impl if getattr(ctx, "direct", False) else _backward_op
         grads = backward_op(hidden, weight, bias, targets, class_weight, lse, valid_count, grad_loss,
                             *ctx.accumulators, *ctx.options, need_hidden, need_weight, need_bias, grad_lse,
-                            ctx.outputs)
+                            ctx.outputs, ctx.sequence_length)
         returned = (need_hidden, need_weight and ctx.accumulators[0] is None,
                     need_bias and ctx.accumulators[1] is None)
         grads = tuple(g if want else None for g, want in zip(grads, returned))
-    return grads + (None,) * 18  # none for targets, class_weight, the accumulators (not differentiable), options
+    return grads + (None,) * 19  # none for targets, class_weight, the accumulators (not differentiable), options
 
 
 # --- registration (once per process) ----------------------------------------------------------

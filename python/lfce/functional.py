@@ -343,9 +343,9 @@ def linear_cross_entropy(hidden, weight, targets, bias=None, *, ignore_index=-10
             label shift): hidden [..., T, H] and targets [..., T] as the model and the batch give
             them, position t scored against target t + 1 of its sequence (the last dimension of
             targets), the last position of each sequence against nothing (ignored: loss 0, no
-            gradient, not counted by "mean"). hidden is not sliced or copied; targets are, once
-            (an [N] index tensor). The "none" loss keeps the shape of targets (0 at the last
-            positions).
+            gradient, not counted by "mean"). Neither hidden nor targets is sliced or copied: the
+            kernels read target t + 1 in place. The "none" loss keeps the shape of targets (0 at
+            the last positions).
         token_scaling: Liger-Kernel's ``use_token_scaling``: each counted token's loss (z-loss,
             class weight and smoothing included) and its gradient are multiplied by its
             predicted probability of the target, ``p_y = exp(z_y - LSE)`` of the logits the
@@ -399,12 +399,14 @@ def linear_cross_entropy(hidden, weight, targets, bias=None, *, ignore_index=-10
     N, H, _ = _validate_tensors(hidden, weight, targets, bias, class_weight, accumulators, extra)
     class_weight = _fp32_class_weight(class_weight)
     batch_shape = hidden.shape[:-1]
+    sequence_length = 0
     if shift:
         if targets.dim() == 0:
             raise ValueError("shift=True needs a sequence dimension: hidden [..., T, H] and targets [..., T], got "
                              f"hidden of shape {tuple(hidden.shape)}")
-        # Position t against target t + 1, the sequence's last position against ignore_index.
-        targets = torch.nn.functional.pad(targets[..., 1:], (0, 1), value=operator.index(ignore_index))
+        # Position t against target t + 1 of its sequence (the kernels read it in place), the
+        # sequence's last position against none.
+        sequence_length = targets.shape[-1]
 
     hidden = hidden.reshape(N, H)
     targets = targets.reshape(N)
@@ -422,17 +424,30 @@ def linear_cross_entropy(hidden, weight, targets, bias=None, *, ignore_index=-10
     options = [None if v is None else operator.index(v) for v in (ignore_index, chunk_size, workspace_budget)]
     out = _ops.forward(hidden, weight, bias, targets, class_weight, *accumulators, options[0], reduction, mode,
                        *options[1:], softcap, temperature, z_loss_scale, label_smoothing, token_scaling, *wanted,
-                       _output_flags(extra))
+                       _output_flags(extra), sequence_length)
     loss = out[0].reshape(batch_shape) if reduction == "none" else out[0]
     z_loss = None
     if return_z_loss:
-        z_loss = _z_loss(out[1], out[2], targets, options[0], z_loss_scale, reduction, token_scaling)  # (lse, count)
+        counted = _per_position(lambda y: y != options[0], targets, sequence_length)
+        z_loss = _z_loss(out[1], out[2], counted, z_loss_scale, reduction, token_scaling)  # (lse, count)
         z_loss = z_loss.reshape(batch_shape) if reduction == "none" else z_loss
     if not any(extra.values()):
         return (loss, z_loss) if return_z_loss else loss
     # (lse, valid_count, predicted) of the operator
-    return LossOutput(loss, z_loss, *_extra_outputs(out[1], out[2], out[6], targets, options[0], reduction,
-                                                    token_scaling, extra, batch_shape))
+    return LossOutput(loss, z_loss, *_extra_outputs(out[1], out[2], out[6], targets, options[0], sequence_length,
+                                                    reduction, token_scaling, extra, batch_shape))
+
+
+def _per_position(test, targets, sequence_length, *aligned):
+    """test(y, *a) as a bool [N]: y each position's target and a its values of the [N] tensors
+    `aligned`; with a causal shift (sequence_length > 0) y is the next position's target (a view
+    of targets: no copy) and each sequence's last position, which has none, is False."""
+    if not sequence_length:
+        return test(targets, *aligned)
+    def rows(t):
+        return t.reshape(-1, sequence_length)
+    hit = test(rows(targets)[:, 1:], *(rows(a)[:, :-1] for a in aligned))
+    return torch.nn.functional.pad(hit, (0, 1), value=False).reshape(-1)
 
 
 def _output_flags(extra):
@@ -442,10 +457,12 @@ def _output_flags(extra):
     return flags | (_lib.OUTPUT_PREDICTED if extra["return_accuracy"] or extra["return_predicted"] else 0)
 
 
-def _extra_outputs(lse, valid_count, predicted, targets, ignore_index, reduction, token_scaling, extra, batch_shape):
+def _extra_outputs(lse, valid_count, predicted, targets, ignore_index, sequence_length, reduction, token_scaling,
+                   extra, batch_shape):
     """(lse, entropy, logprob, accuracy, predicted), each None unless asked for, from the operator's
     lse [rows * N] (the LSEs, the scales with token scaling, the entropies, the logprobs: views,
-    so that their gradients reach the operator as lse's), valid_count and predicted [N]."""
+    so that their gradients reach the operator as lse's), valid_count and predicted [N]; each
+    position's target as _per_position has it."""
     n = targets.shape[0]
     entropy_row = 1 + int(token_scaling)
     logprob_row = entropy_row + int(extra["return_entropy"])
@@ -453,22 +470,23 @@ def _extra_outputs(lse, valid_count, predicted, targets, ignore_index, reduction
             for name, row in zip(_LSE_ROWS, (0, entropy_row, logprob_row))]
     accuracy = None
     if extra["return_accuracy"]:  # Liger-Kernel's token accuracy, from the argmax ids (no kernel)
-        correct = ((predicted == targets) & (targets != ignore_index)).to(torch.float32)
+        correct = _per_position(lambda y, p: (p == y) & (y != ignore_index), targets, sequence_length,
+                                predicted).to(torch.float32)
         accuracy = correct.reshape(batch_shape) if reduction == "none" else correct.sum() / valid_count.detach()[0]
     return (*rows, accuracy, predicted.reshape(batch_shape) if extra["return_predicted"] else None)
 
 
-def _z_loss(lse, valid_count, targets, ignore_index, z_loss_scale, reduction, token_scaling):
+def _z_loss(lse, valid_count, counted, z_loss_scale, reduction, token_scaling):
     """s * LSE**2 of the counted tokens, reduced as the loss, from the forward's LSE (no kernel);
     detached: a gradient through it would be dropped, so it has none. "mean" divides by the count
     valid_count[0], class weights or not (they weight the cross-entropy only). With token scaling
     lse's second row holds the scales p(target): each term times its scale, as Liger-Kernel."""
     lse, valid_count = lse.detach(), valid_count.detach()
-    n = targets.shape[0]
+    n = counted.shape[0]
     term = z_loss_scale * lse[:n] * lse[:n]
     if token_scaling:
         term = term * lse[n:2 * n]
-    term = torch.where(targets != ignore_index, term, torch.zeros_like(term))
+    term = torch.where(counted, term, torch.zeros_like(term))
     if reduction == "none":
         return term
     total = term.sum()

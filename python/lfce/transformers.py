@@ -25,7 +25,6 @@ import inspect
 import types
 
 import torch
-import torch.nn.functional as F
 
 from .functional import _autocast_dtype, linear_cross_entropy, validate_options
 
@@ -116,11 +115,13 @@ def _lfce_forward(class_forward):
         hidden = outputs[0] if as_tuple else outputs.logits  # the last hidden states, [batch, seq, H]
         if hidden.dtype != head.weight.dtype and _autocast_dtype() is None:
             hidden = hidden.to(head.weight.dtype)  # a model that upcast its "logits" to fp32
-        if shift_labels is None:
-            shift_labels = F.pad(labels, (0, 1), value=IGNORE_INDEX)[..., 1:]
+        # labels are shifted in place by the kernels (shift=True: no shifted copy); shift_labels,
+        # already shifted by the caller, are taken as they are.
+        shift = shift_labels is None
+        targets = labels if shift else shift_labels
         reduction = "mean" if num_items_in_batch is None else "sum"
-        loss = linear_cross_entropy(hidden, head.weight, shift_labels.to(hidden.device), head.bias,
-                                    ignore_index=IGNORE_INDEX, reduction=reduction, **self._lfce_options)
+        loss = linear_cross_entropy(hidden, head.weight, targets.to(hidden.device), head.bias,
+                                    ignore_index=IGNORE_INDEX, reduction=reduction, shift=shift, **self._lfce_options)
         if num_items_in_batch is not None:
             if isinstance(num_items_in_batch, torch.Tensor):
                 num_items_in_batch = num_items_in_batch.to(loss.device)

@@ -115,6 +115,11 @@ case $test in
       --accumulate-grad-weight --mode eager -o "$work/x"
     expect_status 2 "accumulate_grad_bias = 1 needs has_bias = 1" "$lfce" compile --vocab 100 --hidden 16 \
       --accumulate-grad-bias -o "$work/x" ;;
+  compile_causal_shift_changes_only_the_kernels_that_read_targets)
+    compile_plain
+    changes_only "--sequence-length 4096" "shift=1" "lse_forward lse_combine loss_reduce dlogits_backward grad_input"
+    expect_status 2 "sequence_length = 3 must be 0 (no shift) or a length T >= 1 of which tokens = 8192" "$lfce" \
+      compile --vocab 100 --hidden 16 --sequence-length 3 -o "$work/x" ;;
   compile_extra_outputs_change_only_their_kernels)
     compile_plain
     changes_only "--outputs entropy" "entropy=1" "lse_forward lse_combine"

@@ -190,6 +190,33 @@ TEST(Codegen, ExtraOutputsAndTheirGradientsGiveTheirOwnKernelsWithoutCallsOrSpil
       }
 }
 
+// The causal shift: every kernel that reads targets gets its own PTX with it (the sequence-end test
+// is a 32-bit remainder: no call, which would serialise the wgmma mainloop, no spill), on both
+// mainloops, in 16-bit and fp32 (grad_input reads targets only in 16-bit).
+TEST(Codegen, CausalShiftGivesTheKernelsThatReadTargetsTheirOwnCodeWithoutCallsOrSpills) {
+  if (!testing_ptxas::have_ptxas()) GTEST_SKIP() << "ptxas not found at configure time (install the CUDA toolkit)";
+  for (Arch arch : {Arch::SM80, Arch::SM90A})
+    for (DType dtype : {DType::BF16, DType::FP32})
+      for (KernelKind kind : {KernelKind::LseForward, KernelKind::LseCombine, KernelKind::LossReduce,
+                              KernelKind::DlogitsBackward, KernelKind::GradInput}) {
+        KernelSpec plain = spec_for({kind, dtype, arch, kind == KernelKind::LseForward});
+        if (arch == Arch::SM90A && dtype != DType::FP32 && kind_info(kind).gemm)  // the default wgmma tiles
+          plain.tile = kind == KernelKind::LseForward ? TileConfig{128, 128, 64, 1, 1, 4, 2}
+                                                      : TileConfig{128, 256, 64, 1, 1, 4, 2};
+        plain = plain.normalised();
+        KernelSpec shifted = plain;
+        shifted.shift = true;
+        const bool reads_targets = plain.fields_read() & kFieldTargets;
+        EXPECT_EQ(reads_targets, !(kind == KernelKind::GradInput && dtype == DType::FP32)) << plain.text();
+        if (!reads_targets) {
+          EXPECT_THROW(shifted.validate(), SpecError) << shifted.text();
+          continue;
+        }
+        EXPECT_NO_THROW(shifted.validate()) << shifted.text();
+        EXPECT_EQ(expect_distinct_kernels_without_calls_or_spills(plain, {plain, shifted}), 2u) << plain.text();
+      }
+}
+
 // grad_weight and grad_bias adding into fp32 buffers: each path (wgmma, ping-pong-free CTA pairs
 // aside; mma.sync; fp32 SIMT) loads the old fp32 values and stores fp32, with no spill or call.
 TEST(Codegen, AccumulatingGradientKernelsAddIntoFp32WithoutCallsOrSpills) {

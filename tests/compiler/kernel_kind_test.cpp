@@ -49,6 +49,7 @@ const std::vector<FieldChange>& field_changes() {
       {kFieldArgmax, "argmax", [](KernelSpec& s) { s.argmax = true; }},
       {kFieldLogprob, "logprob", [](KernelSpec& s) { s.logprob = true; }},
       {kFieldLseGrad, "lse_grad", [](KernelSpec& s) { s.lse_grad = true; }},
+      {kFieldShift, "shift", [](KernelSpec& s) { s.shift = true; }},
   };
   return changes;
 }

@@ -353,7 +353,7 @@ TEST(KernelSpec, ValidateNamesWhatAWgmmaTileNeeds) {
 
 TEST(KernelSpec, EveryFieldChangesTheKey) {
   KernelSpec base = sample();
-  std::vector<KernelSpec> variants(25, base);
+  std::vector<KernelSpec> variants(26, base);
   variants[0].kind = KernelKind::GradInput;
   variants[1].vocab += 1;
   variants[2].hidden += 8;
@@ -379,6 +379,7 @@ TEST(KernelSpec, EveryFieldChangesTheKey) {
   variants[22].argmax = true;
   variants[23].logprob = true;
   variants[24].lse_grad = true;
+  variants[25].shift = true;
   std::set<std::string> texts{base.text()};
   for (const KernelSpec& v : variants) {
     EXPECT_NE(v, base);

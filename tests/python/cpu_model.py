@@ -95,9 +95,18 @@ def _outputs(grads, hidden, weight, bias, wanted, accumulators=(None, None)):
     return tuple(out)
 
 
+def _shifted(targets, ignore_index, sequence_length):
+    """The targets each position is scored against: with a causal shift over sequences of
+    sequence_length tokens, the next position's, ignore_index for each sequence's last."""
+    if not sequence_length:
+        return targets
+    return F.pad(targets.reshape(-1, sequence_length)[:, 1:], (0, 1), value=ignore_index).reshape(-1)
+
+
 def forward_cpu(hidden, weight, bias, targets, class_weight, weight_grad_accumulator, bias_grad_accumulator,
                 ignore_index, reduction, mode, chunk_size, workspace_budget, softcap, temperature, z_loss_scale,
-                label_smoothing, token_scaling, need_hidden, need_weight, need_bias, outputs=0):
+                label_smoothing, token_scaling, need_hidden, need_weight, need_bias, outputs=0, sequence_length=0):
+    targets = _shifted(targets, ignore_index, sequence_length)
     logits, _ = _softmax_logits(hidden, weight, bias, softcap, temperature)
     vocab = weight.shape[0]
     lse = logits.logsumexp(-1)
@@ -140,7 +149,8 @@ def forward_cpu(hidden, weight, bias, targets, class_weight, weight_grad_accumul
 def backward_cpu(hidden, weight, bias, targets, class_weight, lse, valid_count, grad_loss, weight_grad_accumulator,
                  bias_grad_accumulator, ignore_index, reduction, chunk_size, workspace_budget, softcap, temperature,
                  z_loss_scale, label_smoothing, token_scaling, need_hidden, need_weight, need_bias, grad_lse=None,
-                 outputs=0):
+                 outputs=0, sequence_length=0):
+    targets = _shifted(targets, ignore_index, sequence_length)
     _ops._check_lse(hidden, lse, grad_lse, token_scaling, outputs)  # the operator's own checks, as the CUDA one
     grads = _grads(hidden, weight, bias, targets, class_weight, lse, valid_count, grad_loss, ignore_index, reduction,
                    (softcap, temperature, z_loss_scale, label_smoothing, token_scaling), grad_lse, outputs)

@@ -254,6 +254,33 @@ def test_with_shift_each_output_belongs_to_its_position_of_hidden(on_cpu, compil
     assert_grad_close("weight", w.grad, wr.grad)
 
 
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_shift_hands_the_operator_the_targets_in_place(on_cpu, monkeypatch, reduction):
+    """shift=True passes targets itself (same storage: no shifted copy) with the sequence length,
+    and the z-loss computed outside the kernels counts the positions that have a next target."""
+    seen = []
+
+    def recording(*args):
+        seen.append((args[3].data_ptr(), args[3].shape, args[21]))
+        return cpu_model.forward_cpu(*args)
+
+    monkeypatch.setattr(_ops, "_forward_impl", recording)
+    b_, t_ = 2, 6
+    x, w, _, y = inputs(b_ * t_)
+    x, y = x.detach().reshape(b_, t_, -1), y.reshape(b_, t_)
+    loss, z_loss = lfce.linear_cross_entropy(x, w, y, reduction=reduction, shift=True, z_loss_scale=0.1,
+                                             return_z_loss=True)
+    assert seen == [(y.data_ptr(), (b_ * t_,), t_)]
+    shifted = torch.cat([y[:, 1:], torch.full((b_, 1), IGNORE)], dim=1)
+    lse = (x.double() @ w.detach().double().T).logsumexp(-1)
+    counted = shifted != IGNORE
+    term = torch.where(counted, 0.1 * lse * lse, torch.zeros_like(lse))
+    expected = {"none": term, "sum": term.sum(), "mean": term.sum() / counted.sum()}[reduction]
+    assert torch.allclose(z_loss.double(), expected, rtol=1e-5, atol=1e-6)
+    plain = lfce.linear_cross_entropy(x, w, shifted, reduction=reduction, z_loss_scale=0.1)
+    assert torch.allclose(loss, plain, rtol=1e-6, atol=1e-6)
+
+
 def test_argmax_ties_give_the_lowest_index(on_cpu):
     """Classes 7 and 3 share one weight row, the largest logit of every token: predicted is 3."""
     x, w, _, y = inputs(6, v=12)
@@ -400,12 +427,14 @@ def test_fake_forward_computes_eager_gradients_unless_a_row_needs_a_later_gradie
     assert out[3] == ((7, 64) if eager else (0,), torch.float32)
 
 
-def test_operator_schemas_take_the_outputs_and_the_lse_gradient():
+def test_operator_schemas_take_the_outputs_the_lse_gradient_and_the_sequence_length():
     forward = torch.ops.lfce.forward.default._schema
     backward = torch.ops.lfce.backward.default._schema
-    assert [a.name for a in forward.arguments][-1] == "outputs" and len(forward.returns) == 7
-    assert [a.name for a in backward.arguments][-2:] == ["grad_lse", "outputs"]
-    assert str(forward.arguments[-1].default_value) == "0" and backward.arguments[-2].default_value is None
+    assert [a.name for a in forward.arguments][-2:] == ["outputs", "sequence_length"] and len(forward.returns) == 7
+    assert [a.name for a in backward.arguments][-3:] == ["grad_lse", "outputs", "sequence_length"]
+    assert [str(a.default_value) for a in forward.arguments[-2:]] == ["0", "0"]
+    assert backward.arguments[-3].default_value is None
+    assert [str(a.default_value) for a in backward.arguments[-2:]] == ["0", "0"]
 
 
 @pytest.mark.parametrize("token_scaling", [False, True])

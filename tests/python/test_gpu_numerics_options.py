@@ -276,6 +276,9 @@ def test_shift_matches_the_shifted_problem(mode, reduction, dtype, vocab, record
     batch, length, h = 3, 40, 256
     x, w, b, y = make_inputs(batch * length, h, vocab, dtype, bias=True)
     hidden, targets = x.reshape(batch, length, h), y.reshape(batch, length)
+    # A class at each sequence's last position (make_inputs ignores every fifth token, these among
+    # them): the shift must ignore the position itself, not rely on its target.
+    targets[:, -1] = 3
     grad = upstream(reduction, (batch, length), dtype)
     x_leaf, w_leaf, b_leaf = (t.detach().clone().requires_grad_() for t in (hidden, w, b))
     loss = lfce.linear_cross_entropy(x_leaf, w_leaf, targets, b_leaf, reduction=reduction, mode=mode, shift=True)
@@ -290,6 +293,49 @@ def test_shift_matches_the_shifted_problem(mode, reduction, dtype, vocab, record
     ours = (loss.detach()[:, :-1].reshape(-1) if reduction == "none" else loss.detach(),
             x_leaf.grad[:, :-1].reshape(-1, h), w_leaf.grad, b_leaf.grad)
     assert_gradients_match(ours, ref, dtype, reduction, record_error)
+
+
+@pytest.mark.parametrize("length", [1, 40, 240])
+@pytest.mark.parametrize("targets_dtype", [torch.int64, torch.int32], ids=["i64", "i32"])
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+@pytest.mark.parametrize("mode", ["recompute", "eager"])
+def test_shift_is_bitwise_the_problem_of_the_shifted_targets(mode, reduction, targets_dtype, length):
+    """shift=True reads target t + 1 in place; the same call on a shifted copy of the targets
+    (ignore_index at each sequence's last position) runs the same arithmetic, so every output and
+    gradient is bitwise equal, with every option that reads a target (smoothing, class weights,
+    z-loss, token scaling, logprob, accuracy, predicted) and sequences that do not line up with
+    the kernels' row blocks (T = 40), one per token (T = 1: nothing counted) and one in all."""
+    n, h, vocab = 240, 256, 64007
+    x, w, b, y, weights = predicted_inputs(n, h, vocab, torch.bfloat16, bias=True)
+    targets = y.to(targets_dtype).reshape(-1, length)
+    targets[:, -1] = 3  # a class there (make_inputs ignores these): the shift itself must ignore it
+    padded = F.pad(targets[:, 1:], (0, 1), value=IGNORE)
+    grad = upstream(reduction, (n // length, length), torch.bfloat16)
+    # (logprob's gradient would make "eager" recompute)
+    options = {"reduction": reduction, "mode": mode, "label_smoothing": 0.1, "class_weight": weights,
+               "z_loss_scale": 1e-3, "token_scaling": True, "return_z_loss": True, "return_logprob": mode == "recompute",
+               "return_accuracy": True, "return_predicted": True}
+
+    def call(labels, shift):
+        leaves = [t.detach().clone().reshape(-1, length, h) if t is x else t.detach().clone() for t in (x, w, b)]
+        leaves = [t.requires_grad_() for t in leaves]
+        out = lfce.linear_cross_entropy(*leaves[:2], labels, leaves[2], shift=shift, **options)
+        (out.loss * grad).sum().backward()
+        return out, [t.grad for t in leaves]
+
+    ours, our_grads = call(targets, True)
+    theirs, their_grads = call(padded, False)
+    for name in ("loss", "z_loss", "logprob", "accuracy", "predicted"):
+        a, b_ = getattr(ours, name), getattr(theirs, name)
+        if a is None and b_ is None:
+            continue
+        assert torch.equal(a, b_) or (a.isnan().all() and b_.isnan().all()), f"{name} differs with shift=True"
+    for name, a, b_ in zip(("hidden", "weight", "bias"), our_grads, their_grads):
+        assert torch.equal(a, b_), f"grad_{name} differs with shift=True"
+    if length == 1:  # nothing counted: the mean is NaN, every gradient 0
+        assert all(int(torch.count_nonzero(g)) == 0 for g in our_grads)
+    else:
+        assert int(torch.count_nonzero(our_grads[0][:, -1])) == 0 and int(torch.count_nonzero(our_grads[0])) > 0
 
 
 def test_smoothing_class_weights_and_z_loss_at_a_large_vocabulary(record_error):

@@ -70,7 +70,7 @@ TEST(Plan, ExplicitChunkIsUsedAndClampedToVocab) {
 // the plan (and kernels) of another that differs only there, e.g. a softcap's.
 TEST(Plan, EveryProblemFieldChangesTheProblemText) {
   const Problem base = problem(llama3(8192));
-  std::vector<Problem> variants(23, base);
+  std::vector<Problem> variants(24, base);
   variants[0].tokens += 1;
   variants[1].hidden += 8;
   variants[2].vocab += 1;
@@ -94,6 +94,7 @@ TEST(Plan, EveryProblemFieldChangesTheProblemText) {
   variants[20].accumulate_grad_weight = true;
   variants[21].accumulate_grad_bias = true;
   variants[22].token_scaling = true;
+  variants[23].sequence_length = base.tokens;
   std::set<std::string> texts{problem_text(base)};
   for (const Problem& v : variants) texts.insert(problem_text(v));
   EXPECT_EQ(texts.size(), variants.size() + 1);
@@ -227,6 +228,31 @@ TEST(Plan, TokenScalingReachesTheKernelsThatReadIt) {
   EXPECT_TRUE(spec(KernelKind::LossReduce).token_scaling);
   EXPECT_EQ(spec(KernelKind::LossReduce).z_loss_scale, 1e-4f);
   for (const KernelKindInfo& info : kKernelKinds) EXPECT_NO_THROW(spec(info.kind).validate()) << info.name;
+}
+
+// The causal shift: a sequence length that divides the tokens (anything else named), set as `shift`
+// on exactly the kernels that read targets (grad_input only where it adds the target term back).
+TEST(Plan, CausalShiftReachesTheKernelsThatReadTargets) {
+  lfce_problem c = llama3(8192);
+  for (int64_t bad : {int64_t{-1}, int64_t{3}, int64_t{8193}}) {
+    c.sequence_length = bad;
+    expect_error_naming(c, "lfce_problem.sequence_length = " + std::to_string(bad) +
+                               " must be 0 (no shift) or a length T >= 1 of which tokens = 8192 is a multiple");
+  }
+  for (int64_t good : {int64_t{1}, int64_t{4096}, int64_t{8192}}) {
+    c.sequence_length = good;
+    EXPECT_EQ(problem_from_c(&c).sequence_length, good);
+  }
+  for (lfce_dtype dtype : {LFCE_DTYPE_BF16, LFCE_DTYPE_FP32}) {
+    c.dtype = dtype;
+    const Problem p = problem_from_c(&c);
+    for (const KernelKindInfo& info : kKernelKinds) {
+      const KernelSpec s = problem_spec(info.kind, p, Arch::SM90A);
+      EXPECT_EQ(s.shift, (s.fields_read() & kFieldTargets) != 0) << s.text();
+      EXPECT_NO_THROW(s.validate()) << s.text();
+    }
+    EXPECT_EQ(problem_spec(KernelKind::GradInput, p, Arch::SM90A).shift, dtype == LFCE_DTYPE_BF16);
+  }
 }
 
 // The extra outputs: a sum of lfce_output flags (anything else named), each reaching the kernels
