@@ -101,7 +101,7 @@ TEST_P(KindFields, UnreadFieldsLeaveThePtxAndKeyAloneAndReadOnesChangeBoth) {
       EXPECT_NE(generate_kernel(changed).ptx, base_ptx) << f.name << " is marked read but does not change the code";
       EXPECT_NE(changed.normalised().text(), base.normalised().text()) << "normalised() drops " << f.name;
     } else if (f.field & (kLogitMapFields | kFieldZLoss | kTargetTermFields | kFieldAccumulate | kFieldTokenScaling |
-                          kOutputFields | kFieldArgmax | kFieldLseGrad)) {
+                          kOutputFields | kFieldArgmax | kFieldLseGrad | kFieldShift)) {
       EXPECT_THROW(generate_kernel(changed), SpecError) << f.name << " set on a kind that does not read it";
       EXPECT_EQ(changed.normalised(), base.normalised());
     } else {
