@@ -280,6 +280,13 @@ def make_inputs(n, h, v, dtype, bias=False, ignore="some", seed=0, ignore_index=
     return x, w, b, y
 
 
+def shifted_problem(hidden, targets):
+    """The problem a causal shift scores, written out for a reference: positions 0 .. T-2 of each
+    sequence of hidden [B, T, H] against targets 1 .. T-1 of targets [B, T], flattened to
+    ([B (T-1), H], [B (T-1)]); each sequence's last position has no target and is not in it."""
+    return hidden[:, :-1].reshape(-1, hidden.shape[-1]), targets[:, 1:].reshape(-1)
+
+
 def upstream(reduction, shape, dtype, seed=1, device="cuda"):
     """A random upstream gradient with values of the dtype: 0-dim for mean/sum, else shape (autograd
     casts it to the fp32 loss's dtype)."""

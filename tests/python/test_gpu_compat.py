@@ -14,6 +14,7 @@ from checks import (
     assert_gradients_match,
     make_inputs,
     reference,
+    shifted_problem,
     upstream,
 )
 
@@ -62,8 +63,8 @@ def test_cce_shift_scores_each_position_against_the_next_target(reduction, recor
     assert tuple(loss.shape) == expected_shape
     loss.backward(grad)
     assert int(torch.count_nonzero(e_leaf.grad[:, -1])) == 0, "the last position has no target but got a gradient"
-    shifted = (e[:, :-1].reshape(-1, h), w, None, targets[:, 1:].reshape(-1))
+    shifted_e, shifted_targets = shifted_problem(e, targets)
     ref_grad = grad.reshape(-1) if reduction == "none" else grad
-    ref = reference(*shifted, reduction, ref_grad)
+    ref = reference(shifted_e, w, None, shifted_targets, reduction, ref_grad)
     ours = (loss.detach().reshape(ref[0].shape), e_leaf.grad[:, :-1].reshape(-1, h), c_leaf.grad, None)
     assert_gradients_match(ours, ref, BF16, reduction, record_error)

@@ -34,6 +34,7 @@ from checks import (
     assert_close,
     assert_gradients_match,
     make_inputs,
+    shifted_problem,
     upstream,
 )
 
@@ -287,7 +288,7 @@ def test_shift_matches_the_shifted_problem(mode, reduction, dtype, vocab, record
     if reduction == "none":
         assert int(torch.count_nonzero(loss[:, -1])) == 0, "the last position has no target but got a loss"
     assert int(torch.count_nonzero(x_leaf.grad[:, -1])) == 0, "the last position has no target but got a gradient"
-    shifted_x, shifted_y = hidden[:, :-1].reshape(-1, h), targets[:, 1:].reshape(-1)
+    shifted_x, shifted_y = shifted_problem(hidden, targets)
     ref_grad = grad[:, :-1].reshape(-1) if reduction == "none" else grad
     ref, _ = options_reference(shifted_x, w, b, shifted_y, reduction, ref_grad)
     ours = (loss.detach()[:, :-1].reshape(-1) if reduction == "none" else loss.detach(),
