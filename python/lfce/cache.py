@@ -88,7 +88,7 @@ def precompile(model=None, *, vocab=None, hidden=None, archs=("sm_90a", "sm_80")
     H200-class GPU for sm_90a): the default tiles depend on both. ``loss_options``: the loss
     options of the calls to precompile for, as lfce.kernels.problem_for takes them (softcap,
     temperature, z_loss_scale, label_smoothing, class_weight=True/False, token_scaling,
-    outputs=("entropy", "logprob", "predicted")); with an entropy or logprob output the backward
+    outputs=("entropy", "logprob", "predicted"), shift=True/False); with an entropy or logprob output the backward
     kernel that takes their gradients is compiled too. Returns one dict per kernel and arch:
     name, arch, spec, key, cache_hit, compile_ms (LLVM), elapsed_ms, ptx_size.
     """

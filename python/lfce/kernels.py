@@ -31,10 +31,12 @@ OUTPUT_FLAGS = {"entropy": _lib.OUTPUT_ENTROPY, "logprob": _lib.OUTPUT_LOGPROB, 
 def problem_for(vocab, hidden, *, dtype="bf16", has_bias=False, mode="recompute", reduction="mean",
                 tokens=8192, chunk_size=None, workspace_budget=None, ignore_index=-100, softcap=None,
                 temperature=None, z_loss_scale=None, label_smoothing=None, class_weight=False, token_scaling=False,
-                outputs=()):
+                outputs=(), shift=False):
     """Validate the options of a problem description and fill an lfce_problem. The loss options are
     linear_cross_entropy's (class_weight: whether there are class weights; the values are run-time
-    data); outputs: names from OUTPUT_FLAGS (return_accuracy needs "predicted")."""
+    data); outputs: names from OUTPUT_FLAGS (return_accuracy needs "predicted"); shift: the causal
+    shift's kernels (the sequence length is a run-time value: the problem takes one sequence of
+    ``tokens``)."""
     if isinstance(outputs, str):
         outputs = (outputs,)
     unknown = [name for name in outputs if name not in OUTPUT_FLAGS]
@@ -53,6 +55,7 @@ def problem_for(vocab, hidden, *, dtype="bf16", has_bias=False, mode="recompute"
         has_class_weight=_check.flag("class_weight", class_weight), token_scaling=_check.flag("token_scaling",
                                                                                                token_scaling),
         outputs=sum(OUTPUT_FLAGS[name] for name in set(outputs)),
+        sequence_length=tokens if _check.flag("shift", shift) else 0,
     )
 
 
@@ -69,7 +72,7 @@ def generate(vocab, hidden, *, arch="sm_90a", dtype="bf16", has_bias=False, mode
 
     ``tokens`` matters only where the library derives a tile or chunk choice from it.
     ``loss_options``: problem_for's (softcap, temperature, z_loss_scale, label_smoothing,
-    class_weight, token_scaling, outputs).
+    class_weight, token_scaling, outputs, shift).
     Raises ValueError for a bad request and CompileError if LLVM fails.
     """
     problem = problem_for(vocab, hidden, dtype=dtype, has_bias=has_bias, mode=mode, reduction=reduction,

@@ -100,7 +100,19 @@ def test_precompile_takes_the_loss_options_and_the_outputs_backward(cache):
     with pytest.raises(ValueError, match="softcap"):
         lfce.precompile(vocab=1000, hidden=64, archs="sm_80", softcap=-1.0)
     with pytest.raises(TypeError, match="shift"):
-        lfce.precompile(vocab=1000, hidden=64, archs="sm_80", shift=True)
+        lfce.precompile(vocab=1000, hidden=64, archs="sm_80", shift=1)
+
+
+def test_precompile_takes_the_shift_for_the_kernels_that_read_targets(cache):
+    """shift=True compiles the shifted kernels: exactly those that read targets (16-bit grad_input
+    among them, for its target term), any sequence length (a run-time value)."""
+    plain = {k["name"]: k["spec"] for k in lfce.precompile(vocab=1000, hidden=64, archs="sm_80", tokens=64)}
+    shifted = {k["name"]: k["spec"] for k in lfce.precompile(vocab=1000, hidden=64, archs="sm_80", tokens=64,
+                                                            shift=True)}
+    assert shifted.keys() == plain.keys()
+    reads_targets = {"lse_forward", "lse_combine", "loss_reduce", "dlogits_backward", "grad_input"}
+    for name, spec in shifted.items():
+        assert (spec == plain[name] + ";shift=1") if name in reads_targets else (spec == plain[name]), name
 
 
 @pytest.mark.parametrize(("option", "value", "error"), [("sm_count", 0, ValueError),
