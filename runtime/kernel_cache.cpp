@@ -105,10 +105,35 @@ struct LoadedFromPtx {
   std::unique_ptr<Kernel> kernel;
 };
 
+// A kernel compiled whole: its PTX (cached, else generated) JIT-compiled and loaded by
+// cuModuleLoadDataEx. A cached PTX entry the driver rejects is removed and generated again, once.
+std::unique_ptr<Kernel> load_whole(int device, const KernelSpec& spec, DiskCache& cache, KernelLoadStats& stats) {
+  for (int attempt = 0;; ++attempt) {
+    const Clock::time_point start = Clock::now();
+    PtxLookup ptx = lookup_ptx(cache, spec);
+    stats.source = ptx.hit ? "ptx-cache" : "llvm";
+    stats.llvm_ms = ptx.llvm_ms;
+    if (ptx.hit) stats.disk_ms = ms_since(start);
+    const EntryRecord& p = ptx.entry.record;
+    const Clock::time_point jit = Clock::now();
+    try {
+      auto kernel = std::unique_ptr<Kernel>(new Kernel{
+          LoadedKernel(device, ptx.entry.payload, p.entry, static_cast<unsigned>(p.dynamic_smem_bytes)), p.threads});
+      stats.jit_ms = ms_since(jit);
+      return kernel;
+    } catch (const lfce::CompileError& e) {
+      if (!ptx.hit || attempt > 0) throw;
+      spdlog::warn("kernel cache: the driver rejects the cached PTX {} ({}); generating it again", p.key, e.what());
+      cache.remove(p.key);
+    }
+  }
+}
+
 std::unique_ptr<Kernel> load_kernel(int device, const KernelSpec& spec, const CubinTarget& target,
                                     KernelLoadStats& stats, bool retry = true) {
   const Clock::time_point start = Clock::now();
   const std::shared_ptr<DiskCache> cache = disk_cache();
+  if (compiled_whole(spec)) return load_whole(device, spec, *cache, stats);
   const std::string key = cubin_key(ptx_key(spec), target);
 
   // The warm path: this GPU's cubin, verified and loaded, with neither LLVM nor the JIT.
@@ -184,6 +209,8 @@ std::unique_ptr<Kernel> load_kernel(int device, const KernelSpec& spec, const Cu
 }
 
 }  // namespace
+
+bool compiled_whole(const KernelSpec& spec) { return kind_info(spec.kind).gemm && spec.tile.wgmma(); }
 
 std::shared_ptr<DiskCache> disk_cache() {
   CacheSlot& slot = cache_slot();

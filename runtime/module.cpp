@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <iterator>
+#include <sstream>
 #include <utility>
 
 #include "runtime/driver.h"
@@ -75,9 +76,16 @@ struct JitLogs {
   JitLogs(const JitLogs&) = delete;  // values point into this object
   JitLogs& operator=(const JitLogs&) = delete;
 
-  void debug_info(const std::string& entry) const {
-    if (const std::string text = log_text(info); !text.empty()) {
-      spdlog::debug("lfce: driver JIT log for {}:\n{}", entry, text);
+  // The whole log at debug level; the compiler's "Potential Performance Loss" lines (a
+  // setmaxnreg ignored, wgmma serialised) as a warning: the kernel runs, slower than it should.
+  void report(const std::string& entry) const {
+    const std::string text = log_text(info);
+    if (text.empty()) return;
+    spdlog::debug("lfce: driver JIT log for {}:\n{}", entry, text);
+    std::istringstream lines(text);
+    for (std::string line; std::getline(lines, line);) {
+      if (line.find("Potential Performance Loss") != std::string::npos)
+        spdlog::warn("lfce: the driver's JIT on kernel {}: {}", entry, line);
     }
   }
 };
@@ -145,7 +153,7 @@ void LoadedKernel::load_module(const std::string& image) {
     throw_jit_failure(status, "cuModuleLoadDataEx", "loading", entry_, device_,
                       logs);
   }
-  logs.debug_info(entry_);
+  logs.report(entry_);
 }
 
 void LoadedKernel::read_resources() {
@@ -287,7 +295,7 @@ std::string compile_to_cubin(int device, const std::string& ptx,
   if (status != CUDA_SUCCESS) {
     throw_jit_failure(status, "cuLinkComplete", "linking", name, device, logs);
   }
-  logs.debug_info(name);
+  logs.report(name);
   // The image belongs to the link state: copy it before cuLinkDestroy.
   return std::string(static_cast<const char*>(cubin), size);
 }

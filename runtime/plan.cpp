@@ -30,14 +30,21 @@ E checked_enum(int32_t value, int32_t count, const char* field, const char* acce
 TileConfig default_tile(KernelKind kind, DType dtype, Arch arch) {
   if (dtype == DType::FP32) return TileConfig{128, 128, 32, 2, 4, 2};
   // sm_90a: TMA + wgmma, two consumer warpgroups: lse_forward 64 x 128 each in four 32 KiB
-  // stages, dlogits_backward and grad_weight 64 x 256 each in four 48 KiB stages (grad_weight:
-  // Plan::tile narrows it when that fills the GPU's SMs more evenly), grad_input ping-pong, each
-  // consumer its own 64 x 256 tiles, in four 40 KiB stages: the winners of `lfce tune --space
-  // wgmma` for llama3-8b and gemma2-2b at N = 8192 on an H200 (2026-11-30,
-  // test-results/2026-11-30-h200-session6-run3; ping-pong grad_input 3% and 6% off the backward).
+  // stages, grad_weight 64 x 256 each in four 48 KiB stages (Plan::tile narrows it when that
+  // fills the GPU's SMs more evenly), grad_input ping-pong, each consumer its own 64 x 256 tiles,
+  // in four 40 KiB stages: the winners of `lfce tune --space wgmma` for llama3-8b and gemma2-2b
+  // at N = 8192 on an H200 (2026-11-30, test-results/2026-11-30-h200-session6-run3; ping-pong
+  // grad_input 3% and 6% off the backward). dlogits_backward ping-pong too, in five 40 KiB
+  // stages: 4% faster than 128 x 256 / s4 at gemma2-2b and 3% at llama3-8b once its epilogue
+  // worked on registers (2026-12-01, bench/results/dlogits-tiles-2026-12-01).
   if (arch == Arch::SM90A && kind_info(kind).gemm)
     switch (kind) {
       case KernelKind::LseForward: return TileConfig{128, 128, 64, 1, 1, 4, 2};
+      case KernelKind::DlogitsBackward: {
+        TileConfig t{64, 256, 64, 1, 1, 5, 2};
+        t.pingpong = true;
+        return t;
+      }
       case KernelKind::GradInput: {
         TileConfig t{64, 256, 64, 1, 1, 4, 2};
         t.pingpong = true;

@@ -81,7 +81,11 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
   TmaWgmmaPipeline(KernelBuilder& kb, const TileConfig& t, DType dtype, Layout a, Layout b)
       : kb_(kb), t_(t), bf16_(dtype == DType::BF16), a_(a), b_(b), g_(geometry(t, dtype)) {
     auto& ir = kb_.ir();
-    if (t_.ctas_per_sm() > 1) kb_.set_min_ctas_per_sm(t_.ctas_per_sm());
+    // .minnctapersm with .maxntid pins the register count at entry, without which ptxas may
+    // ignore every setmaxnreg (C7508, "unable to determine register count at entry"; NVIDIA's
+    // own generators add it for that). setmaxnreg is also ignored in relocatable code (C7504):
+    // the kernel cache compiles these kernels whole (runtime/kernel_cache.h).
+    kb_.set_min_ctas_per_sm(t_.ctas_per_sm());
     counter_ = kb_.local_array(kb_.i32(), 1, "slices_loaded");
     kb_.store(kb_.c32(0), kb_.at(counter_, kb_.i32(), 0));
     kb_.if_then(ir.CreateICmpEQ(kb_.tid(), kb_.c32(0)), [&] {

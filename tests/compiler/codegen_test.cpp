@@ -77,6 +77,16 @@ INSTANTIATE_TEST_SUITE_P(AllTemplates, Codegen, testing::ValuesIn(all_cases()), 
 // Generates each spec of `variants` once (by its text): no call, no local memory, and (every spec
 // but `plain`) assembled by ptxas without spills; distinct texts give distinct PTX. Returns how many
 // distinct specs there were.
+// The sm_90a default tiles of runtime/plan.cpp's default_tile (bf16/fp16) for the GEMM kinds
+// (the runtime's layer is above this test's).
+TileConfig default_wgmma_tile(KernelKind kind) {
+  if (kind == KernelKind::LseForward) return TileConfig{128, 128, 64, 1, 1, 4, 2};
+  if (kind == KernelKind::GradWeight) return TileConfig{128, 256, 64, 1, 1, 4, 2};
+  TileConfig t = kind == KernelKind::DlogitsBackward ? TileConfig{64, 256, 64, 1, 1, 5, 2} : TileConfig{64, 256, 64, 1, 1, 4, 2};
+  t.pingpong = true;
+  return t;
+}
+
 size_t expect_distinct_kernels_without_calls_or_spills(const KernelSpec& plain, const std::vector<KernelSpec>& variants) {
   std::map<std::string, std::string> ptx_of;  // spec text -> PTX
   for (const KernelSpec& s : variants) {
@@ -123,8 +133,7 @@ TEST(Codegen, EachSetOfLossOptionsGivesItsOwnKernelWithoutCallsOrSpills) {
       for (const auto& [kind, expected] : distinct_sets) {
         KernelSpec plain = spec_for({kind, dtype, arch, bias});  // fp32: its mma.sync-free tile
         if (arch == Arch::SM90A && dtype != DType::FP32)                         // the default wgmma tiles
-          plain.tile = kind == KernelKind::LseForward ? TileConfig{128, 128, 64, 1, 1, 4, 2}
-                                                      : TileConfig{128, 256, 64, 1, 1, 4, 2};
+          plain.tile = default_wgmma_tile(kind);
         const uint32_t reads = plain.fields_read();
         std::vector<KernelSpec> variants;
         for (const Options& o : sets) {
@@ -168,8 +177,7 @@ TEST(Codegen, ExtraOutputsAndTheirGradientsGiveTheirOwnKernelsWithoutCallsOrSpil
       for (const auto& [kind, expected] : distinct_sets) {
         KernelSpec plain = spec_for({kind, DType::BF16, arch, bias});
         if (arch == Arch::SM90A)  // the default wgmma tiles
-          plain.tile = kind == KernelKind::LseForward ? TileConfig{128, 128, 64, 1, 1, 4, 2}
-                                                      : TileConfig{128, 256, 64, 1, 1, 4, 2};
+          plain.tile = default_wgmma_tile(kind);
         std::vector<KernelSpec> variants;
         for (const Outputs& o : sets) {
           KernelSpec s = plain;
@@ -201,8 +209,7 @@ TEST(Codegen, CausalShiftGivesTheKernelsThatReadTargetsTheirOwnCodeWithoutCallsO
                               KernelKind::DlogitsBackward, KernelKind::GradInput}) {
         KernelSpec plain = spec_for({kind, dtype, arch, kind == KernelKind::LseForward});
         if (arch == Arch::SM90A && dtype != DType::FP32 && kind_info(kind).gemm)  // the default wgmma tiles
-          plain.tile = kind == KernelKind::LseForward ? TileConfig{128, 128, 64, 1, 1, 4, 2}
-                                                      : TileConfig{128, 256, 64, 1, 1, 4, 2};
+          plain.tile = default_wgmma_tile(kind);
         plain = plain.normalised();
         KernelSpec shifted = plain;
         shifted.shift = true;
@@ -289,6 +296,10 @@ TEST_P(WgmmaCodegen, AssemblesWithoutSpillsOrCalls) {
             std::string::npos);
   EXPECT_NE(k.ptx.find("cp.async.bulk.tensor.2d"), std::string::npos);
   EXPECT_NE(k.ptx.find("setmaxnreg.inc"), std::string::npos);
+  // Without .minnctapersm ptxas may ignore every setmaxnreg (C7508: "unable to determine
+  // register count at entry").
+  EXPECT_NE(k.ptx.find(".minnctapersm " + std::to_string(c.tile.ctas_per_sm())), std::string::npos)
+      << "setmaxnreg without .minnctapersm";
   EXPECT_EQ(k.ptx.find(".local"), std::string::npos) << "local memory in generated PTX";
   EXPECT_FALSE(std::regex_search(k.ptx, std::regex(R"(\bcall(\.uni)?\b)"))) << "a call in a wgmma kernel";
   EXPECT_EQ(k.ptx.find("div.rn.f32"), std::string::npos) << "IEEE division: a subroutine call in SASS";
@@ -312,6 +323,7 @@ std::vector<WgmmaCase> wgmma_cases() {
     for (Reduction reduction : {Reduction::Mean, Reduction::None}) {
       for (bool bias : {false, true}) {
         cases.push_back({KernelKind::LseForward, dtype, bias, reduction, narrow});
+        cases.push_back({KernelKind::DlogitsBackward, dtype, bias, reduction, default_wgmma_tile(KernelKind::DlogitsBackward)});
         cases.push_back({KernelKind::DlogitsBackward, dtype, bias, reduction, wide4});
       }
       for (KernelKind kind : {KernelKind::GradWeight, KernelKind::GradInput})
@@ -329,7 +341,8 @@ std::vector<WgmmaCase> wgmma_cases() {
   for (TileConfig tile : {wide4, narrow, pingpong, pingpong_pair}) {
     if (!tile.pingpong) tile.cluster = 2;
     for (KernelKind kind : {KernelKind::DlogitsBackward, KernelKind::GradWeight, KernelKind::GradInput})
-      cases.push_back({kind, DType::BF16, kind == KernelKind::DlogitsBackward, Reduction::Mean, tile});
+      if (!(kind == KernelKind::DlogitsBackward && tile == pingpong))  // dlogits' default: above
+        cases.push_back({kind, DType::BF16, kind == KernelKind::DlogitsBackward, Reduction::Mean, tile});
   }
   for (DType dtype : {DType::BF16, DType::FP16})
     for (Reduction reduction : {Reduction::Mean, Reduction::None})

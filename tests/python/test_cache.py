@@ -167,8 +167,12 @@ def test_a_new_process_loads_cached_cubins_without_compiling(tmp_path):
     warm = json.loads(run_python(STEP, env))
     assert {k["source"] for k in cold} == {"llvm"}, cold
     assert len(warm) == len(cold) == 6
-    assert {k["source"] for k in warm} == {"cubin-cache"}, warm
-    assert all(k["llvm_ms"] == 0 and k["jit_ms"] == 0 for k in warm), warm
+    # The warp-specialised wgmma kernels (sm_90a; tile text ".../wgC/...") are compiled whole from
+    # their PTX entry, with no cubin kept (the driver's link ignores setmaxnreg); the others load cubins.
+    for k in warm:
+        whole = "/wg" in k["spec"]
+        assert k["source"] == ("ptx-cache" if whole else "cubin-cache"), k
+        assert k["llvm_ms"] == 0 and (whole or k["jit_ms"] == 0), k
     print("cold ms per kernel (LLVM + JIT):", [round(k["llvm_ms"] + k["jit_ms"], 1) for k in cold])
     print("warm load ms per kernel:", [round(k["total_ms"], 2) for k in warm])
 

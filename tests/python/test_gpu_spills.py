@@ -9,6 +9,10 @@ forward and backward at llama3-8b's output layer (H = 4096, V = 128256) for each
 reduction and mode; N is small (a run-time size), so it costs the compiles, not the GEMMs.
 """
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from checks import make_inputs
@@ -77,3 +81,41 @@ def test_option_kernels_do_not_spill_under_the_driver_jit(options, bias):
     loaded = [k for k in lfce.kernel_load_stats() if f";H={H};" in k["spec"] and k["spec"] not in before]
     spilled = [(k["spec"], k["local_bytes"], k["registers"]) for k in loaded if k["local_bytes"] > 0]
     assert not spilled, f"kernels that spill under the driver's JIT (spec, local bytes, registers): {spilled}"
+
+
+# What the driver's JIT reported beyond spills: lfce warns with each "Potential Performance Loss" line
+# of its log (a setmaxnreg ignored, wgmma serialised). Until session 12 the kernel cache compiled every
+# kernel by linking (cuLinkAddData, to keep the cubin), which compiles relocatable code, where the
+# driver ignores setmaxnreg (C7504, "to maintain compatibility across compilation units"): all
+# warpgroups of the warp-specialised kernels ran on the flat share of registers (168), and the
+# ping-pong dlogits_backward spilled. A fresh process and an empty cache, so that every kernel goes
+# through the JIT and its log is read.
+JIT_SCRIPT = """
+import torch, lfce
+from checks import make_inputs
+cases = [("mean", "recompute", {{}}), ("none", "eager", {{}})]
+outputs = ("mean", "recompute", {{"softcap": 30.0, "label_smoothing": 0.1, "return_entropy": True,
+                                  "return_logprob": True}})  # bf16 only: no fp16 gradient path for them
+for dtype in (torch.bfloat16, torch.float16):
+    for bias in (False, True):
+        for reduction, mode, options in cases + ([outputs] if dtype == torch.bfloat16 else []):
+            x, w, b, y = make_inputs({n}, {h}, {v}, dtype, bias=bias)
+            x.requires_grad_()
+            w.requires_grad_()
+            out = lfce.linear_cross_entropy(x, w, y, bias=b, reduction=reduction, mode=mode, **options)
+            total = out if isinstance(out, torch.Tensor) else out.loss + out.entropy.sum() + out.logprob.sum()
+            total.sum().backward()
+torch.cuda.synchronize()
+print("kernels loaded:", len(lfce.kernel_load_stats()))
+"""
+
+
+def test_the_drivers_jit_reports_no_performance_loss(tmp_path):
+    env = dict(os.environ, LFCE_CACHE_DIR=str(tmp_path), LFCE_LOG_LEVEL="warn",
+               PYTHONPATH=os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]))
+    run = subprocess.run([sys.executable, "-c", JIT_SCRIPT.format(n=N, h=H, v=V)], check=False, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert "kernels loaded:" in run.stdout
+    losses = [line for line in run.stderr.splitlines() if "Performance Loss" in line]
+    assert not losses, "the driver's JIT reported:\n" + "\n".join(losses)

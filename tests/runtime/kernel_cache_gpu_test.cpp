@@ -1,5 +1,6 @@
 // The kernel cache on a real GPU (label gpu): cubins the driver made are kept on disk, and a
-// new process loads them with neither LLVM nor the driver's JIT; damaged cubins are replaced.
+// new process loads them with neither LLVM nor the driver's JIT (kernels compiled whole: their
+// PTX, without LLVM); damaged cubins are replaced.
 // Prints, for the llama3-8b kernels, the cold (LLVM + JIT) and warm (disk) time per kernel.
 // Skips without a GPU; fails on a machine that should have one (tests/runtime/gpu_required.h).
 #include <gtest/gtest.h>
@@ -71,10 +72,12 @@ TEST_F(KernelCacheGpu, ANewProcessLoadsCubinsFromDiskWithoutLLVMOrJit) {
   ASSERT_EQ(warm.size(), specs.size());
   std::printf("%-18s %10s %10s %10s\n", "kernel", "LLVM ms", "JIT ms", "warm ms");
   for (std::size_t i = 0; i < specs.size(); ++i) {
+    // Kernels compiled whole keep no cubin: their warm path is the PTX entry (and the driver's cache).
+    const bool whole = compiled_whole(KernelSpec::parse(specs[i]));
     EXPECT_EQ(field(cold[i], "source"), "llvm") << cold[i];
-    EXPECT_EQ(field(warm[i], "source"), "cubin-cache") << warm[i];
+    EXPECT_EQ(field(warm[i], "source"), whole ? "ptx-cache" : "cubin-cache") << warm[i];
     EXPECT_EQ(field(warm[i], "compiles"), "0") << warm[i];
-    EXPECT_TRUE(fs::exists(cubin_path(specs[i]))) << specs[i];
+    EXPECT_EQ(fs::exists(cubin_path(specs[i])), !whole) << specs[i];
     std::printf("%-18s %10.1f %10.1f %10.2f\n", specs[i].substr(0, specs[i].find(';')).c_str(),
                 number(cold[i], "llvm_ms"), number(cold[i], "jit_ms"), number(warm[i], "ms"));
   }
@@ -120,19 +123,22 @@ TEST_F(KernelCacheGpu, RebuildsACachedCubinThatDoesNotLoad) {
   EXPECT_EQ(field(warm, "source"), "cubin-cache") << warm;
 }
 
-// A PTX entry whose checksums are right but which the driver's JIT rejects is generated again.
+// A PTX entry whose checksums are right but which the driver's JIT rejects is generated again:
+// lse_combine's (kept as a cubin) and lse_forward's (compiled whole on sm_90a).
 TEST_F(KernelCacheGpu, RegeneratesACachedPtxTheDriverRejects) {
-  const std::vector<std::string> specs = {llama3_specs().at(1)};
-  run_helpers(dir_, "precompile", specs, 1);
-  DiskCache cache(dir_);
-  std::optional<Entry> ptx = cache.load(ptx_key(KernelSpec::parse(specs[0])));
-  ASSERT_TRUE(ptx);
-  ptx->payload = ".version 8.0\n.target sm_80\n.address_size 64\nthis is not PTX\n";
-  cache.store(*ptx);  // sealed again: only the driver can tell
-  const std::string line = run_helpers(dir_, "load", specs, 1).at(0).at(0);
-  EXPECT_EQ(field(line, "source"), "llvm") << line;
-  const std::string warm = run_helpers(dir_, "load", specs, 1).at(0).at(0);
-  EXPECT_EQ(field(warm, "source"), "cubin-cache") << warm;
+  for (int which : {1, 0}) {
+    const std::vector<std::string> specs = {llama3_specs().at(which)};
+    run_helpers(dir_, "precompile", specs, 1);
+    DiskCache cache(dir_);
+    std::optional<Entry> ptx = cache.load(ptx_key(KernelSpec::parse(specs[0])));
+    ASSERT_TRUE(ptx);
+    ptx->payload = ".version 8.0\n.target sm_80\n.address_size 64\nthis is not PTX\n";
+    cache.store(*ptx);  // sealed again: only the driver can tell
+    const std::string line = run_helpers(dir_, "load", specs, 1).at(0).at(0);
+    EXPECT_EQ(field(line, "source"), "llvm") << line;
+    const std::string warm = run_helpers(dir_, "load", specs, 1).at(0).at(0);
+    EXPECT_EQ(field(warm, "source"), compiled_whole(KernelSpec::parse(specs[0])) ? "ptx-cache" : "cubin-cache") << warm;
+  }
 }
 
 TEST_F(KernelCacheGpu, ASecondCallInTheProcessReturnsTheLoadedKernel) {
