@@ -57,7 +57,8 @@ struct TileConfig {
   static constexpr int kMaxCluster = 2;
   // fp32 accumulators a wgmma consumer thread may hold (m64nN: N/2 per m64 block). cuBLAS's
   // split 192 x 192 tile holds 144; with lfce's dlogits epilogue ptxas then ignored setmaxnreg
-  // (C7508) and spilled 1.3 KB, so 128.
+  // (C7508) and spilled 1.3 KB, so 128 (measured when the driver compiled every kernel as
+  // relocatable code, ignoring setmaxnreg: docs/design.md, compiled whole).
   static constexpr int kMaxAccumulators = 128;
 
   int bm = 128, bn = 128, bk = 64;

@@ -161,7 +161,9 @@ def tune(model=None, *, vocab=None, hidden=None, tokens=8192, dtype="bf16", has_
 
 def kernel_load_stats():
     """How each kernel this process loaded got there: source ("cubin-cache", "ptx-cache" or
-    "llvm") and the milliseconds spent in LLVM, the driver JIT, disk reads and module loading."""
+    "llvm") and the milliseconds spent in LLVM, the driver JIT, disk reads and module loading.
+    The warp-specialised sm_90a GEMM kernels keep no cubin (docs/cache.md): warm, they say
+    "ptx-cache", with the driver's JIT (from its own cache) in jit_ms."""
     def convert(k):
         return {"spec": k.spec.decode(), "device": k.device, "source": k.source.decode(), "llvm_ms": k.llvm_ms,
                 "jit_ms": k.jit_ms, "disk_ms": k.disk_ms, "load_ms": k.load_ms, "total_ms": k.total_ms,
