@@ -282,7 +282,9 @@ TileConfig Plan::tile(KernelKind kind) const {
   // (tunings leave the options out): a bias with class-weighted label smoothing (two loads per
   // column; ptxas 13.0 spilled 16 bytes), the lse rows' gradients (the driver's JIT spilled 24-32
   // bytes; H200, driver 580) and softcap with z-loss (8 bytes there; softcap alone, softcap with
-  // temperature and temperature with z-loss did not: test_gpu_spills.py).
+  // temperature and temperature with z-loss did not: test_gpu_spills.py). Those driver spills
+  // were measured before session 12, when the link path ignored setmaxnreg (168 registers a
+  // thread, not 232: docs/cache.md): to be measured again.
   const bool heavy_epilogue =
       kind == KernelKind::DlogitsBackward &&
       ((p_.bias && p_.class_weight && p_.label_smoothing != 0.f) || p_.lse_grad ||

@@ -8,6 +8,7 @@
 
 #include "compiler/errors.h"
 #include "compiler/kernel_kind.h"
+#include "runtime/kernel_cache.h"
 #include "runtime/launch.h"
 #include "templates/templates.h"
 #include "tests/spec_error.h"
@@ -554,6 +555,39 @@ TEST(GridDim, NamesAnExtentOverTheLimitAlongX) {
 TEST(GridDim, NamesAnExtentOverTheLimitAlongY) {
   const std::string message = spec_error([] { grid_dim(65535 * 128 + 1, 128, 'y'); });
   EXPECT_NE(message.find("65536 CTAs along grid y, over CUDA's limit of 65535"), std::string::npos) << message;
+}
+
+}  // namespace
+}  // namespace lfce::runtime
+
+namespace lfce::runtime {
+namespace {
+
+// The kernel cache compiles whole (cuModuleLoadDataEx) the kernels whose warpgroups move registers
+// with setmaxnreg, which the driver ignores in the relocatable code its link path compiles (C7504):
+// every kernel of these plans with setmaxnreg in its PTX, and only those, is compiled_whole.
+TEST(KernelCache, EveryKernelThatMovesRegistersIsCompiledWhole) {
+  lfce_problem options = llama3(300);
+  options.has_bias = 1;
+  options.label_smoothing = 0.1f;
+  options.softcap = 30.f;
+  options.z_loss_scale = 1e-4f;
+  lfce_problem eager = llama3(300), fp32 = llama3(300), odd = llama3(300);
+  eager.mode = LFCE_MODE_EAGER;
+  fp32.dtype = LFCE_DTYPE_FP32;
+  odd.hidden = 4093;
+  int whole = 0;
+  for (const lfce_problem& c : {llama3(8192), options, eager, fp32, odd})
+    for (Arch arch : {Arch::SM80, Arch::SM90A}) {
+      const Plan plan(problem(c), arch);
+      for (const KernelKindInfo& info : kKernelKinds) {
+        const KernelSpec spec = plan.spec(info.kind);
+        const bool moves = generate_kernel(spec).ptx.find("setmaxnreg") != std::string::npos;
+        EXPECT_EQ(compiled_whole(spec), moves) << spec.text();
+        whole += moves;
+      }
+    }
+  EXPECT_GE(whole, 12);  // the four GEMMs of the three 16-bit, 16-byte-row problems on sm_90a
 }
 
 }  // namespace
