@@ -59,14 +59,6 @@ void require_out(const void* ptr, const char* name) {
   if (!ptr) throw lfce::SpecError(std::string(name) + " is NULL");
 }
 
-// Every kernel kind a problem runs, in launch order.
-std::vector<lfce::KernelKind> kernel_kinds(const lfce::runtime::Problem& problem) {
-  std::vector<lfce::KernelKind> kinds;
-  for (const lfce::KernelKindInfo& info : lfce::kKernelKinds)
-    if (problem.bias || !info.bias_only) kinds.push_back(info.kind);
-  return kinds;
-}
-
 // The disk cache of the session's cache directory.
 std::shared_ptr<lfce::runtime::DiskCache> session_cache() {
   lfce::api::Session::get();  // the first use reads the environment and opens its directory
@@ -173,16 +165,42 @@ int lfce_backward(const lfce_problem* problem, const lfce_backward_args* args) {
   });
 }
 
+int lfce_forward_backward_workspace_size(const lfce_problem* problem, size_t* bytes) {
+  return guarded("lfce_forward_backward_workspace_size", [&] {
+    require_out(bytes, "bytes");
+    *bytes = host_plan(problem).eager_layout().bytes;
+  });
+}
+
+int lfce_forward_backward(const lfce_problem* problem, const lfce_forward_args* args, void* grad_hidden,
+                          void* grad_weight, void* grad_bias) {
+  return guarded("lfce_forward_backward", [&] {
+    require_out(args, "args");
+    lfce::runtime::forward_backward(lfce::runtime::problem_from_c(problem), *args, grad_hidden, grad_weight, grad_bias,
+                                    session_plan);
+  });
+}
+
+int lfce_eager_schedule(const lfce_problem* problem, int32_t* three_gemm, int64_t* token_chunk) {
+  return guarded("lfce_eager_schedule", [&] {
+    require_out(three_gemm, "three_gemm");
+    require_out(token_chunk, "token_chunk");
+    const lfce::runtime::Plan plan = host_plan(problem);
+    if (plan.problem().mode != lfce::Mode::Eager)
+      throw lfce::SpecError("lfce_eager_schedule needs lfce_problem.mode = LFCE_MODE_EAGER, got LFCE_MODE_RECOMPUTE");
+    *three_gemm = plan.three_gemm() ? 1 : 0;
+    *token_chunk = plan.three_gemm() ? plan.token_chunk() : plan.problem().tokens;
+  });
+}
+
 int lfce_generate(const lfce_problem* problem, const char* arch, lfce_kernel_callback callback, void* user) {
   return guarded("lfce_generate", [&] {
     require_out(arch, "arch");
     require_out(reinterpret_cast<const void*>(callback), "callback");
     lfce::runtime::Plan plan(lfce::runtime::problem_from_c(problem), lfce::parse_arch(arch));
-    const auto kinds = kernel_kinds(plan.problem());
-    for (lfce::KernelKind kind : kinds) {
-      lfce::KernelSpec spec = plan.spec(kind);
+    for (const lfce::KernelSpec& spec : plan.launched_specs()) {
       lfce::GeneratedKernel kernel = lfce::generate_kernel(spec);
-      std::string name(lfce::kind_name(kind)), text = spec.text();
+      std::string name(lfce::kind_name(spec.kind)), text = spec.text();
       lfce_kernel_info info{name.c_str(), text.c_str(), kernel.ptx.c_str(), kernel.ptx.size(), kernel.compile_ms,
                             static_cast<uint32_t>(kernel.shape.smem_bytes), static_cast<uint32_t>(kernel.shape.threads)};
       callback(&info, user);
@@ -233,9 +251,8 @@ int lfce_precompile_for(const lfce_problem* problem, const char* arch, const lfc
     auto plan_for = [&](const lfce::runtime::Problem& q) {
       return lfce::runtime::Plan(q, target, lfce::api::Session::get().tuning(q, target, limits), limits);
     };
-    std::vector<lfce::KernelSpec> specs;
     const lfce::runtime::Plan plan = plan_for(p);
-    for (lfce::KernelKind kind : kernel_kinds(p)) specs.push_back(plan.spec(kind));
+    std::vector<lfce::KernelSpec> specs = plan.launched_specs();
     // An entropy or logprob output is there to be differentiated (an RL objective): the backward
     // then runs the dlogits_backward that takes the lse rows' gradients (lfce_backward_args.grad_lse).
     if (p.entropy || p.logprob) {

@@ -131,13 +131,13 @@ const std::vector<KernelKind>& tuned_kinds() {
   static const std::vector<KernelKind> kinds = [] {
     std::vector<KernelKind> out;
     for (const KernelKindInfo& info : kKernelKinds)
-      if (info.gemm) out.push_back(info.kind);
+      if (info.gemm && !info.eager) out.push_back(info.kind);
     return out;
   }();
   return kinds;
 }
 
-bool is_tuned_kind(KernelKind kind) { return kind_info(kind).gemm; }
+bool is_tuned_kind(KernelKind kind) { return kind_info(kind).gemm && !kind_info(kind).eager; }
 
 Candidate default_candidate(KernelKind kind, const Problem& problem, Arch arch, const runtime::DeviceLimits& limits) {
   return candidate_of(kind, problem, Tuning{}, arch, limits);

@@ -170,7 +170,7 @@ class GpuBench final : public Bench {
   std::string spills(bool fwd, const Tuning& tuning) {
     const runtime::Plan plan = plan_of(p_, tuning);
     for (const KernelKindInfo& info : kKernelKinds) {
-      if (!info.gemm || info.backward == fwd) continue;
+      if (!info.gemm || info.eager || info.backward == fwd) continue;
       const KernelSpec spec = plan.spec(info.kind);
       const runtime::KernelResources& r = runtime::kernel_for(device_, spec).loaded.resources();
       if (r.local_bytes > 0)

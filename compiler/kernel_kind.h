@@ -10,7 +10,8 @@
 
 namespace lfce {
 
-// In launch order. Add a row to kKernelKinds for each kind (a static_assert below checks).
+// Recompute mode's kinds in launch order, then those only eager mode's three-GEMM schedule runs
+// (lfce_forward_backward). Add a row to kKernelKinds for each kind (a static_assert below checks).
 enum class KernelKind {
   LseForward,       // logits tile GEMM + per-row (max, sum-exp) and target-logit epilogue
   LseCombine,       // per-token LSE and loss from the per-split partials
@@ -19,6 +20,10 @@ enum class KernelKind {
   GradWeight,       // grad_weight[chunk] = dlogitsᵀ · x
   GradInput,        // grad_input += dlogits · W[chunk]
   GradBias,         // grad_bias[chunk] = Σ_tokens dlogits
+  TokenCount,       // eager: the valid-token count (and Σ w_y) before any dz is formed
+  EagerLogits,      // eager: logits tile GEMM -> exp(u - tile row max) stored as dzᵀ + per-tile row partials
+  EagerDz,          // eager: those exponentials -> dz in place, with the target residual
+  GradConvert,      // eager: fp32 gradient sums (several token chunks) -> the dtype
 };
 
 // How a GEMM operand is stored: K contiguous, or M (N) contiguous.
@@ -68,6 +73,9 @@ struct KernelKindInfo {
   // Adds each token's target term back unrounded (grad_input; docs/design.md, Numerics): for 16-bit dtypes
   // the code also reads the targets.
   bool adds_target_term = false;
+  // Run only by eager mode's three-GEMM schedule (lfce_forward_backward), never tuned on its own
+  // (eager_logits takes dlogits_backward's tile: the same GEMM over K = H).
+  bool eager = false;
 };
 
 // Shared memory: lse_forward / dlogits_backward keep (max or LSE f32, sum or g f32, target
@@ -108,6 +116,18 @@ inline constexpr KernelKindInfo kKernelKinds[] = {
      kGemmFields, true, true},
     {KernelKind::GradBias, "grad_bias", false, true, true, true, Layout::KMajor, Layout::KMajor, 0, 0, false,
      kFieldDType | kFieldAccumulate, true},
+    // Eager mode's three-GEMM schedule (templates/eager_logits.cpp, eager_dz.cpp, loss_reduce.cpp,
+    // grad_convert.cpp). token_count reads the class weights' bound (V) with class weights, as loss_reduce.
+    {KernelKind::TokenCount, "token_count", false, false, false, false, Layout::KMajor, Layout::KMajor, 0, 8192, false,
+     kFieldTargets | kFieldClassWeight, false, false, true},
+    {KernelKind::EagerLogits, "eager_logits", true, false, false, false, Layout::KMajor, Layout::KMajor, 16, 0, true,
+     kGemmFields | kFieldVocab | kFieldTargets | kFieldBias | kFieldTemperature, false, false, true},
+    {KernelKind::EagerDz, "eager_dz", false, false, false, false, Layout::KMajor, Layout::KMajor, 0, 0, false,
+     kFieldDType | kFieldTargets | kFieldReduction | kFieldTemperature | kFieldZLoss | kFieldClassWeight |
+         kFieldTokenScaling,
+     false, false, true},
+    {KernelKind::GradConvert, "grad_convert", false, false, false, false, Layout::KMajor, Layout::KMajor, 0, 0, false,
+     kFieldDType, false, false, true},
 };
 
 constexpr bool kinds_in_enum_order() {

@@ -310,8 +310,9 @@ void KernelSpec::validate() const {
     } else if (t.split_n) {
       // Each consumer: all BM rows (m64 blocks) of its BN / 2 columns; B's halves start on whole
       // 64-element boxes where B is MN-major (grad_weight, grad_input), on 8-row atoms otherwise.
-      if (kind == KernelKind::LseForward)
-        fail("tile " + t.text() + ": split tiles serve the persistent backward GEMMs, not lse_forward");
+      if (kind == KernelKind::LseForward || kind == KernelKind::EagerLogits)
+        fail("tile " + t.text() + ": split tiles serve the persistent backward GEMMs, not " + std::string(info.name) +
+             " (whose row statistics need every column of a row in one consumer)");
       if (t.consumers != 2 || t.bm % 64 != 0 || t.bm > 256)
         fail("split tiles need two consumers and BM a multiple of 64 up to 256, got " + t.text());
       if (t.cluster != 1) fail("tile " + t.text() + ": split tiles have no CTA pairs");
@@ -392,7 +393,8 @@ uint32_t KernelSpec::fields_read() const {
   // dlogits_backward reads the entropy and logprob rows only for their gradients (lse_grad).
   if (kind == KernelKind::DlogitsBackward && !lse_grad) reads &= ~kOutputFields;
   if ((kind == KernelKind::DlogitsBackward && (label_smoothing != 0.f || class_weight || (lse_grad && logprob))) ||
-      (kind == KernelKind::LossReduce && class_weight))
+      ((kind == KernelKind::LossReduce || kind == KernelKind::TokenCount || kind == KernelKind::EagerDz) &&
+       class_weight))
     reads |= kFieldVocab;
   return reads;
 }

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "compiler/checked_int.h"
 #include "compiler/errors.h"
 #include "runtime/driver.h"
 #include "runtime/kernel_cache.h"
@@ -267,6 +268,183 @@ void run_backward(const Problem& problem, const lfce_backward_args& a, const Pla
   }
 }
 
+// The three gradients lfce_forward_backward writes (each may be NULL: not computed).
+struct Gradients {
+  void *hidden, *weight, *bias;
+};
+
+void zero_f32(void* buffer, int64_t floats, CUstream stream) {
+  check(Driver::get().cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(buffer), 0, static_cast<size_t>(floats), stream),
+        "cuMemsetD32Async");
+}
+
+// Eager mode's three-GEMM schedule (Plan::three_gemm): token_count; per token chunk
+// eager_logits, lse_combine, eager_dz, then grad_weight, grad_bias and grad_input over the whole
+// vocabulary; loss_reduce; with several chunks grad_convert of the fp32 gradient sums.
+void run_three_gemm(const Problem& problem, const Plan& plan, const lfce_forward_args& a, const Gradients& g) {
+  const auto layout = plan.eager_layout();
+  auto stream = static_cast<CUstream>(a.stream);
+  int64_t n_total = problem.tokens;
+  const int64_t h = problem.hidden, v = problem.vocab, elem = dtype_bytes(problem.dtype);
+  const int64_t target_bytes = problem.targets == IndexType::I64 ? 8 : 4;
+  int64_t ignore = problem.ignore_index, sequence_length = problem.sequence_length;
+  void* w = const_cast<void*>(a.weight);
+  void* b = const_cast<void*>(a.bias ? a.bias : a.weight);  // never read without bias
+  void* class_weight = const_cast<float*>(a.class_weight);
+  void* count = a.valid_count;
+  void* dz = at(a.workspace, layout.dz);
+  void* pmax = at(a.workspace, layout.partial_max);
+  void* psum = at(a.workspace, layout.partial_sum);
+  void* tlogit = at(a.workspace, layout.target_logit);
+  void* residual = at(a.workspace, layout.residual);  // unused for fp32
+  const int64_t chunks = plan.token_chunks();
+  const bool sums = chunks > 1;
+  // Several chunks: grad_weight and grad_bias are fp32 sums, the output itself for fp32.
+  const bool f32 = problem.dtype == DType::FP32;
+  void* gw_out = sums && !f32 ? at(a.workspace, layout.grad_weight_acc) : g.weight;
+  void* gb_out = sums && !f32 ? at(a.workspace, layout.grad_bias_acc) : g.bias;
+
+  const KernelSpec count_spec = plan.spec(KernelKind::TokenCount);
+  const KernelSpec logits = plan.spec(KernelKind::EagerLogits);
+  const KernelSpec combine = plan.spec(KernelKind::LseCombine);
+  const KernelSpec dz_spec = plan.spec(KernelKind::EagerDz);
+  KernelSpec gw = plan.spec(KernelKind::GradWeight), gb = plan.spec(KernelKind::GradBias);
+  gw.accumulate = gb.accumulate = sums;
+  gw = gw.normalised();
+  gb = gb.normalised();
+  const KernelSpec gx = plan.spec(KernelKind::GradInput);
+  const Kernel& logits_kernel = kernel_for(a.device, logits);
+  const Kernel& combine_kernel = kernel_for(a.device, combine);
+  const Kernel& dz_kernel = kernel_for(a.device, dz_spec);
+  const Kernel* gw_kernel = g.weight ? &kernel_for(a.device, gw) : nullptr;
+  const Kernel* gb_kernel = g.bias ? &kernel_for(a.device, gb) : nullptr;
+  const Kernel* gx_kernel = g.hidden ? &kernel_for(a.device, gx) : nullptr;
+  spdlog::debug("eager: N={} V={} H={} in {} token chunk(s) of {}; grad_hidden {}, grad_weight {}, grad_bias {}",
+                n_total, v, h, chunks, plan.token_chunk(), g.hidden != nullptr, g.weight != nullptr, g.bias != nullptr);
+
+  {  // The valid count (and Σ w_y) first: eager_dz divides by them.
+    void* y = const_cast<void*>(a.targets);
+    std::vector<void*> args = {&y, &n_total, &ignore, &count};
+    if (count_spec.class_weight) args.push_back(&class_weight);
+    if (count_spec.shift) args.push_back(&sequence_length);
+    kernel_for(a.device, count_spec).launch({1, 1, 1}, stream, args.data());
+  }
+  if (sums && gw_kernel) zero_f32(gw_out, checked_mul(v, h, "grad_weight elements"), stream);
+  if (sums && gb_kernel) zero_f32(gb_out, v, stream);
+  int32_t tiles = static_cast<int32_t>(plan.eager_tiles());
+  int64_t tile_n = logits.tile.bn, v_begin = 0, v_len = v;
+  int32_t first = 1, last = 1;
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t r0 = c * plan.token_chunk();
+    int64_t rows = std::min(plan.token_chunk(), n_total - r0), ld = round_up(rows, 8, "eager token stride");
+    // The chunk's rows of every per-token array (whole sequences with a causal shift, so targets
+    // t + 1 are read in place).
+    void* x = const_cast<char*>(static_cast<const char*>(a.hidden) + r0 * h * elem);
+    void* y = const_cast<char*>(static_cast<const char*>(a.targets) + r0 * target_bytes);
+    void* lse = a.lse + r0;
+    void* token_loss = a.token_loss + r0;
+    void* grad_hidden = g.hidden ? static_cast<char*>(g.hidden) + r0 * h * elem : nullptr;
+
+    std::vector<void*> logits_args = {&x, &w, &b, &y, &rows, &ld, &dz, &pmax, &psum, &tlogit};
+    if (logits.shift) logits_args.push_back(&sequence_length);
+    launch_gemm(logits_kernel, logits, gemm_grid(plan, logits, rows, v, "eager_logits"), stream, logits_args,
+                Operand{x, h, rows, h}, Operand{w, h, v, h});
+
+    std::vector<void*> combine_args = {&pmax, &psum, &tlogit, &y, &rows, &ignore, &tiles, &lse, &token_loss};
+    if (combine.class_weight) combine_args.push_back(&class_weight);
+    if (combine.shift) combine_args.push_back(&sequence_length);
+    combine_kernel.launch({grid_dim(rows, 256, 'x'), 1, 1}, stream, combine_args.data());
+
+    std::vector<void*> dz_args = {&dz, &pmax, &lse, &tlogit, &y, &count, &residual, &rows, &ld, &ignore, &v_len, &tile_n};
+    if (dz_spec.class_weight) dz_args.push_back(&class_weight);
+    if (dz_spec.shift) dz_args.push_back(&sequence_length);
+    dz_kernel.launch({grid_dim(ld, 256, 'x'), grid_dim(v, 64, 'y'), 1}, stream, dz_args.data());
+
+    if (gw_kernel)  // A = dzᵀ [V, ld] K-major; B = the chunk's x [rows, H] MN-major
+      launch_gemm(*gw_kernel, gw, gemm_grid(plan, gw, v, h, "grad_weight"), stream,
+                  {&dz, &x, &rows, &ld, &v_begin, &v_len, &gw_out, &count, &count}, Operand{dz, ld, v, ld},
+                  Operand{x, h, h, rows});
+    if (gb_kernel) {
+      void* gb_args[] = {&dz, &rows, &ld, &v_begin, &v_len, &gb_out, &count, &count};
+      gb_kernel->launch({grid_dim(v, 8, 'x'), 1, 1}, stream, gb_args);
+    }
+    if (gx_kernel) {  // A = dzᵀ [V, ld] MN-major; B = W [V, H] MN-major; one chunk of K = V: straight to the output
+      std::vector<void*> gx_args = {&dz,   &w,    &rows,  &ld,    &v_begin, &v_len, &grad_hidden,
+                                    &grad_hidden, &first, &last, &count, &count, &y,      &residual};
+      if (gx.shift) gx_args.push_back(&sequence_length);
+      launch_gemm(*gx_kernel, gx, gemm_grid(plan, gx, rows, h, "grad_input"), stream, gx_args,
+                  Operand{dz, ld, rows, v}, Operand{w, h, h, v});
+    }
+  }
+
+  const KernelSpec reduce = plan.spec(KernelKind::LossReduce);
+  void* token_loss = a.token_loss;
+  void* y = const_cast<void*>(a.targets);
+  void* loss = a.loss ? static_cast<void*>(a.loss) : static_cast<void*>(a.valid_count);
+  void* lse = a.lse;
+  std::vector<void*> reduce_args = {&token_loss, &y, &n_total, &ignore, &loss, &count};
+  if (reduce.class_weight) reduce_args.push_back(&class_weight);
+  if (reduce.z_loss_scale != 0.f) reduce_args.push_back(&lse);
+  if (reduce.shift) reduce_args.push_back(&sequence_length);
+  kernel_for(a.device, reduce).launch({1, 1, 1}, stream, reduce_args.data());
+
+  if (sums && !f32) {
+    const Kernel& convert = kernel_for(a.device, plan.spec(KernelKind::GradConvert));
+    auto run_convert = [&](void* src, void* dst, int64_t elements) {
+      void* args[] = {&src, &dst, &elements};
+      convert.launch({static_cast<unsigned>(std::min<int64_t>(ceil_div(elements, 256), 4 * plan.device_ctas(TileConfig{}))), 1, 1},
+                     stream, args);
+    };
+    if (gw_kernel) run_convert(gw_out, g.weight, checked_mul(v, h, "grad_weight elements"));
+    if (gb_kernel) run_convert(gb_out, g.bias, v);
+  }
+}
+
+void run_forward_backward(const Problem& problem, const lfce_forward_args& a, const Gradients& g,
+                          const PlanFor& plan_for) {
+  if (problem.mode != Mode::Eager)
+    throw SpecError("lfce_forward_backward needs lfce_problem.mode = LFCE_MODE_EAGER (it computes the gradients for an "
+                    "upstream gradient of 1), got LFCE_MODE_RECOMPUTE");
+  require_rows_aligned(problem, a.hidden, "hidden");
+  require_rows_aligned(problem, a.weight, "weight");
+  if (problem.bias) require(a.bias, "bias");
+  require(a.targets, "targets");
+  require(a.lse, "lse");
+  require(a.token_loss, "token_loss");
+  require(a.valid_count, "valid_count");
+  if (problem.class_weight) require_aligned(a.class_weight, "class_weight (the problem has has_class_weight = 1)", 4);
+  if (problem.reduction != Reduction::None) require(a.loss, "loss");
+  if (problem.predicted) require_aligned(a.predicted, "predicted (the problem's outputs has LFCE_OUTPUT_PREDICTED)", 8);
+  const Gradients grads{g.hidden, g.weight, problem.bias ? g.bias : nullptr};
+  if (grads.hidden) require_aligned(grads.hidden, "grad_hidden", dtype_bytes(problem.dtype));
+  if (grads.weight) require_aligned(grads.weight, "grad_weight", dtype_bytes(problem.dtype));
+  // The workspace's size does not depend on the tuning or the device (Plan::eager_layout): checked
+  // before the driver is touched.
+  require_workspace(a.workspace, a.workspace_bytes, Plan(problem, Arch::SM90A).eager_layout().bytes,
+                    "lfce_forward_backward");
+  make_context_current(a.device);
+  const Plan plan = plan_for(problem, a.device);
+  if (!grads.hidden && !grads.weight && !grads.bias) {
+    spdlog::debug("eager: no gradient asked for, the forward alone");
+    run_forward(problem, a, plan_for);
+    return;
+  }
+  if (plan.three_gemm()) {
+    run_three_gemm(problem, plan, a, grads);
+    return;
+  }
+  // The fallback: the forward, then the recompute backward with an upstream gradient of 1 (eager
+  // mode's kernels do not read grad_loss), in the same workspace one after the other.
+  spdlog::debug("eager: the forward, then the backward with an upstream gradient of 1 (no three-GEMM schedule for {})",
+                problem_text(problem));
+  run_forward(problem, a, plan_for);
+  const lfce_backward_args backward_args{a.hidden,      a.weight,     a.bias,        a.targets,   a.class_weight,
+                                         a.lse,         a.valid_count, nullptr,      nullptr,     grads.hidden,
+                                         grads.weight,  grads.bias,    a.workspace,  a.workspace_bytes, a.device,
+                                         a.stream};
+  run_backward(problem, backward_args, plan_for);
+}
+
 }  // namespace
 
 unsigned grid_dim(int64_t extent, int64_t tile, char axis) {
@@ -284,6 +462,10 @@ void forward(const Problem& problem, const lfce_forward_args& args, const PlanFo
 }
 void backward(const Problem& problem, const lfce_backward_args& args, const PlanFor& plan_for) {
   run_backward(problem, args, plan_for);
+}
+void forward_backward(const Problem& problem, const lfce_forward_args& args, void* grad_hidden, void* grad_weight,
+                      void* grad_bias, const PlanFor& plan_for) {
+  run_forward_backward(problem, args, Gradients{grad_hidden, grad_weight, grad_bias}, plan_for);
 }
 
 }  // namespace lfce::runtime

@@ -17,6 +17,12 @@ namespace lfce::runtime {
 using PlanFor = std::function<Plan(const Problem& problem, int device)>;
 void forward(const Problem& problem, const lfce_forward_args& args, const PlanFor& plan_for);
 void backward(const Problem& problem, const lfce_backward_args& args, const PlanFor& plan_for);
+// Eager mode (problem.mode Eager): the forward's outputs in `args` and the gradients of the loss
+// for an upstream gradient of 1 (each of grad_* may be NULL: not computed), with args.workspace
+// of Plan::eager_layout().bytes. The three-GEMM schedule where Plan::three_gemm(), else the
+// forward and then the recompute backward.
+void forward_backward(const Problem& problem, const lfce_forward_args& args, void* grad_hidden, void* grad_weight,
+                      void* grad_bias, const PlanFor& plan_for);
 
 // CTAs along one grid axis ('x', 'y' or 'z') for `extent` items in tiles of `tile`: ceil(extent /
 // tile), or SpecError naming the numbers when CUDA's limit (2^31 - 1 along x, 65535 along y and

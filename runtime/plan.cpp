@@ -29,8 +29,10 @@ E checked_enum(int32_t value, int32_t count, const char* field, const char* acce
 
 TileConfig default_tile(KernelKind kind, DType dtype, Arch arch) {
   if (dtype == DType::FP32) return TileConfig{128, 128, 32, 2, 4, 2};
-  // sm_90a: TMA + wgmma, two consumer warpgroups: lse_forward 64 x 128 each in four 32 KiB
-  // stages, grad_weight 64 x 256 each in four 48 KiB stages (Plan::tile narrows it when that
+  // sm_90a: TMA + wgmma, two consumer warpgroups: lse_forward 64 x 256 each in four 48 KiB
+  // stages (since session 13: with setmaxnreg honoured, session 12, the consumers' 232 registers
+  // hold 128 accumulators beside the row statistics; gemma2-2b GEMM-only 0.939 of cuBLAS against
+  // 0.911 for 64 x 128, test-results/2026-12-01-h200-session12-run5), grad_weight 64 x 256 each in four 48 KiB stages (Plan::tile narrows it when that
   // fills the GPU's SMs more evenly), grad_input ping-pong, each consumer its own 64 x 256 tiles,
   // in four 40 KiB stages: the winners of `lfce tune --space wgmma` for llama3-8b and gemma2-2b
   // at N = 8192 on an H200 (2026-11-30, test-results/2026-11-30-h200-session6-run3; ping-pong
@@ -39,8 +41,9 @@ TileConfig default_tile(KernelKind kind, DType dtype, Arch arch) {
   // worked on registers (2026-12-01, bench/results/dlogits-tiles-2026-12-01).
   if (arch == Arch::SM90A && kind_info(kind).gemm)
     switch (kind) {
-      case KernelKind::LseForward: return TileConfig{128, 128, 64, 1, 1, 4, 2};
-      case KernelKind::DlogitsBackward: {
+      case KernelKind::LseForward: return TileConfig{128, 256, 64, 1, 1, 4, 2};
+      case KernelKind::DlogitsBackward:
+      case KernelKind::EagerLogits: {  // the same GEMM (tokens x vocabulary over K = H)
         TileConfig t{64, 256, 64, 1, 1, 5, 2};
         t.pingpong = true;
         return t;
@@ -54,7 +57,8 @@ TileConfig default_tile(KernelKind kind, DType dtype, Arch arch) {
     }
   switch (kind) {
     case KernelKind::LseForward: return TileConfig{128, 128, 64, 2, 4, 3};
-    case KernelKind::DlogitsBackward: return TileConfig{256, 128, 64, 4, 2, 2};
+    case KernelKind::DlogitsBackward:
+    case KernelKind::EagerLogits: return TileConfig{256, 128, 64, 4, 2, 2};
     case KernelKind::GradWeight: return TileConfig{128, 256, 64, 2, 4, 2};
     case KernelKind::GradInput: return TileConfig{256, 128, 64, 4, 2, 2};
     default: return TileConfig{128, 128, 64, 2, 4, 3};  // not a GEMM: the tile is unused
@@ -175,7 +179,9 @@ Problem problem_from_c(const lfce_problem* c) {
   if (c->workspace_budget < 0)
     throw SpecError("lfce_problem.workspace_budget must be >= 1 byte (or 0 for 256 MiB), got " +
                     std::to_string(c->workspace_budget));
-  p.workspace_budget = c->workspace_budget ? c->workspace_budget : kDefaultWorkspaceBudget;
+  // (Eager mode's 0 means one token chunk for the three-GEMM schedule; Plan reads it as 256 MiB
+  // for the vocabulary chunk of the recompute backward.)
+  p.workspace_budget = c->workspace_budget || p.mode == Mode::Eager ? c->workspace_budget : kDefaultWorkspaceBudget;
   p.sequence_length = c->sequence_length;
   check_problem(p);
   return p;
@@ -260,7 +266,8 @@ Plan::Plan(const Problem& problem, Arch arch, const Tuning& tuning, const Device
   // share one chunk width (and so one set of compiled kernels); at most kMaxChunk.
   const int64_t per_row = checked_mul(next_pow2(ld_, "dz token stride"), dtype_bytes(p_.dtype), "dz bytes per vocabulary row");
   const int64_t granule = 128;
-  const int64_t budget_rows = std::max<int64_t>(p_.workspace_budget / per_row / granule * granule, granule);
+  const int64_t budget = p_.workspace_budget > 0 ? p_.workspace_budget : kDefaultWorkspaceBudget;
+  const int64_t budget_rows = std::max<int64_t>(budget / per_row / granule * granule, granule);
   budget_chunk_ = std::min({budget_rows, p_.vocab, kMaxChunk});
   if (p_.chunk_size > 0) {
     chunk_ = std::min(p_.chunk_size, p_.vocab);
@@ -272,11 +279,46 @@ Plan::Plan(const Problem& problem, Arch arch, const Tuning& tuning, const Device
   } else {
     chunk_ = budget_chunk_;
   }
+  if (p_.mode == Mode::Eager) plan_three_gemm();
 }
+
+void Plan::plan_three_gemm() {
+  // Tokens per chunk: chunk_size, else what workspace_budget gives the chunk's [V, ld] exponentials,
+  // else all of them; whole sequences with a causal shift (targets are read in place), otherwise
+  // multiples of 64 rows.
+  const int64_t granule = p_.sequence_length > 0 ? p_.sequence_length : 64;
+  int64_t rows = p_.tokens;
+  if (p_.chunk_size > 0)
+    rows = p_.chunk_size;
+  else if (p_.workspace_budget > 0)
+    rows = p_.workspace_budget / checked_mul(p_.vocab, dtype_bytes(p_.dtype), "eager workspace bytes per token");
+  rows = std::max(rows / granule, int64_t{1}) * granule;
+  token_chunk_ = std::min(rows, p_.tokens);
+  // The options whose dz needs more than the stored exponentials (a softcap's slope, label
+  // smoothing's Σ u_v), the extra per-token statistics eager_logits does not keep, the lse
+  // rows' gradients, and a vocabulary wider than one kernel's chunk take the fallback. The lse
+  // rows after the first (token scales) are laid out [rows, N]: with several chunks too.
+  three_gemm_ = p_.softcap == 0.f && p_.label_smoothing == 0.f && !p_.entropy && !p_.predicted && !p_.lse_grad &&
+                p_.vocab <= kMaxChunk && (lse_rows(p_) == 1 || token_chunk_ == p_.tokens);
+}
+
+int64_t Plan::eager_tiles() const { return ceil_div(p_.vocab, int64_t{tile(KernelKind::EagerLogits).bn}); }
 
 // Normalised: problems that differ only in fields a kernel does not read share its spec, and
 // so its compile, cache entry and tuning.
 TileConfig Plan::tile(KernelKind kind) const {
+  if (kind == KernelKind::EagerLogits) {
+    // dlogits_backward's tile, tuned or not (the same GEMM, tokens x vocabulary over K = H), but
+    // never split along N (a row's statistics need all its columns in one consumer) and, with a
+    // bias on sm_90a, one the staged wgmma form takes (no ping-pong or clusters): lse_forward's
+    // default, with the same shared memory per row.
+    TileConfig t = tile(KernelKind::DlogitsBackward);
+    const int64_t limit = limits_.smem_per_block;
+    if (t.split_n) t = default_tile(KernelKind::DlogitsBackward, p_.dtype, arch_, limit, p_.hidden, 0.f, false);
+    if (t.wgmma() && p_.bias && (t.pingpong || t.cluster > 1))
+      t = default_tile(KernelKind::LseForward, p_.dtype, arch_, limit, p_.hidden, 0.f, false);
+    return t;
+  }
   // dlogits_backward epilogues with more per-element work than their registers allow beside 128
   // accumulators a thread (64 x 256 per consumer) take 64 x 128 per consumer, tuned or not
   // (tunings leave the options out): a bias with class-weighted label smoothing (two loads per
@@ -285,10 +327,15 @@ TileConfig Plan::tile(KernelKind kind) const {
   // temperature and temperature with z-loss did not: test_gpu_spills.py). Those driver spills
   // were measured before session 12, when the link path ignored setmaxnreg (168 registers a
   // thread, not 232: docs/cache.md): to be measured again.
+  // lse_forward with an entropy or argmax output keeps that statistic per row beside the running
+  // max and sum: with 128 accumulators a thread (its 128 x 256 default) ptxas 13.0 spilled 104-160
+  // bytes with entropy and predicted together and with predicted and softcap (2026-12-01), so
+  // those forwards take 64 x 128 per consumer, the default before session 13.
   const bool heavy_epilogue =
-      kind == KernelKind::DlogitsBackward &&
-      ((p_.bias && p_.class_weight && p_.label_smoothing != 0.f) || p_.lse_grad ||
-       (p_.softcap != 0.f && p_.z_loss_scale != 0.f));
+      (kind == KernelKind::DlogitsBackward &&
+       ((p_.bias && p_.class_weight && p_.label_smoothing != 0.f) || p_.lse_grad ||
+        (p_.softcap != 0.f && p_.z_loss_scale != 0.f))) ||
+      (kind == KernelKind::LseForward && (p_.entropy || p_.predicted));
   auto it = tuning_.tiles.find(kind);
   if (it != tuning_.tiles.end() && !(heavy_epilogue && it->second.wgmma() && it->second.accumulators() > 64))
     return it->second;
@@ -376,6 +423,69 @@ Plan::ForwardLayout Plan::forward_layout() const {
   l.partial_argmax = l.bytes;
   if (p_.predicted) l.bytes = checked_add(l.bytes, partial, "forward workspace bytes");
   return l;
+}
+
+Plan::EagerLayout Plan::eager_layout() const {
+  EagerLayout l{};
+  // (Without a gradient to compute, lfce_forward_backward runs the forward alone in it.)
+  const size_t forward = forward_layout().bytes;
+  if (!three_gemm_) {
+    l.bytes = std::max(forward, backward_layout().bytes);
+    return l;
+  }
+  const int64_t rows = token_chunk_, ld = round_up(rows, 8, "eager token stride");
+  int64_t bytes = 0;
+  auto take = [&](int64_t size, const char* what) {
+    const size_t at = static_cast<size_t>(bytes);
+    bytes = checked_add(bytes, align256(size), what);
+    return at;
+  };
+  l.dz = take(checked_mul(checked_mul(p_.vocab, ld, "eager dz elements"), dtype_bytes(p_.dtype), "eager dz bytes"),
+              "eager workspace bytes");
+  // eager_logits' tiles are at least 64 columns wide, whatever the tuning.
+  const int64_t partial = checked_mul(checked_mul(ceil_div(p_.vocab, int64_t{64}), rows, "eager partials"),
+                                      sizeof(float), "eager partial bytes");
+  l.partial_max = take(partial, "eager workspace bytes");
+  l.partial_sum = take(partial, "eager workspace bytes");
+  l.target_logit = take(checked_mul(rows, sizeof(float), "eager target-logit bytes"), "eager workspace bytes");
+  l.residual = take(p_.dtype == DType::FP32 ? 0 : checked_mul(rows, sizeof(float), "residual bytes"),
+                    "eager workspace bytes");
+  const bool sums = token_chunks() > 1 && p_.dtype != DType::FP32;
+  l.grad_weight_acc = take(sums ? checked_mul(checked_mul(p_.vocab, p_.hidden, "grad_weight elements"), sizeof(float),
+                                              "grad_weight accumulator bytes")
+                                : 0,
+                           "eager workspace bytes");
+  l.grad_bias_acc = take(sums && p_.bias ? checked_mul(p_.vocab, sizeof(float), "grad_bias accumulator bytes") : 0,
+                         "eager workspace bytes");
+  l.bytes = std::max(static_cast<size_t>(bytes), forward);
+  return l;
+}
+
+std::vector<KernelSpec> Plan::launched_specs() const {
+  std::vector<KernelSpec> out;
+  auto add = [&](KernelKind kind) { out.push_back(spec(kind)); };
+  if (!three_gemm_) {
+    for (const KernelKindInfo& info : kKernelKinds)
+      if (!info.eager && (p_.bias || !info.bias_only)) add(info.kind);
+    return out;
+  }
+  // With several token chunks grad_weight and grad_bias add each chunk's into fp32 sums.
+  const bool sums = token_chunks() > 1;
+  auto summed = [&](KernelKind kind) {
+    KernelSpec s = spec(kind);
+    s.accumulate = sums;
+    out.push_back(s.normalised());
+  };
+  add(KernelKind::TokenCount);
+  add(KernelKind::EagerLogits);
+  add(KernelKind::LseCombine);
+  add(KernelKind::EagerDz);
+  summed(KernelKind::GradWeight);
+  if (p_.bias) summed(KernelKind::GradBias);
+  add(KernelKind::GradInput);
+  add(KernelKind::LossReduce);
+  if (sums && p_.dtype != DType::FP32) add(KernelKind::GradConvert);
+  return out;
 }
 
 Plan::BackwardLayout Plan::backward_layout() const {

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "compiler/checked_int.h"
 #include "compiler/kernel_spec.h"
@@ -86,6 +87,22 @@ class Plan {
   int64_t row_groups() const { return row_groups_; }
   // CTAs that fill the device with `tile`'s kernel, for kernels whose CTAs loop over tiles.
   int64_t device_ctas(const TileConfig& tile) const;
+  // Eager mode's three-GEMM schedule (lfce_forward_backward): eager_logits, lse_combine,
+  // eager_dz, grad_weight / grad_bias / grad_input over the whole vocabulary, one chunk of
+  // tokens at a time. Eager problems it does not serve (a softcap, label smoothing, the entropy
+  // or argmax outputs, V over kMaxChunk, extra lse rows with several token chunks) run the
+  // forward and then the recompute backward with an upstream gradient of 1.
+  bool three_gemm() const { return three_gemm_; }
+  // Tokens per chunk of the three-GEMM schedule (all N unless chunk_size or workspace_budget
+  // bounds it), and the chunks.
+  int64_t token_chunk() const { return token_chunk_; }
+  int64_t token_chunks() const { return ceil_div(p_.tokens, token_chunk_); }
+  // Vocabulary tiles of eager_logits (the partials' rows).
+  int64_t eager_tiles() const;
+  // Every kernel spec the problem's schedule launches (a kernel that only some token counts or
+  // gradients need included), in launch order: what precompilation compiles.
+  std::vector<KernelSpec> launched_specs() const;
+
   // Backward: vocabulary chunk width and the token stride of the dzᵀ workspace.
   int64_t chunk() const { return chunk_; }
   int64_t chunks() const { return ceil_div(p_.vocab, chunk_); }
@@ -103,6 +120,14 @@ class Plan {
   struct BackwardLayout { size_t dz, grad_input_acc, residual, bytes; };
   ForwardLayout forward_layout() const;
   BackwardLayout backward_layout() const;
+  // lfce_forward_backward's workspace. Three-GEMM schedule: one token chunk's exponentials (dzᵀ
+  // [V, ld] in the dtype), eager_logits' partials ([tiles, chunk] fp32 each, for tiles of BN >= 64
+  // whatever the tuning), the chunk's target logits and residuals, and with several chunks the
+  // fp32 sums of grad_weight [V, H] and grad_bias [V] (16-bit dtypes). Otherwise the larger of
+  // the forward's and the backward's workspaces (used one after the other). Never less than the
+  // forward's (which runs alone when no gradient is asked for).
+  struct EagerLayout { size_t dz, partial_max, partial_sum, target_logit, residual, grad_weight_acc, grad_bias_acc, bytes; };
+  EagerLayout eager_layout() const;
 
  private:
   Problem p_;
@@ -111,6 +136,9 @@ class Plan {
   DeviceLimits limits_;
   int64_t budget_chunk_ = 1, max_splits_ = 1;
   int64_t splits_ = 1, row_groups_ = 1, chunk_ = 1, ld_ = 8;
+  bool three_gemm_ = false;
+  int64_t token_chunk_ = 1;
+  void plan_three_gemm();
 };
 
 }  // namespace lfce::runtime

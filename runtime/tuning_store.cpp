@@ -243,7 +243,7 @@ std::optional<TuningEntry> TuningFiles::load(const TuningKey& key) const {
 Tuning stored_tuning(const TuningFiles& files, const Problem& problem, Arch arch, const DeviceLimits& limits) {
   Tuning tuning;
   for (const KernelKindInfo& info : kKernelKinds) {
-    if (!info.gemm) continue;
+    if (!info.gemm || info.eager) continue;  // (eager_logits takes dlogits_backward's tuning)
     const TuningKey key = TuningKey::of(info.kind, problem, arch, limits);
     std::optional<TuningEntry> entry = files.load(key);
     const Record* winner = entry ? entry->winner() : nullptr;

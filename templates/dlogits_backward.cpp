@@ -20,6 +20,8 @@
 // with P += g_lse + g_H·S − g_lp, T −= g_lp and one more term −g_H·p_v·u_v (the entropy's, S = LSE − H),
 // for every token (ignored ones too: their LSE and entropy are outputs); g_lp only where the target
 // is counted and in [0, V).
+#include "templates/dz_math.h"
+#include "templates/fragment_epilogue.h"
 #include "templates/gemm_skeleton.h"
 #include "templates/template_util.h"
 #include "templates/templates.h"
@@ -65,85 +67,7 @@ KernelShape build_dlogits_backward(llvm::Module& module, const KernelSpec& spec)
   Value* v_begin = kb.arg("v_begin");
   Value* v_len = kb.arg("v_len");
   Value* ld = kb.arg("ld");
-  // Row m's constants: g, LSE and the target (row 0's LSE and target for rows past N, whose g is 0);
-  // with target terms also P, T and U (nullptr without label smoothing), g being a.
-  // With lse_grad also q (the entropy's −g_H·p_v·u_v, or nullptr) and `zero` (the row is past N:
-  // dz is 0), since g (the cross-entropy's scale) is 0 for an ignored token whose LSE has a gradient.
-  struct RowConstants {
-    Value *g, *lse, *target;
-    Value *p = nullptr, *t = nullptr, *u = nullptr, *q = nullptr, *zero = nullptr;
-  };
-  // U of a row whose cross-entropy scale is a, or nullptr without label smoothing.
-  auto smoothing_u = [&](Value* a) {
-    return eps != 0.f ? ir.CreateFMul(a, kb.cf(eps / static_cast<float>(spec.vocab))) : nullptr;
-  };
-  auto row_constants = [&](Value* m) {
-    Value* in_rows = ir.CreateICmpSLT(m, n);
-    Value* safe_m = ir.CreateSelect(in_rows, m, kb.c64(0));
-    Value* target = load_target(kb, spec, kb.arg("targets"), safe_m, kb.arg("ignore_index"));
-    Value* counted = ir.CreateAnd(in_rows, ir.CreateICmpNE(target, kb.arg("ignore_index")));
-    Value* upstream = kb.cf(1.f);
-    if (spec.mode == Mode::Recompute) {
-      Value* index = spec.reduction == Reduction::None ? safe_m : kb.c64(0);
-      upstream = kb.load(kb.f32(), kb.gep(kb.arg("grad_loss"), kb.f32(), index));
-    }
-    // Token scaling: the token's detached p(target), stored by lse_combine after the N LSEs.
-    if (spec.token_scaling)
-      upstream = ir.CreateFMul(upstream, kb.load(kb.f32(), lse_row_at(kb, kb.arg("lse"), lse_row_scale(spec), n, safe_m)));
-    if (row_terms) {
-      // a and b (equal without class weights), then T, U and P.
-      Value* a = per_valid_token(kb, spec, upstream, kb.arg("valid_count"), spec.class_weight ? 1 : 0);
-      Value* b = spec.class_weight ? per_valid_token(kb, spec, upstream, kb.arg("valid_count")) : a;
-      Value* scale = dz_scale(kb, spec, kb.arg("grad_loss"), kb.arg("valid_count"));  // fp16 (no class weights)
-      a = ir.CreateSelect(counted, ir.CreateFMul(a, scale), kb.cf(0.f));
-      b = spec.class_weight ? ir.CreateSelect(counted, ir.CreateFMul(b, scale), kb.cf(0.f)) : a;
-      Value* lse = kb.load(kb.f32(), kb.gep(kb.arg("lse"), kb.f32(), safe_m));
-      Value* t_coef = eps != 0.f ? ir.CreateFMul(a, kb.cf(1.f - eps)) : a;
-      if (spec.class_weight) {
-        Value* in_range = ir.CreateAnd(ir.CreateICmpSGE(target, kb.c64(0)), ir.CreateICmpSLT(target, kb.c64(spec.vocab)));
-        Value* w_y = load_class_weight(kb, spec, ir.CreateSelect(in_range, target, kb.c64(0)));
-        t_coef = ir.CreateFMul(t_coef, w_y);
-      }
-      Value* p_coef = t_coef;
-      if (eps != 0.f) {
-        // a·eps·W / V: W / V = 1 without class weights.
-        Value* share = kb.cf(eps);
-        if (spec.class_weight)
-          share = ir.CreateFMul(kb.load(kb.f32(), kb.gep(kb.arg("valid_count"), kb.f32(), kb.c64(2))),
-                                kb.cf(eps / static_cast<float>(spec.vocab)));
-        p_coef = ir.CreateFAdd(p_coef, ir.CreateFMul(a, share));
-      }
-      if (spec.z_loss_scale != 0.f)
-        p_coef = ir.CreateFAdd(p_coef, ir.CreateFMul(b, ir.CreateFMul(kb.cf(2.f * spec.z_loss_scale), lse)));
-      RowConstants row{a, lse, target, p_coef, t_coef, smoothing_u(a)};
-      if (spec.lse_grad) {
-        // The lse rows' upstream gradients (0 past N).
-        auto upstream_of = [&](int lse_row) {
-          Value* g = kb.load(kb.f32(), lse_row_at(kb, kb.arg("grad_lse"), lse_row, n, safe_m));
-          return ir.CreateSelect(in_rows, g, kb.cf(0.f));
-        };
-        row.p = ir.CreateFAdd(row.p, upstream_of(0));
-        if (spec.entropy) {
-          Value* g_h = upstream_of(lse_row_entropy(spec));
-          Value* h = kb.load(kb.f32(), lse_row_at(kb, kb.arg("lse"), lse_row_entropy(spec), n, safe_m));
-          row.p = ir.CreateFAdd(row.p, ir.CreateFMul(g_h, ir.CreateFSub(lse, h)));
-          row.q = g_h;
-        }
-        if (spec.logprob) {
-          Value* in_range = ir.CreateAnd(ir.CreateICmpSGE(target, kb.c64(0)), ir.CreateICmpSLT(target, kb.c64(spec.vocab)));
-          Value* g_lp = ir.CreateSelect(ir.CreateAnd(counted, in_range), upstream_of(lse_row_logprob(spec)), kb.cf(0.f));
-          row.p = ir.CreateFSub(row.p, g_lp);
-          row.t = ir.CreateFSub(row.t, g_lp);
-        }
-        row.zero = ir.CreateNot(in_rows);
-      }
-      return row;
-    }
-    upstream = per_valid_token(kb, spec, upstream, kb.arg("valid_count"));
-    upstream = ir.CreateFMul(upstream, dz_scale(kb, spec, kb.arg("grad_loss"), kb.arg("valid_count")));
-    return RowConstants{ir.CreateSelect(counted, upstream, kb.cf(0.f)),
-                        kb.load(kb.f32(), kb.gep(kb.arg("lse"), kb.f32(), safe_m)), target};
-  };
+  auto row_constants = [&](Value* m) { return lfce::row_constants(kb, spec, m, n); };
   // dz of logit z (bias included) at vocabulary index vocab_index of a row, rounded to the
   // dtype, and what the rounding lost (fp32). At the row's target (the largest |dz| of the row)
   // the loss is kept in residual[m], which grad_input adds back times W[target]: token m's
@@ -161,18 +85,7 @@ KernelShape build_dlogits_backward(llvm::Module& module, const KernelSpec& spec)
     const CappedLogit capped = capped_logit_with_slope(kb, spec, z);
     z = capped.u;
     Value* p = kb.exp(ir.CreateFSub(z, row.lse));
-    Value* dz = nullptr;
-    if (row_terms) {
-      dz = ir.CreateFSub(ir.CreateFMul(row.p, p), ir.CreateSelect(hit, row.t, kb.cf(0.f)));
-      if (row.u) dz = ir.CreateFSub(dz, column_weight ? ir.CreateFMul(row.u, column_weight) : row.u);
-      if (row.q) dz = ir.CreateFSub(dz, ir.CreateFMul(row.q, ir.CreateFMul(p, z)));
-    } else {
-      if (Value* factor = z_loss_factor(kb, spec, row.lse)) p = ir.CreateFMul(p, factor);
-      dz = ir.CreateFMul(row.g, ir.CreateFSub(p, ir.CreateSelect(hit, kb.cf(1.f), kb.cf(0.f))));
-    }
-    if (capped.slope) dz = ir.CreateFMul(dz, capped.slope);
-    // g = 0 (ignored or padding rows) gives an exact 0 even where z or LSE is not finite.
-    dz = ir.CreateSelect(row.zero ? row.zero : ir.CreateFCmpOEQ(row.g, kb.cf(0.f)), kb.cf(0.f), dz);
+    Value* dz = dz_of_softmax(kb, spec, row, p, z, hit, column_weight, capped.slope);
     Value* rounded = kb.from_f32(dz, elem);
     return Dz{rounded, dz, hit};
   };
@@ -285,53 +198,19 @@ KernelShape build_dlogits_backward(llvm::Module& module, const KernelSpec& spec)
         }
         return;
       }
-      // Without a bias: the lean form, about 8 SASS instructions per element.
-      // dzᵀ has tokens contiguous, and this thread's two rows of an m64 block are 8 apart; the
-      // lane four away (lane ^ 4) holds the rows one below (upper = 1) or above. Each thread
-      // rounds its two rows of a column to one packed pair, and one shuffle and one byte permute
-      // give each of the two lanes two adjacent tokens to store as one 4-byte pair: the lower
-      // lane rows (r, r + 1), the upper one (r + 8, r + 9), r even (ld is a multiple of 8, so a
-      // pair is wholly inside or outside [0, ld)).
-      Value* upper = ir.CreateICmpNE(ir.CreateAnd(f.pos.row[0], kb.c32(1)), kb.c32(0));
-      // prmt of (mine, the other lane's): the lower lane takes both low halves, the upper lane
-      // the other's high half, then its own.
-      Value* selector = ir.CreateSelect(upper, kb.c32(0x3276), kb.c32(0x5410));
-      std::vector<Value*> pair_row(rows / 2), pair_in_rows(rows / 2);
-      for (int i = 0; i < rows / 2; ++i) {
-        pair_row[i] = ir.CreateSelect(upper, ir.CreateSub(m[2 * i + 1], kb.c64(1)), m[2 * i]);
-        pair_in_rows[i] = ir.CreateICmpSLT(pair_row[i], ld);
-      }
-      llvm::Type* pair_type = llvm::FixedVectorType::get(elem, 2);
-      llvm::Type* wide = llvm::FixedVectorType::get(kb.f32(), 2);
+      // Without a bias: the lean form, about 8 SASS instructions per element, stored transposed
+      // as packed pairs (fragment_epilogue.h).
       // Every element is stored as g·p (the softmax term); the row's target element, at most one
       // per row and in about one tile of V / BN, is corrected after the columns: its logit is
       // kept by one select per element, and a branch per row stores g·(p − 1) over the pair's
       // value and the residual. No per-element branch or second use of a per-element predicate.
       std::vector<Value*> target_z(rows, kb.cf(0.f));
       auto no_target = kb.ir().getFalse();
-      // Column by column (q = 2j + e of this thread), all rows: few values live at once. The
-      // column's dzᵀ row pointer advances by ld (e) and 8·ld (j) elements.
-      Value* column = kb.gep(kb.arg("dz"), elem, ir.CreateMul(f.col_at(kb, n0, 0, 0), ld));
-      // Column offsets 8j + e below `columns_left` are in the chunk: one 32-bit compare each
-      // (v_len − n0 − col0 is at most the chunk; in the last tile it may be negative: no column).
-      Value* columns_left =
-          ir.CreateTrunc(ir.CreateSub(ir.CreateSub(v_len, n0), ir.CreateZExt(f.pos.col0, kb.i64())), kb.i32());
-      for (int q = 0; q < 2 * f.blocks(); ++q) {
-        if (q > 0) column = kb.gep(column, elem, q % 2 ? ld : ir.CreateMul(ld, kb.c64(7)));
-        Value* in_cols = ir.CreateICmpSLT(kb.c32(8 * (q / 2) + q % 2), columns_left);
-                for (int i = 0; i < rows / 2; ++i) {
-          Value* exact = llvm::PoisonValue::get(wide);
-          for (int h = 0; h < 2; ++h) {
-            const int r = 2 * i + h;
-            Value* z = f.at(q / 2, r, q % 2);
-            target_z[r] = ir.CreateSelect(ir.CreateICmpEQ(target_col[r], kb.c32(8 * (q / 2) + q % 2)), z, target_z[r]);
-            exact = ir.CreateInsertElement(exact, lean_dz(z, row[r], no_target), uint64_t(h));
-          }
-          Value* mine = ir.CreateBitCast(kb.from_f32(exact, pair_type), kb.i32());
-          Value* pair = kb.prmt(mine, kb.shfl_xor_i32(mine, 4), selector);
-          kb.store_if(ir.CreateAnd(pair_in_rows[i], in_cols), pair, kb.gep(column, elem, pair_row[i]));
-        }
-      }
+      store_transposed_pairs(kb, f, m, n0, kb.arg("dz"), ld, v_len, elem, [&](int q, int r) {
+        Value* z = f.at(q / 2, r, q % 2);
+        target_z[r] = ir.CreateSelect(ir.CreateICmpEQ(target_col[r], kb.c32(8 * (q / 2) + q % 2)), z, target_z[r]);
+        return lean_dz(z, row[r], no_target);
+      });
       // The pair stores of every lane of the warp are ordered before the corrections.
       kb.warp_sync();
       for (int h = 0; h < rows; ++h)
@@ -379,7 +258,7 @@ KernelShape build_dlogits_backward(llvm::Module& module, const KernelSpec& spec)
       if (row_terms) {
         row.p = kb.load(kb.f32(), row_slot(p_off, r, 4));
         row.t = kb.load(kb.f32(), row_slot(t_off, r, 4));
-        row.u = smoothing_u(row.g);
+        row.u = smoothing_u(kb, spec, row.g);
       }
       if (entropy_term) row.q = kb.load(kb.f32(), row_slot(q_off, r, 4));
       if (spec.lse_grad) row.zero = ir.CreateICmpSGE(m, n);

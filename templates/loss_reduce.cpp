@@ -5,6 +5,10 @@
 // With class weights it also writes valid_count[1] = Σ w_y over the counted tokens, the mean's
 // denominator of the cross-entropy (and smoothing) terms; the z-loss part of each token's loss,
 // s·LSE², keeps the count as its own (as Liger-Kernel's): mean = (Σ loss − Σ z) / Σ w_y + Σ z / count.
+//
+// token_count (eager mode's three-GEMM schedule) is the same kernel without the losses: it writes
+// the count (and Σ w_y) before any dz is formed, since eager_dz divides by them, and with the same
+// per-thread order and tree, so loss_reduce later writes the same bits there.
 #include "templates/template_util.h"
 #include "templates/templates.h"
 
@@ -14,18 +18,24 @@ using llvm::Value;
 
 KernelShape build_loss_reduce(llvm::Module& module, const KernelSpec& spec) {
   constexpr int kThreads = 1024;
+  const bool losses = spec.kind == KernelKind::LossReduce;  // else token_count: the counts alone
   const bool weighted = spec.class_weight;
   const bool z_loss = spec.z_loss_scale != 0.f;  // read only for mean with class weights (fields_read)
   std::vector<Param> params = {{"token_loss", ParamType::GlobalPtr}, {"targets", ParamType::GlobalPtr},
                                {"n", ParamType::I64}, {"ignore_index", ParamType::I64},
                                {"loss", ParamType::GlobalPtr}, {"valid_count", ParamType::GlobalPtr}};
+  if (!losses)
+    params = {{"targets", ParamType::GlobalPtr}, {"n", ParamType::I64}, {"ignore_index", ParamType::I64},
+              {"valid_count", ParamType::GlobalPtr}};
   if (weighted) params.push_back({"class_weight", ParamType::GlobalPtr});
   if (z_loss) params.push_back({"lse", ParamType::GlobalPtr});
   add_shift_param(spec, params);
-  KernelBuilder kb(module, "loss_reduce", params, kThreads);
+  const std::string name(kind_name(spec.kind));
+  KernelBuilder kb(module, name, params, kThreads);
   auto& ir = kb.ir();
   Value* tid = kb.tid();
-  // Per-thread sums: loss, count, and with class weights Σ w_y and Σ s·LSE².
+  // Per-thread sums: loss, count, and with class weights Σ w_y and Σ s·LSE² (token_count: the loss
+  // slot stays 0 and unread).
   const int sums = weighted ? 4 : 2;
   Value* acc = kb.local_array(kb.f32(), sums, "acc");
   Value* sum_slot = kb.at(acc, kb.f32(), 0);
@@ -34,8 +44,10 @@ KernelShape build_loss_reduce(llvm::Module& module, const KernelSpec& spec) {
   kb.for_range(ir.CreateZExt(tid, kb.i64()), kb.arg("n"), kb.c64(kThreads), [&](Value* m) {
     Value* target = load_target(kb, spec, kb.arg("targets"), m, kb.arg("ignore_index"));
     Value* valid = ir.CreateICmpNE(target, kb.arg("ignore_index"));
-    Value* loss = kb.load(kb.f32(), kb.gep(kb.arg("token_loss"), kb.f32(), m));
-    kb.store(ir.CreateFAdd(kb.load(kb.f32(), sum_slot), loss), sum_slot);
+    if (losses) {
+      Value* loss = kb.load(kb.f32(), kb.gep(kb.arg("token_loss"), kb.f32(), m));
+      kb.store(ir.CreateFAdd(kb.load(kb.f32(), sum_slot), loss), sum_slot);
+    }
     kb.store(ir.CreateFAdd(kb.load(kb.f32(), count_slot), ir.CreateSelect(valid, kb.cf(1.f), kb.cf(0.f))),
              count_slot);
     if (weighted) {
@@ -77,6 +89,7 @@ KernelShape build_loss_reduce(llvm::Module& module, const KernelSpec& spec) {
     if (weighted) {
       Value* weight_sum = kb.load(kb.f32(), slot(tid, 2 * kThreads));
       kb.store(weight_sum, kb.gep(kb.arg("valid_count"), kb.f32(), kb.c64(1)));
+      if (!losses) return;
       if (z_loss) {
         Value* z_sum = kb.load(kb.f32(), slot(tid, 3 * kThreads));
         mean = ir.CreateFAdd(ir.CreateFDiv(ir.CreateFSub(sum, z_sum), weight_sum), ir.CreateFDiv(z_sum, count));
@@ -84,13 +97,14 @@ KernelShape build_loss_reduce(llvm::Module& module, const KernelSpec& spec) {
         mean = ir.CreateFDiv(sum, weight_sum);
       }
     } else {
+      if (!losses) return;
       mean = ir.CreateFDiv(sum, count);
     }
     if (spec.reduction != Reduction::None)
       kb.store(spec.reduction == Reduction::Mean ? mean : sum, kb.arg("loss"));
   });
   kb.finish();
-  return {"loss_reduce", kThreads, kernel_smem_bytes(spec)};
+  return {name, kThreads, kernel_smem_bytes(spec)};
 }
 
 }  // namespace lfce

@@ -24,7 +24,9 @@ constexpr Template kTemplates[] = {
     {KernelKind::LseForward, build_lse_forward},   {KernelKind::LseCombine, build_lse_combine},
     {KernelKind::LossReduce, build_loss_reduce},   {KernelKind::DlogitsBackward, build_dlogits_backward},
     {KernelKind::GradWeight, build_grad_weight},   {KernelKind::GradInput, build_grad_input},
-    {KernelKind::GradBias, build_grad_bias},
+    {KernelKind::GradBias, build_grad_bias},       {KernelKind::TokenCount, build_loss_reduce},
+    {KernelKind::EagerLogits, build_eager_logits}, {KernelKind::EagerDz, build_eager_dz},
+    {KernelKind::GradConvert, build_grad_convert},
 };
 
 constexpr bool every_kind_has_a_template() {
@@ -55,7 +57,8 @@ int kernel_smem_bytes(const KernelSpec& spec) {
   const KernelKindInfo& info = kind_info(spec.kind);
   // loss_reduce's tree, with class weights: four sums instead of two; lse_combine's tree of Σ w_v
   // (class-weighted smoothing).
-  if (spec.kind == KernelKind::LossReduce && spec.class_weight) return 2 * info.smem_bytes;
+  if ((spec.kind == KernelKind::LossReduce || spec.kind == KernelKind::TokenCount) && spec.class_weight)
+    return 2 * info.smem_bytes;
   if (spec.kind == KernelKind::LseCombine && spec.class_weight && spec.label_smoothing != 0.f)
     return kLseCombineThreads * 4;
   if (!info.gemm) return info.smem_bytes;

@@ -26,6 +26,10 @@ KernelShape build_dlogits_backward(llvm::Module& module, const KernelSpec& spec)
 KernelShape build_grad_weight(llvm::Module& module, const KernelSpec& spec);
 KernelShape build_grad_input(llvm::Module& module, const KernelSpec& spec);
 KernelShape build_grad_bias(llvm::Module& module, const KernelSpec& spec);
+// Eager mode's three-GEMM schedule; token_count is loss_reduce's builder without the losses.
+KernelShape build_eager_logits(llvm::Module& module, const KernelSpec& spec);
+KernelShape build_eager_dz(llvm::Module& module, const KernelSpec& spec);
+KernelShape build_grad_convert(llvm::Module& module, const KernelSpec& spec);
 
 struct GeneratedKernel {
   KernelShape shape;

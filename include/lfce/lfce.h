@@ -25,7 +25,7 @@ extern "C" {
  * function in this header. Bump it whenever one of them changes; a binding compares its own
  * copy with lfce_abi_version() when it loads the library, so a stale library is an error at
  * load time instead of corrupted arguments. */
-#define LFCE_ABI_VERSION 8
+#define LFCE_ABI_VERSION 9
 
 typedef enum lfce_status {
   LFCE_OK = 0,
@@ -97,8 +97,11 @@ typedef struct lfce_problem {
                                entropy and logprob add rows to lse, predicted fills lfce_forward_args.predicted */
   int64_t ignore_index;     /* targets equal to this contribute no loss and no gradient */
   int64_t chunk_size;       /* vocabulary chunk of the backward, <= 2^20 (larger than V: V);
-                               0 = derive from workspace_budget (also at most 2^20) */
-  int64_t workspace_budget; /* bytes for the backward's logit-gradient chunk; 0 = 256 MiB */
+                               0 = derive from workspace_budget (also at most 2^20). In eager mode's
+                               three-GEMM schedule (lfce_forward_backward): tokens per chunk instead */
+  int64_t workspace_budget; /* bytes for the backward's logit-gradient chunk; 0 = 256 MiB. In eager
+                               mode's three-GEMM schedule: bytes for one token chunk's [chunk, vocab]
+                               exponentials in dtype (0 = every token in one chunk) */
   int64_t sequence_length;  /* T >= 1 with a causal shift (Cut Cross-Entropy's shift): the tokens are
                                sequences of T positions (tokens a multiple of T) and position t of each
                                is scored against targets[t + 1] of the same sequence, read in place (no
@@ -195,6 +198,24 @@ LFCE_API int lfce_forward(const lfce_problem* problem, const lfce_forward_args* 
  * workspace size does not depend on which gradients are asked for (its fp32 grad_hidden
  * accumulator goes unused without grad_hidden). */
 LFCE_API int lfce_backward(const lfce_problem* problem, const lfce_backward_args* args);
+
+/* Eager mode (problem->mode = LFCE_MODE_EAGER; any other mode is LFCE_ERR_INVALID_ARGUMENT): the
+ * forward, with every output of lfce_forward in `args`, and the gradients of the loss for an upstream
+ * gradient of 1 (of the sum of the per-token losses for reduction none), which the caller scales by
+ * the real one in its backward. grad_hidden [tokens, hidden], grad_weight [vocab, hidden] and
+ * grad_bias [vocab] are in dtype; each may be NULL (not computed). args->workspace must be
+ * lfce_forward_backward_workspace_size() bytes. Most problems run three GEMMs (logits, then
+ * dz·W and dzᵀ·x from dz formed once, exactly as recompute mode forms it), one chunk of tokens at a
+ * time (chunk_size / workspace_budget, see lfce_problem); a softcap, label smoothing, the entropy
+ * or predicted outputs, vocab > 2^20, or token scaling / logprob with several token chunks run the
+ * forward and then the recompute backward instead (lfce_eager_schedule tells which). */
+LFCE_API int lfce_forward_backward_workspace_size(const lfce_problem* problem, size_t* bytes);
+LFCE_API int lfce_forward_backward(const lfce_problem* problem, const lfce_forward_args* args, void* grad_hidden,
+                                   void* grad_weight, void* grad_bias);
+/* How lfce_forward_backward runs `problem`: *three_gemm = 1 for the three-GEMM schedule, with
+ * *token_chunk tokens per chunk (the last may have fewer); *three_gemm = 0 (and *token_chunk = tokens)
+ * for the forward and recompute backward. */
+LFCE_API int lfce_eager_schedule(const lfce_problem* problem, int32_t* three_gemm, int64_t* token_chunk);
 
 /* Generates every kernel the problem needs for `arch` ("sm_80" or "sm_90a") without
  * touching a GPU, and hands each to `callback`. */

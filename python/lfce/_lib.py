@@ -30,7 +30,7 @@ __all__ = [
 ]
 
 # LFCE_ABI_VERSION of the lfce.h this file mirrors: bump both together.
-ABI_VERSION = 8
+ABI_VERSION = 9
 
 # lfce_status
 OK = 0
@@ -275,6 +275,10 @@ _SIGNATURES = {
     "lfce_backward_chunk_size": (ctypes.c_int, [_P(Problem), _P(ctypes.c_int64)]),
     "lfce_forward": (ctypes.c_int, [_P(Problem), _P(ForwardArgs)]),
     "lfce_backward": (ctypes.c_int, [_P(Problem), _P(BackwardArgs)]),
+    "lfce_forward_backward_workspace_size": (ctypes.c_int, [_P(Problem), _P(ctypes.c_size_t)]),
+    "lfce_forward_backward": (ctypes.c_int, [_P(Problem), _P(ForwardArgs), ctypes.c_void_p, ctypes.c_void_p,
+                                             ctypes.c_void_p]),
+    "lfce_eager_schedule": (ctypes.c_int, [_P(Problem), _P(ctypes.c_int32), _P(ctypes.c_int64)]),
     "lfce_generate": (ctypes.c_int, [_P(Problem), ctypes.c_char_p, KERNEL_CALLBACK, ctypes.c_void_p]),
     "lfce_cache_dir": (ctypes.c_char_p, []),
     "lfce_set_cache_dir": (ctypes.c_int, [ctypes.c_char_p]),
@@ -429,6 +433,19 @@ def backward_workspace_size(problem):
     size = ctypes.c_size_t(0)
     check(load().lfce_backward_workspace_size(ctypes.byref(problem), ctypes.byref(size)))
     return size.value
+
+
+def forward_backward_workspace_size(problem):
+    size = ctypes.c_size_t(0)
+    check(load().lfce_forward_backward_workspace_size(ctypes.byref(problem), ctypes.byref(size)))
+    return size.value
+
+
+def eager_schedule(problem):
+    """(three_gemm, token_chunk) of an eager problem: lfce_eager_schedule."""
+    three_gemm, chunk = ctypes.c_int32(0), ctypes.c_int64(0)
+    check(load().lfce_eager_schedule(ctypes.byref(problem), ctypes.byref(three_gemm), ctypes.byref(chunk)))
+    return bool(three_gemm.value), chunk.value
 
 
 def backward_chunk_size(problem):

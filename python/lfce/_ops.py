@@ -151,6 +151,24 @@ def _eager(mode, reduction, outputs):
     return mode == "eager" and reduction != "none" and not outputs & _DIFFERENTIABLE_OUTPUTS
 
 
+# Eager mode's default token chunk: every token at once when the chunk's [N, V] exponentials
+# (in the dtype) fit in an eighth of the device memory free now, else chunks of that budget,
+# rounded down to a power of two so that nearby sizes share one plan.
+_EAGER_MEMORY_SHARE = 8
+
+
+def _eager_budget(hidden, weight):
+    """workspace_budget for an eager call that set neither chunk_size nor workspace_budget: None
+    (one chunk) when the [N, V] workspace fits, else the power of two under the free share."""
+    free, _ = torch.cuda.mem_get_info(hidden.device)
+    stats = torch.cuda.memory_stats(hidden.device)
+    # Memory the caching allocator holds but no tensor uses is free to this call too.
+    free += stats.get("reserved_bytes.all.current", 0) - stats.get("allocated_bytes.all.current", 0)
+    share = max(free // _EAGER_MEMORY_SHARE, 1)
+    needed = hidden.shape[0] * weight.shape[0] * hidden.element_size()
+    return None if needed <= share else 1 << (share.bit_length() - 1)
+
+
 def _problem(hidden, weight, bias, targets, class_weight, ignore_index, reduction, mode, chunk_size,
              workspace_budget, softcap, temperature, z_loss_scale, label_smoothing, token_scaling, outputs,
              sequence_length, accumulate=(False, False)):
@@ -289,10 +307,13 @@ def _forward_impl(hidden: Tensor, weight: Tensor, bias: OptionalTensor, targets:
     _check_class_weight(class_weight)
     hidden, weight = _rows_aligned(hidden), _rows_aligned(weight)
     bias, targets, class_weight = _aligned(bias), _aligned(targets), _aligned(class_weight)
+    wanted = (need_hidden, need_weight, need_bias and bias is not None) if eager else (False, False, False)
+    eager = eager and any(wanted)  # no gradient wanted: the forward alone
+    if eager and chunk_size is None and workspace_budget is None:
+        workspace_budget = _eager_budget(hidden, weight)
     problem = _problem(hidden, weight, bias, targets, class_weight, ignore_index, reduction,
                        "eager" if eager else "recompute", chunk_size, workspace_budget, softcap, temperature,
                        z_loss_scale, label_smoothing, token_scaling, outputs, sequence_length)
-    wanted = (need_hidden, need_weight, need_bias) if eager else (False, False, False)
     device = hidden.device
     key = _key(problem, device, "forward", wanted)
     _require_loaded(key, problem, "forward")
@@ -303,7 +324,16 @@ def _forward_impl(hidden: Tensor, weight: Tensor, bias: OptionalTensor, targets:
         predicted = hidden.new_empty(_predicted_size(n, outputs), dtype=torch.int64)
         loss = token_loss if reduction == "none" else hidden.new_empty((), dtype=_F32)
         valid_count = _valid_count(hidden, class_weight)
-        workspace = _workspace(_lib.forward_workspace_size(problem), device)
+        # Eager: the gradients for an upstream gradient of 1 in the same call (lfce_forward_backward);
+        # autograd's backward rescales them.
+        grads = (None, None, None)
+        if eager:
+            grads = (hidden.new_empty(hidden.shape) if wanted[0] else None,
+                     weight.new_empty(weight.shape) if wanted[1] else None,
+                     bias.new_empty(bias.shape) if wanted[2] else None)
+            workspace = _workspace(_lib.forward_backward_workspace_size(problem), device)
+        else:
+            workspace = _workspace(_lib.forward_workspace_size(problem), device)
         args = _lib.ForwardArgs(
             hidden=_ptr(hidden), weight=_ptr(weight), bias=_ptr(bias), targets=_ptr(targets),
             class_weight=_ptr(class_weight), lse=_ptr(lse), token_loss=_ptr(token_loss),
@@ -312,11 +342,12 @@ def _forward_impl(hidden: Tensor, weight: Tensor, bias: OptionalTensor, targets:
             workspace=_ptr(workspace), workspace_bytes=workspace.numel(),
             device=device.index, stream=_stream(device),
         )
-        _lib.check(_lib.load().lfce_forward(ctypes.byref(problem), ctypes.byref(args)))
-        del workspace
-        # Eager: grad_loss NULL means an upstream gradient of 1; autograd's backward rescales.
-        grads = backward_kernels(problem, hidden, weight, bias, targets, class_weight, lse, valid_count, None,
-                                 wanted)
+        if eager:
+            _lib.check(_lib.load().lfce_forward_backward(ctypes.byref(problem), ctypes.byref(args),
+                                                         *(_ptr(g) for g in grads)))
+        else:
+            _lib.check(_lib.load().lfce_forward(ctypes.byref(problem), ctypes.byref(args)))
+        del workspace  # back to the caching allocator; reuse is ordered on this stream
     _loaded.add(key)
     return (loss, lse, valid_count) + _or_empty(grads, hidden) + (predicted,)
 

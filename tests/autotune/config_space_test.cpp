@@ -184,7 +184,7 @@ TEST(Candidate, TextRoundTrips) {
   for (KernelKind kind : tuned_kinds())
     for (const Candidate& c : config_space(kind, llama3_8b(), Arch::SM90A, "small").kept)
       EXPECT_EQ(Candidate::parse(kind, c.text()), c) << c.text();
-  EXPECT_EQ(default_candidate(KernelKind::LseForward, llama3_8b(), Arch::SM90A).text(), "128x128x64/wg2/s4;ctas=132");
+  EXPECT_EQ(default_candidate(KernelKind::LseForward, llama3_8b(), Arch::SM90A).text(), "128x256x64/wg2/s4;ctas=132");
   EXPECT_EQ(default_candidate(KernelKind::GradWeight, llama3_8b(), Arch::SM90A).text(), "128x256x64/wg2/s4");
   EXPECT_EQ(default_candidate(KernelKind::GradInput, llama3_8b(), Arch::SM90A).text(), "64x256x64/wg2/s4/pp");
   EXPECT_EQ(default_candidate(KernelKind::GradWeight, llama3_8b(), Arch::SM80).text(), "128x256x64/2x4/s2");

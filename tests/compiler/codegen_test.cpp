@@ -80,7 +80,7 @@ INSTANTIATE_TEST_SUITE_P(AllTemplates, Codegen, testing::ValuesIn(all_cases()), 
 // The sm_90a default tiles of runtime/plan.cpp's default_tile (bf16/fp16) for the GEMM kinds
 // (the runtime's layer is above this test's).
 TileConfig default_wgmma_tile(KernelKind kind) {
-  if (kind == KernelKind::LseForward) return TileConfig{128, 128, 64, 1, 1, 4, 2};
+  if (kind == KernelKind::LseForward) return TileConfig{128, 256, 64, 1, 1, 4, 2};
   if (kind == KernelKind::GradWeight) return TileConfig{128, 256, 64, 1, 1, 4, 2};
   TileConfig t = kind == KernelKind::DlogitsBackward ? TileConfig{64, 256, 64, 1, 1, 5, 2} : TileConfig{64, 256, 64, 1, 1, 4, 2};
   t.pingpong = true;
@@ -190,7 +190,8 @@ TEST(Codegen, ExtraOutputsAndTheirGradientsGiveTheirOwnKernelsWithoutCallsOrSpil
           s.class_weight = o.class_weight;
           s = s.normalised();
           // The tile Plan::tile gives dlogits_backward's heavier epilogues on sm_90a.
-          if (s.tile.wgmma() && s.kind == KernelKind::DlogitsBackward && s.lse_grad)
+          if (s.tile.wgmma() && ((s.kind == KernelKind::DlogitsBackward && s.lse_grad) ||
+                                 (s.kind == KernelKind::LseForward && (s.entropy || s.argmax))))
             s.tile = TileConfig{128, 128, 64, 1, 1, 4, 2};
           variants.push_back(s);
         }

@@ -143,3 +143,38 @@ def test_odd_hidden_size_makes_no_padded_copy(mode, dtype):
     assert peak <= bound, f"the forward's peak was {peak / MIB:.1f} MiB above its start, bound {bound / MIB:.1f} MiB ({detail})"
     assert held <= bound, f"the forward left {held / MIB:.1f} MiB held, bound {bound / MIB:.1f} MiB ({detail})"
     del loss
+
+
+@pytest.mark.parametrize("budget", [None, 256 * MIB], ids=["one_chunk", "budget_256MiB"])
+def test_eager_forward_peak_is_the_gradients_and_its_workspace(inputs, budget, record_property):
+    """Eager mode's three-GEMM forward (issue 8) allocates the gradients it returns and its workspace,
+    nothing else of size: one token chunk's [chunk, V] exponentials in bf16 and its partials, and
+    with several chunks (a 256 MiB budget: 4 chunks of 1024 tokens here) the fp32 grad_weight sum
+    [V, H]. Peak beyond the forward's start <= gradients + workspace + 1 MiB; held afterwards: the
+    gradients alone (test_eager_holds_the_gradients)."""
+    x, w, y = inputs
+    options = {} if budget is None else {"workspace_budget": budget}
+    problem = _lib.make_problem(N, H, V, _lib.DTYPE_BF16, mode=_lib.MODE_EAGER, workspace_budget=budget)
+    three_gemm, chunk = _lib.eager_schedule(problem)
+    assert three_gemm and chunk == (N if budget is None else 1024), (three_gemm, chunk)
+    workspace = _lib.forward_backward_workspace_size(problem)
+    warm = lfce.linear_cross_entropy(x, w, y, mode="eager", **options)
+    torch.autograd.grad(warm, (x, w), torch.ones_like(warm))
+    del warm
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    loss = lfce.linear_cross_entropy(x, w, y, mode="eager", **options)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - before
+    gradients = nbytes(x) + nbytes(w)
+    record_property("eager_forward_peak_mib", peak / MIB)
+    record_property("eager_workspace_mib", workspace / MIB)
+    print(f"eager forward peak {peak / MIB:.1f} MiB: gradients {gradients / MIB:.1f} MiB + workspace "
+          f"{workspace / MIB:.1f} MiB ({-(-N // chunk)} token chunk(s) of {chunk})")
+    bound = gradients + workspace + MIB
+    assert peak <= bound, (f"the eager forward peaked {peak / MIB:.1f} MiB above its start; bound gradients + "
+                           f"workspace + 1 MiB = {bound / MIB:.1f} MiB")
+    if budget is not None:
+        assert workspace >= 4 * V * H, "several chunks: the workspace holds the fp32 grad_weight sum"
+    del loss

@@ -83,6 +83,38 @@ def test_option_kernels_do_not_spill_under_the_driver_jit(options, bias):
     assert not spilled, f"kernels that spill under the driver's JIT (spec, local bytes, registers): {spilled}"
 
 
+# Eager mode's three-GEMM kernels with the options they take (eager_logits' register epilogue
+# without a bias, its staged one with a bias; eager_dz's row constants), as the driver compiles them.
+EAGER_OPTION_SETS = {
+    "temperature_z_loss": {"temperature": 0.7, "z_loss_scale": 1e-4},
+    "class_weights_token_scaling": {"class_weight": True, "token_scaling": True},
+    "shift_int32": {"shift": True, "int32": True},
+}
+
+
+@pytest.mark.parametrize("bias", [False, True], ids=["no_bias", "bias"])
+@pytest.mark.parametrize("options", list(EAGER_OPTION_SETS), ids=list(EAGER_OPTION_SETS))
+def test_eager_kernels_do_not_spill_under_the_driver_jit(options, bias):
+    x, w, b, y = make_inputs(N, H, V, torch.bfloat16, bias=bias)
+    kwargs = dict(EAGER_OPTION_SETS[options])
+    if kwargs.pop("class_weight", False):
+        kwargs["class_weight"] = torch.rand(V, device=x.device) + 0.5
+    if kwargs.pop("int32", False):
+        y = y.int()
+    if kwargs.get("shift"):
+        x, y = x.reshape(2, N // 2, H), y.reshape(2, N // 2)
+    x.requires_grad_()
+    w.requires_grad_()
+    before = {k["spec"] for k in lfce.kernel_load_stats()}
+    lfce.linear_cross_entropy(x, w, y, bias=b, mode="eager", **kwargs).backward()
+    torch.cuda.synchronize()
+    loaded = [k for k in lfce.kernel_load_stats() if f";H={H};" in k["spec"] and k["spec"] not in before]
+    assert any(k["spec"].startswith("eager_logits;") for k in loaded) or any(
+        k["spec"].startswith("eager_logits;") for k in lfce.kernel_load_stats()), "eager_logits never loaded"
+    spilled = [(k["spec"], k["local_bytes"], k["registers"]) for k in loaded if k["local_bytes"] > 0]
+    assert not spilled, f"kernels that spill under the driver's JIT (spec, local bytes, registers): {spilled}"
+
+
 # What the driver's JIT reported beyond spills: lfce warns with each "Potential Performance Loss" line
 # of its log (a setmaxnreg ignored, wgmma serialised). Until session 12 the kernel cache compiled every
 # kernel by linking (cuLinkAddData, to keep the cubin), which compiles relocatable code, where the
@@ -93,7 +125,7 @@ def test_option_kernels_do_not_spill_under_the_driver_jit(options, bias):
 JIT_SCRIPT = """
 import torch, lfce
 from checks import make_inputs
-cases = [("mean", "recompute", {{}}), ("none", "eager", {{}})]
+cases = [("mean", "recompute", {{}}), ("none", "eager", {{}}), ("mean", "eager", {{}})]
 outputs = ("mean", "recompute", {{"softcap": 30.0, "label_smoothing": 0.1, "return_entropy": True,
                                   "return_logprob": True}})  # bf16 only: no fp16 gradient path for them
 for dtype in (torch.bfloat16, torch.float16):

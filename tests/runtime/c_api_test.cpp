@@ -326,3 +326,114 @@ TEST(CApi, GenerateRejectsUnknownArch) {
 }
 
 }  // namespace
+
+// lfce_forward_backward (eager mode): its arguments are checked, each naming the bad one, before the
+// driver is touched; with all of them valid it fails at the driver here.
+struct EagerCall {
+  alignas(256) char workspace[1 << 20];
+  alignas(16) char tensors[1 << 16];
+  float lse[33], loss[33], reduced, count;
+  int64_t targets[33] = {};
+  lfce_forward_args args{};
+  EagerCall() {
+    args.hidden = tensors;
+    args.weight = tensors;
+    args.targets = targets;
+    args.lse = lse;
+    args.token_loss = loss;
+    args.loss = &reduced;
+    args.valid_count = &count;
+    args.workspace = workspace;
+    args.workspace_bytes = sizeof workspace;
+  }
+};
+
+lfce_problem eager_problem() {
+  lfce_problem p = small_problem();
+  p.mode = LFCE_MODE_EAGER;
+  return p;
+}
+
+std::string eager_error(const lfce_problem& p, const lfce_forward_args* a, void* grad_hidden, void* grad_weight) {
+  EXPECT_EQ(lfce_forward_backward(&p, a, grad_hidden, grad_weight, nullptr), LFCE_ERR_INVALID_ARGUMENT);
+  return lfce_last_error();
+}
+
+TEST(CApi, ForwardBackwardNeedsEagerMode) {
+  static EagerCall call;
+  const std::string message = eager_error(small_problem(), &call.args, call.tensors, nullptr);
+  EXPECT_NE(message.find("lfce_forward_backward needs lfce_problem.mode = LFCE_MODE_EAGER"), std::string::npos) << message;
+}
+
+TEST(CApi, ForwardBackwardRejectsNullArgsAndTensorsNamingThem) {
+  static EagerCall call;
+  EXPECT_NE(eager_error(eager_problem(), nullptr, call.tensors, nullptr).find("args is NULL"), std::string::npos);
+  lfce_forward_args a = call.args;
+  a.targets = nullptr;
+  EXPECT_NE(eager_error(eager_problem(), &a, call.tensors, nullptr).find("targets is NULL"), std::string::npos);
+  a = call.args;
+  a.token_loss = nullptr;
+  EXPECT_NE(eager_error(eager_problem(), &a, call.tensors, nullptr).find("token_loss is NULL"), std::string::npos);
+  lfce_problem biased = eager_problem();
+  biased.has_bias = 1;
+  EXPECT_NE(eager_error(biased, &call.args, call.tensors, nullptr).find("bias is NULL"), std::string::npos);
+}
+
+TEST(CApi, ForwardBackwardRejectsMisalignedGradientsNamingThem) {
+  static EagerCall call;
+  const std::string hidden = eager_error(eager_problem(), &call.args, call.tensors + 1, nullptr);
+  EXPECT_NE(hidden.find("grad_hidden is not 2-byte aligned"), std::string::npos) << hidden;
+  const std::string weight = eager_error(eager_problem(), &call.args, nullptr, call.tensors + 1);
+  EXPECT_NE(weight.find("grad_weight is not 2-byte aligned"), std::string::npos) << weight;
+}
+
+TEST(CApi, ForwardBackwardRejectsASmallWorkspaceNamingBothSizes) {
+  static EagerCall call;
+  const lfce_problem p = eager_problem();
+  size_t needed = 0;
+  ASSERT_EQ(lfce_forward_backward_workspace_size(&p, &needed), LFCE_OK) << lfce_last_error();
+  // dz [V, ld] bf16 (ld = 40 tokens), two [V / 64, N] fp32 partials, target logits and residuals.
+  EXPECT_GE(needed, size_t{1000} * 40 * 2 + 2 * 16 * 33 * 4 + 2 * 33 * 4);
+  ASSERT_LE(needed, sizeof call.workspace);
+  lfce_forward_args a = call.args;
+  a.workspace_bytes = needed - 1;
+  const std::string message = eager_error(p, &a, call.tensors, nullptr);
+  EXPECT_NE(message.find("lfce_forward_backward: workspace_bytes = " + std::to_string(needed - 1) + " is below the " +
+                         std::to_string(needed) + " bytes this problem needs"),
+            std::string::npos)
+      << message;
+}
+
+TEST(CApi, ForwardBackwardWithValidArgumentsReachesTheDriver) {
+  ASSERT_TRUE(kNoDriver);
+  static EagerCall call;
+  const lfce_problem p = eager_problem();
+  EXPECT_EQ(lfce_forward_backward(&p, &call.args, call.tensors, call.tensors, nullptr), LFCE_ERR_CUDA)
+      << lfce_last_error();
+  EXPECT_NE(std::string(lfce_last_error()).find("no usable NVIDIA driver"), std::string::npos) << lfce_last_error();
+  // No gradient asked for: the forward alone, which needs the driver too.
+  EXPECT_EQ(lfce_forward_backward(&p, &call.args, nullptr, nullptr, nullptr), LFCE_ERR_CUDA) << lfce_last_error();
+}
+
+TEST(CApi, EagerScheduleTellsTheThreeGemmsAndTheirTokenChunk) {
+  lfce_problem p = eager_problem();
+  p.tokens = 4096;
+  int32_t three_gemm = -1;
+  int64_t chunk = -1;
+  ASSERT_EQ(lfce_eager_schedule(&p, &three_gemm, &chunk), LFCE_OK) << lfce_last_error();
+  EXPECT_EQ(three_gemm, 1);
+  EXPECT_EQ(chunk, 4096);
+  p.workspace_budget = 1000 * 2 * 1000;  // 1000 tokens of V = 1000 bf16 exponentials: 960 in rows of 64
+  ASSERT_EQ(lfce_eager_schedule(&p, &three_gemm, &chunk), LFCE_OK) << lfce_last_error();
+  EXPECT_EQ(chunk, 960);
+  p.softcap = 30.f;  // a softcap's slope needs the logits: the forward, then the recompute backward
+  ASSERT_EQ(lfce_eager_schedule(&p, &three_gemm, &chunk), LFCE_OK) << lfce_last_error();
+  EXPECT_EQ(three_gemm, 0);
+  EXPECT_EQ(chunk, 4096);
+  lfce_problem recompute = small_problem();
+  EXPECT_EQ(lfce_eager_schedule(&recompute, &three_gemm, &chunk), LFCE_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(lfce_last_error()).find("needs lfce_problem.mode = LFCE_MODE_EAGER"), std::string::npos)
+      << lfce_last_error();
+  EXPECT_EQ(lfce_eager_schedule(&p, nullptr, &chunk), LFCE_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(lfce_last_error()).find("three_gemm is NULL"), std::string::npos) << lfce_last_error();
+}

@@ -296,6 +296,20 @@ TEST(Plan, ExtraOutputsReachTheKernelsThatComputeThem) {
   // Its heavier dlogits_backward epilogue takes 64 x 128 per consumer (the driver's JIT spilled at 64 x 256).
   EXPECT_EQ(Plan(p, Arch::SM90A).spec(KernelKind::DlogitsBackward).tile, (TileConfig{128, 128, 64, 1, 1, 4, 2}));
   EXPECT_EQ(Plan(problem_from_c(&c), Arch::SM90A).spec(KernelKind::DlogitsBackward).tile.bn, 256);
+  // lse_forward with the entropy or argmax partials takes 64 x 128 per consumer (ptxas spilled at
+  // 64 x 256), tuned or not; each alone too, and the plain forward keeps its 128 x 256.
+  EXPECT_EQ(Plan(p, Arch::SM90A).spec(KernelKind::LseForward).tile, (TileConfig{128, 128, 64, 1, 1, 4, 2}));
+  Tuning wide;
+  wide.tiles[KernelKind::LseForward] = TileConfig{128, 256, 64, 1, 1, 4, 2};
+  EXPECT_EQ(Plan(p, Arch::SM90A, wide).spec(KernelKind::LseForward).tile.bn, 128);
+  for (int32_t output : {LFCE_OUTPUT_ENTROPY, LFCE_OUTPUT_PREDICTED, LFCE_OUTPUT_LOGPROB}) {
+    lfce_problem one = c;
+    one.outputs = output;
+    EXPECT_EQ(Plan(problem_from_c(&one), Arch::SM90A).spec(KernelKind::LseForward).tile.bn,
+              output == LFCE_OUTPUT_LOGPROB ? 256 : 128) << output;
+  }
+  c.outputs = 0;
+  EXPECT_EQ(Plan(problem_from_c(&c), Arch::SM90A).spec(KernelKind::LseForward).tile, (TileConfig{128, 256, 64, 1, 1, 4, 2}));
   // Two [splits, N] fp32 partials more than the plain problem's workspace.
   const Plan plan(p, Arch::SM90A);
   const Plan::ForwardLayout layout = plan.forward_layout();
@@ -562,6 +576,123 @@ TEST(GridDim, NamesAnExtentOverTheLimitAlongY) {
 
 namespace lfce::runtime {
 namespace {
+
+// Eager mode's three-GEMM schedule: every token in one chunk by default (the [N, V] exponentials
+// in the dtype), the kernels it launches in order, and its workspace.
+TEST(EagerPlan, TakesEveryTokenInOneChunkByDefault) {
+  lfce_problem c = llama3(8192);
+  c.mode = LFCE_MODE_EAGER;
+  const Plan plan(problem(c), Arch::SM90A);
+  ASSERT_TRUE(plan.three_gemm());
+  EXPECT_EQ(plan.token_chunk(), 8192);
+  EXPECT_EQ(plan.token_chunks(), 1);
+  std::vector<std::string> kinds;
+  for (const KernelSpec& s : plan.launched_specs()) kinds.emplace_back(kind_name(s.kind));
+  EXPECT_EQ(kinds, (std::vector<std::string>{"token_count", "eager_logits", "lse_combine", "eager_dz", "grad_weight",
+                                             "grad_input", "loss_reduce"}));
+  for (const KernelSpec& s : plan.launched_specs()) {
+    EXPECT_NO_THROW(s.validate()) << s.text();
+    EXPECT_FALSE(s.accumulate) << s.text();  // one chunk: grad_weight written once, in the dtype
+  }
+  // eager_logits is dlogits_backward's GEMM, with its tile (ping-pong on sm_90a without a bias).
+  EXPECT_EQ(plan.spec(KernelKind::EagerLogits).tile, plan.spec(KernelKind::DlogitsBackward).tile);
+  EXPECT_TRUE(plan.spec(KernelKind::EagerLogits).tile.pingpong);
+  EXPECT_EQ(plan.eager_tiles(), (128256 + 255) / 256);
+  // The workspace: dz [V, N] bf16, two [V / 64, N] fp32 partials, the target logits and residuals;
+  // no fp32 gradient sums with one chunk.
+  const auto l = plan.eager_layout();
+  EXPECT_EQ(l.dz, 0u);
+  EXPECT_EQ(l.partial_max, size_t{128256} * 8192 * 2);
+  EXPECT_EQ(l.partial_sum - l.partial_max, size_t{(128256 + 63) / 64} * 8192 * 4);
+  EXPECT_EQ(l.target_logit - l.partial_sum, l.partial_sum - l.partial_max);
+  EXPECT_EQ(l.residual - l.target_logit, 8192u * 4);
+  EXPECT_EQ(l.grad_weight_acc - l.residual, 8192u * 4);
+  EXPECT_EQ(l.bytes, l.grad_weight_acc);
+  // The workspace does not depend on the tuning or the device.
+  Tuning narrow;
+  narrow.tiles[KernelKind::DlogitsBackward] = TileConfig{128, 128, 64, 1, 1, 4, 2};
+  const Plan tuned(problem(c), Arch::SM90A, narrow);
+  EXPECT_EQ(tuned.spec(KernelKind::EagerLogits).tile, (TileConfig{128, 128, 64, 1, 1, 4, 2}));
+  EXPECT_EQ(tuned.eager_layout().bytes, l.bytes);
+  EXPECT_EQ(Plan(problem(c), Arch::SM80).eager_layout().bytes, l.bytes);
+}
+
+TEST(EagerPlan, ChunkSizeAndBudgetBoundTheTokensPerChunk) {
+  lfce_problem c = llama3(8192);
+  c.mode = LFCE_MODE_EAGER;
+  c.workspace_budget = 1ll << 30;  // 4186 tokens of 128256 bf16 exponentials: 4160 in rows of 64
+  Plan plan(problem(c), Arch::SM90A);
+  ASSERT_TRUE(plan.three_gemm());
+  EXPECT_EQ(plan.token_chunk(), 4160);
+  EXPECT_EQ(plan.token_chunks(), 2);
+  EXPECT_LE(plan.eager_layout().partial_max, static_cast<size_t>(c.workspace_budget));
+  // Several chunks: grad_weight (and grad_bias) add into fp32 sums, then grad_convert.
+  const auto l = plan.eager_layout();
+  EXPECT_EQ(l.grad_bias_acc - l.grad_weight_acc, size_t{128256} * 4096 * 4);
+  std::vector<std::string> kinds;
+  for (const KernelSpec& s : plan.launched_specs()) {
+    kinds.emplace_back(kind_name(s.kind));
+    EXPECT_EQ(s.accumulate, s.kind == KernelKind::GradWeight) << s.text();
+  }
+  EXPECT_EQ(kinds.back(), "grad_convert");
+  c.chunk_size = 1000;  // tokens per chunk (rows of 64), not the vocabulary chunk in this schedule
+  EXPECT_EQ(Plan(problem(c), Arch::SM90A).token_chunk(), 960);
+  c.chunk_size = 100000;
+  EXPECT_EQ(Plan(problem(c), Arch::SM90A).token_chunk(), 8192);
+  // A causal shift reads target t + 1 in place: whole sequences per chunk, however small the budget.
+  c.chunk_size = 0;
+  c.sequence_length = 2048;
+  EXPECT_EQ(Plan(problem(c), Arch::SM90A).token_chunk(), 4096);
+  c.workspace_budget = 1;
+  EXPECT_EQ(Plan(problem(c), Arch::SM90A).token_chunk(), 2048);
+  // fp32 sums its chunks in grad_weight itself: no accumulator, no conversion.
+  c.dtype = LFCE_DTYPE_FP32;
+  const Plan fp32(problem(c), Arch::SM90A);
+  EXPECT_EQ(fp32.eager_layout().grad_weight_acc, fp32.eager_layout().bytes);
+  EXPECT_NE(kind_name(fp32.launched_specs().back().kind), "grad_convert");
+}
+
+TEST(EagerPlan, OptionsItCannotFormDzForTakeTheForwardAndBackward) {
+  lfce_problem base = llama3(4096);
+  base.mode = LFCE_MODE_EAGER;
+  auto three_gemm = [](lfce_problem c) { return Plan(problem(c), Arch::SM90A).three_gemm(); };
+  ASSERT_TRUE(three_gemm(base));
+  for (auto set : {+[](lfce_problem& c) { c.softcap = 30.f; }, +[](lfce_problem& c) { c.label_smoothing = 0.1f; },
+                   +[](lfce_problem& c) { c.outputs = LFCE_OUTPUT_ENTROPY; },
+                   +[](lfce_problem& c) { c.outputs = LFCE_OUTPUT_PREDICTED; },
+                   +[](lfce_problem& c) { c.vocab = kMaxChunk + 1; }}) {
+    lfce_problem c = base;
+    set(c);
+    const Plan plan(problem(c), Arch::SM90A);
+    EXPECT_FALSE(plan.three_gemm()) << problem_text(plan.problem());
+    // The fallback runs the forward, then the backward, in the same workspace.
+    EXPECT_EQ(plan.eager_layout().bytes, std::max(plan.forward_layout().bytes, plan.backward_layout().bytes));
+    for (const KernelSpec& s : plan.launched_specs()) EXPECT_FALSE(kind_info(s.kind).eager) << s.text();
+  }
+  // The options eager_dz forms as dlogits_backward does stay on the three GEMMs.
+  for (auto set : {+[](lfce_problem& c) { c.temperature = 0.7f; }, +[](lfce_problem& c) { c.z_loss_scale = 1e-4f; },
+                   +[](lfce_problem& c) { c.has_class_weight = 1; }, +[](lfce_problem& c) { c.has_bias = 1; },
+                   +[](lfce_problem& c) { c.sequence_length = 512; }, +[](lfce_problem& c) { c.token_scaling = 1; },
+                   +[](lfce_problem& c) { c.reduction = LFCE_REDUCTION_NONE; }}) {
+    lfce_problem c = base;
+    set(c);
+    EXPECT_TRUE(three_gemm(c)) << problem_text(problem(c));
+  }
+  // Token scales (an lse row after the LSEs, [rows, N]) need every token in one chunk.
+  lfce_problem scaled = base;
+  scaled.token_scaling = 1;
+  scaled.chunk_size = 1024;
+  EXPECT_FALSE(three_gemm(scaled));
+  scaled.token_scaling = 0;
+  EXPECT_TRUE(three_gemm(scaled));
+  // A bias on sm_90a: the staged epilogue's tile (no ping-pong).
+  lfce_problem biased = base;
+  biased.has_bias = 1;
+  const TileConfig t = Plan(problem(biased), Arch::SM90A).spec(KernelKind::EagerLogits).tile;
+  EXPECT_TRUE(t.wgmma() && !t.pingpong) << t.text();
+  // A recompute problem's plan has no three-GEMM schedule.
+  EXPECT_FALSE(Plan(problem(llama3(4096)), Arch::SM90A).three_gemm());
+}
 
 // The kernel cache compiles whole (cuModuleLoadDataEx) the kernels whose warpgroups move registers
 // with setmaxnreg, which the driver ignores in the relocatable code its link path compiles (C7504):

@@ -1,0 +1,209 @@
+// eager_logits: the first of eager mode's three GEMMs. For a chunk of C tokens, the logits tile
+// u = (x·Wᵀ + b) / T of every (token block, vocabulary tile) is reduced in the epilogue to each
+// row's max over the tile's columns, M, and Σ_v e^(u_v − M) (the per-(tile, row) partials
+// lse_combine merges into the LSE, [tiles, C] each, tile = vocabulary block of BN columns), the
+// target logit u_y (fp32, by the thread that holds it), and the tile's
+//   p̃ = e^(u − M)
+// rounded to the dtype and stored transposed into the dzᵀ workspace [V, ld] (tokens
+// contiguous, the layout grad_weight and grad_input read). p̃ is in (0, 1], so its one rounding
+// is that of a probability, as dz's in recompute mode; u itself is never rounded. Once the LSE is
+// known, eager_dz turns it into dz in place: p = p̃·e^(M − LSE).
+//
+// Rows in [C, ld) are written too (with whatever p̃ the zero-filled rows give): eager_dz zeroes
+// them. The partials and the target logit are written for rows below C only.
+//
+// Two epilogues: on sm_90a without a bias, in registers over the wgmma fragment (persistent
+// CTAs in grouped order, the quad of lanes holding a row reduces it by shuffles); otherwise over
+// the staged fp32 tile (one warp per row for the statistics, then every element).
+#include "templates/fragment_epilogue.h"
+#include "templates/gemm_skeleton.h"
+#include "templates/template_util.h"
+#include "templates/templates.h"
+
+namespace lfce {
+
+using llvm::Value;
+
+namespace {
+
+// Pairwise tree of `values` with `op` (independent operations, not one dependent chain).
+Value* reduce_tree(std::vector<Value*> values, const std::function<Value*(Value*, Value*)>& op) {
+  while (values.size() > 1) {
+    std::vector<Value*> next;
+    for (size_t i = 0; i + 1 < values.size(); i += 2) next.push_back(op(values[i], values[i + 1]));
+    if (values.size() % 2) next.push_back(values.back());
+    values = std::move(next);
+  }
+  return values[0];
+}
+
+}  // namespace
+
+KernelShape build_eager_logits(llvm::Module& module, const KernelSpec& spec) {
+  const TileConfig& t = spec.tile;
+  std::vector<Param> params = {{"x", ParamType::GlobalPtr},           {"w", ParamType::GlobalPtr},
+                               {"bias", ParamType::GlobalPtr},        {"targets", ParamType::GlobalPtr},
+                               {"n", ParamType::I64},                 {"ld", ParamType::I64},
+                               {"dz", ParamType::GlobalPtr},          {"partial_max", ParamType::GlobalPtr},
+                               {"partial_sum", ParamType::GlobalPtr}, {"target_logit", ParamType::GlobalPtr}};
+  add_shift_param(spec, params);
+  KernelBuilder kb(module, "eager_logits", gemm_params(t, params), t.threads());
+  auto& ir = kb.ir();
+  llvm::Type* elem = elem_type(kb, spec.dtype);
+  GemmSkeleton gemm(kb, spec, Layout::KMajor, Layout::KMajor);
+  const int max_off = gemm.extra_offset();  // the staged form's row maxima (the other 12 bytes a row unused)
+  const int smem_bytes = gemm.smem_bytes(kernel_smem_per_row(spec) * t.bm);
+
+  Value* n = kb.arg("n");
+  Value* ld = kb.arg("ld");
+  Value* vocab = kb.c64(spec.vocab);
+  Value* hidden = kb.c64(spec.hidden);
+  Value* k_tiles = gemm.k_tiles_for(hidden);
+  Value* grid_m = gemm.blocks_for(n, t.bm);
+  Value* grid_n = gemm.blocks_for(vocab, t.bn);
+  // The partials of row m of the vocabulary tile at n0: [tiles, C], tile = n0 / BN.
+  auto partial_at = [&](const char* name, Value* n0, Value* m) {
+    Value* tile = ir.CreateUDiv(n0, kb.c64(t.bn));
+    return kb.gep(kb.arg(name), kb.f32(), ir.CreateAdd(ir.CreateMul(tile, n), m));
+  };
+  // e^(u − M) = 2^(u·log2 e − M·log2 e): one FMA before the SFU's ex2 (-M·log2 e is per row).
+  auto exp_shifted = [&](Value* u, Value* neg_scaled_max) {
+    return kb.exp2(kb.fma(u, kb.cf(KernelBuilder::kLog2e), neg_scaled_max));
+  };
+
+  if (gemm.specialised() && !spec.bias) {
+    gemm.run_persistent(grid_m, grid_n, k_tiles, [&](Value* m0, Value* n0, const Fragment& f) {
+      const int rows = f.rows(), cols = 2 * f.blocks();
+      Value* left = columns_left(kb, f, vocab, n0);
+      std::vector<Value*> valid(cols);
+      for (int q = 0; q < cols; ++q) valid[q] = ir.CreateICmpSLT(kb.c32(8 * (q / 2) + q % 2), left);
+      // The logit map here is at most a temperature, u = z / T with T > 0: monotone and linear, so
+      // the max is taken of z and 1 / T folded into the exponent's FMA (u is never formed).
+      const float inverse_t = 1.f / spec.temperature;
+      auto logit = [&](int q, int r) {  // z of column q, row r; -inf past V
+        return ir.CreateSelect(valid[q], f.at(q / 2, r, q % 2), neg_inf(kb));
+      };
+      auto to_u = [&](Value* z) { return spec.temperature == 1.f ? z : ir.CreateFMul(z, kb.cf(inverse_t)); };
+      std::vector<Value*> m(rows), shift(rows), max(rows);
+      for (int r = 0; r < rows; ++r) {
+        m[r] = f.row_at(kb, m0, r);
+        // The tile's row max over the quad's columns (every tile has a column below V), in four
+        // chains: a tree would hold a temporary per pair beside the logits, which stay live.
+        std::vector<Value*> chains(4, neg_inf(kb));
+        for (int q = 0; q < cols; ++q) chains[q % 4] = kb.fmax(chains[q % 4], logit(q, r));
+        max[r] = to_u(quad_reduce(kb, reduce_tree(chains, [&](Value* a, Value* b) { return kb.fmax(a, b); }),
+                                  [&](Value* a, Value* b) { return kb.fmax(a, b); }));
+        shift[r] = ir.CreateFMul(max[r], kb.cf(-KernelBuilder::kLog2e));
+      }
+      // e^(u − M) = 2^(z·(log2 e / T) − M·log2 e).
+      Value* exponent_scale = kb.cf(KernelBuilder::kLog2e * inverse_t);
+      // p̃ stored column by column; each row's sum in two independent chains (a fixed order).
+      std::vector<std::vector<Value*>> sums(rows, std::vector<Value*>(2, kb.cf(0.f)));
+      store_transposed_pairs(kb, f, m, n0, kb.arg("dz"), ld, vocab, elem, [&](int q, int r) {
+        Value* p = kb.exp2(kb.fma(logit(q, r), exponent_scale, shift[r]));  // 0 past V (z = -inf)
+        sums[r][q % 2] = ir.CreateFAdd(sums[r][q % 2], p);
+        return p;
+      });
+      for (int r = 0; r < rows; ++r) {
+        Value* sum = quad_reduce(kb, reduce_tree(sums[r], [&](Value* a, Value* b) { return ir.CreateFAdd(a, b); }),
+                                 [&](Value* a, Value* b) { return ir.CreateFAdd(a, b); });
+        kb.if_then(ir.CreateAnd(ir.CreateICmpEQ(f.pos.quad_lane, kb.c32(0)), ir.CreateICmpSLT(m[r], n)), [&] {
+          kb.store(max[r], partial_at("partial_max", n0, m[r]));
+          kb.store(sum, partial_at("partial_sum", n0, m[r]));
+        });
+        // The row's target logit, by the thread holding its column: offset 8j + e from col0 with
+        // (offset % 8) < 2 (in 32 bits once the target is known to be in [0, V), V < 2^31).
+        Value* in_rows = ir.CreateICmpSLT(m[r], n);
+        Value* target = load_target(kb, spec, kb.arg("targets"), ir.CreateSelect(in_rows, m[r], kb.c64(0)), kb.c64(-1));
+        Value* in_vocab = ir.CreateAnd(ir.CreateICmpSGE(target, kb.c64(0)), ir.CreateICmpSLT(target, vocab));
+        Value* rel = ir.CreateSub(ir.CreateSub(ir.CreateTrunc(target, kb.i32()), ir.CreateTrunc(n0, kb.i32())), f.pos.col0);
+        Value* mine = ir.CreateAnd(ir.CreateAnd(in_rows, in_vocab),
+                                   ir.CreateAnd(ir.CreateICmpSGE(rel, kb.c32(0)), ir.CreateICmpSLT(rel, kb.c32(8 * f.blocks()))));
+        mine = ir.CreateAnd(mine, ir.CreateICmpEQ(ir.CreateAnd(rel, kb.c32(6)), kb.c32(0)));
+        kb.if_then(mine, [&] {
+          Value* u = kb.cf(0.f);
+          for (int q = 0; q < cols; ++q)
+            u = ir.CreateSelect(ir.CreateICmpEQ(rel, kb.c32(8 * (q / 2) + q % 2)), logit(q, r), u);
+          kb.store(to_u(u), kb.gep(kb.arg("target_logit"), kb.f32(), m[r]));
+        });
+      }
+    });
+    kb.finish();
+    return {"eager_logits", t.threads(), smem_bytes};
+  }
+
+  // The staged form: the fp32 tile in shared memory, then one warp per row for its statistics
+  // (each lane BN / 32 columns) and every element for p̃.
+  const int row_align = hidden_row_align(spec.hidden, spec.dtype);  // rows of H elements
+  GemmOperand x{kb.arg("x"), hidden, Layout::KMajor, n, hidden, row_align};
+  GemmOperand w{kb.arg("w"), hidden, Layout::KMajor, vocab, hidden, row_align};
+  Value* tid = kb.tid();
+  Value* lane = ir.CreateAnd(tid, kb.c32(31));
+  Value* warp = ir.CreateLShr(tid, kb.c32(5));
+  const int warps = t.threads() / 32;
+  auto max_slot = [&](Value* r) { return kb.smem(ir.CreateAdd(kb.c32(max_off), ir.CreateMul(r, kb.c32(4)))); };
+  auto tile_epilogue = [&](Value* m0, Value* n0) {
+    gemm.compute_tile(x, w, m0, n0, k_tiles);
+    auto logit_at = [&](Value* r, Value* c, Value* v) {
+      return capped_logit(kb, spec, ir.CreateFAdd(kb.load(kb.f32(), gemm.staged(r, c)), load_bias(kb, spec, kb.arg("bias"), v)));
+    };
+    kb.for_range(warp, kb.c32(t.bm), kb.c32(warps), [&](Value* r) {
+      Value* m = ir.CreateAdd(m0, ir.CreateZExt(r, kb.i64()));
+      std::vector<Value*> u(t.bn / 32), valid(t.bn / 32);
+      for (int q = 0; q < t.bn / 32; ++q) {
+        Value* c = ir.CreateAdd(lane, kb.c32(32 * q));
+        Value* v = ir.CreateAdd(n0, ir.CreateZExt(c, kb.i64()));
+        valid[q] = ir.CreateICmpSLT(v, vocab);
+        u[q] = ir.CreateSelect(valid[q], logit_at(r, c, ir.CreateSelect(valid[q], v, kb.c64(0))), neg_inf(kb));
+      }
+      Value* max = kb.warp_max(reduce_tree(u, [&](Value* a, Value* b) { return kb.fmax(a, b); }));
+      Value* shift = ir.CreateFMul(max, kb.cf(-KernelBuilder::kLog2e));
+      std::vector<Value*> p(t.bn / 32);
+      for (int q = 0; q < t.bn / 32; ++q) p[q] = exp_shifted(u[q], shift);
+      Value* sum = kb.warp_sum(reduce_tree(p, [&](Value* a, Value* b) { return ir.CreateFAdd(a, b); }));
+      kb.if_then(ir.CreateICmpEQ(lane, kb.c32(0)), [&] {
+        kb.store(max, max_slot(r));
+        kb.if_then(ir.CreateICmpSLT(m, n), [&] {
+          kb.store(max, partial_at("partial_max", n0, m));
+          kb.store(sum, partial_at("partial_sum", n0, m));
+          Value* target = load_target(kb, spec, kb.arg("targets"), m, kb.c64(-1));
+          Value* in_tile = ir.CreateAnd(ir.CreateAnd(ir.CreateICmpSGE(target, n0),
+                                                     ir.CreateICmpSLT(target, ir.CreateAdd(n0, kb.c64(t.bn)))),
+                                        ir.CreateICmpSLT(target, vocab));
+          kb.if_then(in_tile, [&] {
+            Value* c = ir.CreateTrunc(ir.CreateSub(target, n0), kb.i32());
+            kb.store(logit_at(r, c, target), kb.gep(kb.arg("target_logit"), kb.f32(), m));
+          });
+        });
+      });
+    });
+    kb.barrier();  // the row maxima are in shared memory
+    // Rows fastest: consecutive threads write consecutive tokens of one dzᵀ row.
+    gemm.for_each_element(/*rows_fastest=*/true, [&](Value* r, Value* c) {
+      Value* m = ir.CreateAdd(m0, ir.CreateZExt(r, kb.i64()));
+      Value* v = ir.CreateAdd(n0, ir.CreateZExt(c, kb.i64()));
+      kb.if_then(ir.CreateAnd(ir.CreateICmpSLT(m, ld), ir.CreateICmpSLT(v, vocab)), [&] {
+        Value* shift = ir.CreateFMul(kb.load(kb.f32(), max_slot(r)), kb.cf(-KernelBuilder::kLog2e));
+        Value* p = exp_shifted(logit_at(r, c, v), shift);
+        kb.store(kb.from_f32(p, elem), kb.gep(kb.arg("dz"), elem, ir.CreateAdd(ir.CreateMul(v, ld), m)));
+      });
+    });
+    kb.barrier();  // the next tile's statistics overwrite the row maxima
+  };
+  if (t.wgmma()) {
+    // (sm_90a with a bias: the staged wgmma form, persistent CTAs over the tiles in grouped order.)
+    kb.for_range(kb.ctaid(0), ir.CreateMul(grid_m, grid_n), kb.nctaid(0), [&](Value* pid) {
+      Value *m0, *n0;
+      std::tie(m0, n0) = gemm.tile_origin(pid, grid_m, grid_n);
+      tile_epilogue(m0, n0);
+    });
+  } else {
+    Value *m0, *n0;
+    std::tie(m0, n0) = gemm.tile_origin();
+    tile_epilogue(m0, n0);
+  }
+  kb.finish();
+  return {"eager_logits", t.threads(), smem_bytes};
+}
+
+}  // namespace lfce
