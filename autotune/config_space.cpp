@@ -191,6 +191,13 @@ std::optional<std::string> rejection(const Candidate& c, const Problem& problem,
     return "a " + c.tile.text() + " tile runs " + std::to_string(c.tile.ctas_per_sm()) + " CTAs per SM, needing " +
            std::to_string(c.tile.ctas_per_sm() * (smem + 1024)) + " bytes of shared memory, over the SM's " +
            std::to_string(per_sm);
+  // lse_forward's staged epilogue (a bias, or class-weighted label smoothing) with one consumer
+  // warpgroup (two CTAs per SM, half the registers) spilled 56 bytes under the driver's JIT (H200,
+  // driver 580, session 13 run 1), though ptxas 13.0 assembles it without spills.
+  if (c.kind == KernelKind::LseForward && c.tile.wgmma() && c.tile.consumers == 1 &&
+      (problem.bias || (problem.class_weight && problem.label_smoothing != 0.f)))
+    return "lse_forward's staged epilogue (a bias or class-weighted smoothing) with one consumer warpgroup (" +
+           c.tile.text() + ") spills under the driver's JIT (56 bytes, H200, driver 580)";
   const int regs = estimated_registers(c.tile, problem.dtype);
   if (regs > info.regs_per_thread_max)
     return "registers per thread ~" + std::to_string(regs) + " (estimated) > limit " +

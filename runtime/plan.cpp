@@ -292,8 +292,7 @@ void Plan::plan_three_gemm() {
     rows = p_.chunk_size;
   else if (p_.workspace_budget > 0)
     rows = p_.workspace_budget / checked_mul(p_.vocab, dtype_bytes(p_.dtype), "eager workspace bytes per token");
-  rows = std::max(rows / granule, int64_t{1}) * granule;
-  token_chunk_ = std::min(rows, p_.tokens);
+  token_chunk_ = rows >= p_.tokens ? p_.tokens : std::min(std::max(rows / granule, int64_t{1}) * granule, p_.tokens);
   // The options whose dz needs more than the stored exponentials (a softcap's slope, label
   // smoothing's Σ u_v), the extra per-token statistics eager_logits does not keep, the lse
   // rows' gradients, and a vocabulary wider than one kernel's chunk take the fallback. The lse
@@ -329,13 +328,16 @@ TileConfig Plan::tile(KernelKind kind) const {
   // thread, not 232: docs/cache.md): to be measured again.
   // lse_forward with an entropy or argmax output keeps that statistic per row beside the running
   // max and sum: with 128 accumulators a thread (its 128 x 256 default) ptxas 13.0 spilled 104-160
-  // bytes with entropy and predicted together and with predicted and softcap (2026-12-01), so
-  // those forwards take 64 x 128 per consumer, the default before session 13.
+  // bytes with entropy and predicted together and with predicted and softcap (2026-12-01); its
+  // staged form (a bias, or class-weighted smoothing) spilled 48 bytes under the driver's JIT at
+  // V = 5000, H = 512 (H200, driver 580, session 13 run 1). Those forwards take 64 x 128 per
+  // consumer, the default before session 13.
+  const bool staged_forward = p_.bias || (p_.class_weight && p_.label_smoothing != 0.f);
   const bool heavy_epilogue =
       (kind == KernelKind::DlogitsBackward &&
        ((p_.bias && p_.class_weight && p_.label_smoothing != 0.f) || p_.lse_grad ||
         (p_.softcap != 0.f && p_.z_loss_scale != 0.f))) ||
-      (kind == KernelKind::LseForward && (p_.entropy || p_.predicted));
+      (kind == KernelKind::LseForward && (p_.entropy || p_.predicted || staged_forward));
   auto it = tuning_.tiles.find(kind);
   if (it != tuning_.tiles.end() && !(heavy_epilogue && it->second.wgmma() && it->second.accumulators() > 64))
     return it->second;

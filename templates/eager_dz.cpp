@@ -1,5 +1,6 @@
 // eager_dz: eager mode's fix-up between its first GEMM and the two gradient GEMMs. eager_logits
-// left p̃ = e^(u − M) in the dzᵀ workspace [V, ld] (M: the row's max over the vocabulary tile of
+// left p̃ = e^(u − M) (fp16 for 16-bit dtypes, fp32 for fp32) in the dzᵀ workspace [V, ld] (M: the
+// row's max over the vocabulary tile of
 // `tile_n` columns that holds v, partial_max [tiles, C]); with the LSE from lse_combine,
 //   p = p̃·e^(M − LSE),   dz = (dlogits_backward's formula of p, templates/dz_math.h)
 // is written over it in place, rounded to the dtype, with an upstream gradient of 1 (eager mode:
@@ -39,6 +40,8 @@ KernelShape build_eager_dz(llvm::Module& module, const KernelSpec& normalised) {
   KernelBuilder kb(module, "eager_dz", params, kThreads);
   auto& ir = kb.ir();
   llvm::Type* elem = elem_type(kb, spec.dtype);
+  llvm::Type* stored_type = eager_exponential_type(kb, spec.dtype);  // p̃: fp16 (16-bit dtypes) or fp32
+  llvm::Type* stored_vec = llvm::FixedVectorType::get(stored_type, kTokens);
   llvm::Type* vec = llvm::FixedVectorType::get(elem, kTokens);
   Value* n = kb.arg("n");
   Value* ld = kb.arg("ld");
@@ -75,7 +78,7 @@ KernelShape build_eager_dz(llvm::Module& module, const KernelSpec& normalised) {
       Value* v = ir.CreateAdd(v0, kb.c64(i));
       kb.if_then(ir.CreateICmpSLT(v, vocab), [&] {
         Value* ptr = kb.gep(kb.arg("dz"), elem, ir.CreateAdd(ir.CreateMul(v, ld), m0));
-        Value* stored = kb.load(vec, ptr);
+        Value* stored = kb.load(stored_vec, ptr);  // (the same bytes as dz's vector: written in place)
         Value* out = llvm::PoisonValue::get(vec);
         for (int j = 0; j < kTokens; ++j) {
           Value* p = kb.to_f32(ir.CreateExtractElement(stored, uint64_t(j)));

@@ -4,9 +4,9 @@
 // lse_combine merges into the LSE, [tiles, C] each, tile = vocabulary block of BN columns), the
 // target logit u_y (fp32, by the thread that holds it), and the tile's
 //   p̃ = e^(u − M)
-// rounded to the dtype and stored transposed into the dzᵀ workspace [V, ld] (tokens
-// contiguous, the layout grad_weight and grad_input read). p̃ is in (0, 1], so its one rounding
-// is that of a probability, as dz's in recompute mode; u itself is never rounded. Once the LSE is
+// rounded to fp16 (fp32 for fp32 problems) and stored transposed into the dzᵀ workspace [V, ld] (tokens
+// contiguous, the layout grad_weight and grad_input read). p̃ is in (0, 1], where fp16 keeps 11
+// bits: its rounding is 8x finer than that of dz in bf16; u itself is never rounded. Once the LSE is
 // known, eager_dz turns it into dz in place: p = p̃·e^(M − LSE).
 //
 // Rows in [C, ld) are written too (with whatever p̃ the zero-filled rows give): eager_dz zeroes
@@ -49,7 +49,10 @@ KernelShape build_eager_logits(llvm::Module& module, const KernelSpec& spec) {
   add_shift_param(spec, params);
   KernelBuilder kb(module, "eager_logits", gemm_params(t, params), t.threads());
   auto& ir = kb.ir();
-  llvm::Type* elem = elem_type(kb, spec.dtype);
+  // p̃ is stored as fp16 for both 16-bit dtypes (fp32 for fp32): in (0, 1] fp16 keeps 11 bits of
+  // it (bf16: 8), so its rounding, the one eager mode adds to recompute's, is 8x smaller than
+  // dz's own; eager_dz reads it and writes dz in the dtype over it.
+  llvm::Type* elem = eager_exponential_type(kb, spec.dtype);
   GemmSkeleton gemm(kb, spec, Layout::KMajor, Layout::KMajor);
   const int max_off = gemm.extra_offset();  // the staged form's row maxima (the other 12 bytes a row unused)
   const int smem_bytes = gemm.smem_bytes(kernel_smem_per_row(spec) * t.bm);

@@ -17,6 +17,12 @@ inline llvm::Type* elem_type(KernelBuilder& kb, DType dtype) {
   return nullptr;
 }
 
+// How eager_logits stores p̃ = e^(u − tile max) in the dzᵀ workspace for eager_dz: fp16 for the
+// 16-bit dtypes (p̃ is in (0, 1], where fp16 has 11 bits to bf16's 8), fp32 for fp32.
+inline llvm::Type* eager_exponential_type(KernelBuilder& kb, DType dtype) {
+  return dtype == DType::FP32 ? kb.f32() : kb.ir().getHalfTy();
+}
+
 // The run-time argument load_target reads with a causal shift: push it last onto a kernel's
 // parameters (the runtime appends the sequence length last to the same kernels' arguments).
 inline void add_shift_param(const KernelSpec& spec, std::vector<Param>& params) {

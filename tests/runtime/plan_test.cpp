@@ -310,6 +310,10 @@ TEST(Plan, ExtraOutputsReachTheKernelsThatComputeThem) {
   }
   c.outputs = 0;
   EXPECT_EQ(Plan(problem_from_c(&c), Arch::SM90A).spec(KernelKind::LseForward).tile, (TileConfig{128, 256, 64, 1, 1, 4, 2}));
+  // Its staged form (a bias; class-weighted smoothing) too (the driver's JIT spilled at 64 x 256).
+  c.has_bias = 1;
+  EXPECT_EQ(Plan(problem_from_c(&c), Arch::SM90A).spec(KernelKind::LseForward).tile, (TileConfig{128, 128, 64, 1, 1, 4, 2}));
+  c.has_bias = 0;
   // Two [splits, N] fp32 partials more than the plain problem's workspace.
   const Plan plan(p, Arch::SM90A);
   const Plan::ForwardLayout layout = plan.forward_layout();
@@ -635,6 +639,10 @@ TEST(EagerPlan, ChunkSizeAndBudgetBoundTheTokensPerChunk) {
     EXPECT_EQ(s.accumulate, s.kind == KernelKind::GradWeight) << s.text();
   }
   EXPECT_EQ(kinds.back(), "grad_convert");
+  lfce_problem odd = llama3(1000);  // all tokens in one chunk, whatever their count (rows of 64 bound only a smaller one)
+  odd.mode = LFCE_MODE_EAGER;
+  EXPECT_EQ(Plan(problem(odd), Arch::SM90A).token_chunk(), 1000);
+  EXPECT_EQ(Plan(problem(odd), Arch::SM90A).token_chunks(), 1);
   c.chunk_size = 1000;  // tokens per chunk (rows of 64), not the vocabulary chunk in this schedule
   EXPECT_EQ(Plan(problem(c), Arch::SM90A).token_chunk(), 960);
   c.chunk_size = 100000;
