@@ -306,7 +306,10 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
   // Issues the loads of one tile's k_tiles slices, from the slice `state` points at on.
   void produce(Value* state, Value* m0, Value* n0, Value* k_tiles) {
     auto& ir = kb_.ir();
-    k_tiles = at_least_one(k_tiles);
+    // Opaque: with a small constant K (H = 512: 8 slices) LLVM unrolled this loop whole, and the
+    // addresses it computed ahead did not fit the producer's 32 registers (ptxas spilled 116
+    // bytes; the driver's JIT 48: session 13 run 2).
+    k_tiles = kb_.opaque_i32(at_least_one(k_tiles));
     Value* map_a = kb_.tensor_map("tma_a");
     Value* map_b = kb_.tensor_map("tma_b");
     Value* rank = t_.cluster > 1 ? kb_.cluster_rank() : nullptr;  // B: this CTA's share, multicast
