@@ -162,8 +162,11 @@ def test_eager_peaked_logits_bf16(chunks, grad_id, record_error):
         assert_close(name, actual, expected, tol, record_error)
 
 
-# The options eager_dz forms dz for (docs/design.md): each on the three GEMMs, one chunk and four,
-# against the fp64 reference written from the definitions in test_gpu_numerics_options.py.
+# The options eager_dz forms dz for (docs/design.md), on the three GEMMs at several token chunks (one
+# chunk runs test_gpu_numerics_options.py's eager cases), with those tests' shape, inputs and
+# tolerances, against the fp64 reference written there from the definitions. (On run 2's shape,
+# N = 1000, H = 1032, V = 50257, one grad_bias block of the temperature case was 1.06x the per-row
+# tolerance in recompute and eager mode alike: test-results/2026-12-01-h200-session13-run3.)
 OPTIONS = {
     "temperature": {"temperature": 0.6},
     "z_loss": {"z_loss_scale": 0.05},
@@ -172,23 +175,22 @@ OPTIONS = {
 }
 
 
-@pytest.mark.parametrize("chunks", list(CHUNKS), ids=list(CHUNKS))
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
 @pytest.mark.parametrize("name", list(OPTIONS), ids=list(OPTIONS))
-def test_eager_options_match_fp64(name, reduction, chunks, record_error):
+def test_eager_options_over_token_chunks_match_fp64(name, reduction, record_error):
+    n, h, v = 300, 512, 64007
     options = dict(OPTIONS[name])
     if options.pop("class_weight", False):
-        x, w, b, y, options["class_weight"] = predicted_inputs(N, H, V, torch.bfloat16, bias=True)
+        x, w, b, y, options["class_weight"] = predicted_inputs(n, h, v, torch.bfloat16, bias=True)
     else:
-        x, w, b, y = make_inputs(N, H, V, torch.bfloat16, bias=True)
-    options.update(CHUNKS[chunks])
+        x, w, b, y = make_inputs(n, h, v, torch.bfloat16, bias=True)
+    options["chunk_size"] = 64
     # Token scales are an lse row after the N LSEs: with several chunks, the forward and recompute
-    # backward (still exact); otherwise the three GEMMs.
-    fallback = bool(options.get("token_scaling") and CHUNKS[chunks])
-    three_gemm, chunk = schedule(N, H, V, torch.bfloat16, **options)
-    assert three_gemm != fallback, (three_gemm, options)
+    # backward (still exact); otherwise five chunks of the three GEMMs.
+    three_gemm, chunk = schedule(n, h, v, torch.bfloat16, **options)
+    assert three_gemm != bool(options.get("token_scaling")), (three_gemm, options)
     if three_gemm:
-        assert -(-N // chunk) == (4 if CHUNKS[chunks] else 1)
+        assert chunk == 64, chunk
     grad = upstream(reduction, (), torch.bfloat16)
     ours = run_lfce(x, w, b, y, reduction, grad, mode="eager", **options)
     ref_options = {k: v for k, v in options.items() if k != "chunk_size"}
