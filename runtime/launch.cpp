@@ -100,7 +100,8 @@ void launch_gemm(const Kernel& kernel, const KernelSpec& spec, Dim3 grid, CUstre
   kernel.launch(grid, stream, params.data(), spec.tile.cluster);
 }
 
-void run_forward(const Problem& problem, const lfce_forward_args& a, const PlanFor& plan_for) {
+// The forward's arguments (lfce_forward and lfce_forward_backward), each named where it is wrong.
+void check_forward_args(const Problem& problem, const lfce_forward_args& a) {
   require_rows_aligned(problem, a.hidden, "hidden");
   require_rows_aligned(problem, a.weight, "weight");
   if (problem.bias) require(a.bias, "bias");
@@ -111,6 +112,10 @@ void run_forward(const Problem& problem, const lfce_forward_args& a, const PlanF
   if (problem.class_weight) require_aligned(a.class_weight, "class_weight (the problem has has_class_weight = 1)", 4);
   if (problem.reduction != Reduction::None) require(a.loss, "loss");
   if (problem.predicted) require_aligned(a.predicted, "predicted (the problem's outputs has LFCE_OUTPUT_PREDICTED)", 8);
+}
+
+void run_forward(const Problem& problem, const lfce_forward_args& a, const PlanFor& plan_for) {
+  check_forward_args(problem, a);
   make_context_current(a.device);
   const Plan plan = plan_for(problem, a.device);
   const auto layout = plan.forward_layout();
@@ -405,16 +410,7 @@ void run_forward_backward(const Problem& problem, const lfce_forward_args& a, co
   if (problem.mode != Mode::Eager)
     throw SpecError("lfce_forward_backward needs lfce_problem.mode = LFCE_MODE_EAGER (it computes the gradients for an "
                     "upstream gradient of 1), got LFCE_MODE_RECOMPUTE");
-  require_rows_aligned(problem, a.hidden, "hidden");
-  require_rows_aligned(problem, a.weight, "weight");
-  if (problem.bias) require(a.bias, "bias");
-  require(a.targets, "targets");
-  require(a.lse, "lse");
-  require(a.token_loss, "token_loss");
-  require(a.valid_count, "valid_count");
-  if (problem.class_weight) require_aligned(a.class_weight, "class_weight (the problem has has_class_weight = 1)", 4);
-  if (problem.reduction != Reduction::None) require(a.loss, "loss");
-  if (problem.predicted) require_aligned(a.predicted, "predicted (the problem's outputs has LFCE_OUTPUT_PREDICTED)", 8);
+  check_forward_args(problem, a);
   const Gradients grads{g.hidden, g.weight, problem.bias ? g.bias : nullptr};
   if (grads.hidden) require_aligned(grads.hidden, "grad_hidden", dtype_bytes(problem.dtype));
   if (grads.weight) require_aligned(grads.weight, "grad_weight", dtype_bytes(problem.dtype));

@@ -24,21 +24,6 @@ namespace lfce {
 
 using llvm::Value;
 
-namespace {
-
-// Pairwise tree of `values` with `op` (independent operations, not one dependent chain).
-Value* reduce_tree(std::vector<Value*> values, const std::function<Value*(Value*, Value*)>& op) {
-  while (values.size() > 1) {
-    std::vector<Value*> next;
-    for (size_t i = 0; i + 1 < values.size(); i += 2) next.push_back(op(values[i], values[i + 1]));
-    if (values.size() % 2) next.push_back(values.back());
-    values = std::move(next);
-  }
-  return values[0];
-}
-
-}  // namespace
-
 KernelShape build_eager_logits(llvm::Module& module, const KernelSpec& spec) {
   const TileConfig& t = spec.tile;
   std::vector<Param> params = {{"x", ParamType::GlobalPtr},           {"w", ParamType::GlobalPtr},

@@ -5,12 +5,25 @@
 #pragma once
 
 #include <functional>
+#include <utility>
 #include <vector>
 
 #include "compiler/kernel_builder.h"
 #include "templates/gemm_skeleton.h"
 
 namespace lfce {
+
+// Pairwise reduction tree of `values` with `op`: independent operations, not one dependent chain.
+inline llvm::Value* reduce_tree(std::vector<llvm::Value*> values,
+                                const std::function<llvm::Value*(llvm::Value*, llvm::Value*)>& op) {
+  while (values.size() > 1) {
+    std::vector<llvm::Value*> next;
+    for (size_t i = 0; i + 1 < values.size(); i += 2) next.push_back(op(values[i], values[i + 1]));
+    if (values.size() % 2) next.push_back(values.back());
+    values = std::move(next);
+  }
+  return values[0];
+}
 
 // A row's value over the four lanes of its quad (lane % 4 varies, lane / 4 fixed), which hold
 // its columns: `op` of the lanes' values, the same in every lane.

@@ -13,6 +13,7 @@
 // with the argmax, the index of the split's first largest u ([splits, N] i32).
 // lse_combine finishes the rows.
 #include "compiler/errors.h"
+#include "templates/fragment_epilogue.h"
 #include "templates/gemm_skeleton.h"
 #include "templates/template_util.h"
 #include "templates/templates.h"
@@ -22,17 +23,6 @@ namespace lfce {
 using llvm::Value;
 
 namespace {
-
-// Pairwise reduction tree of `values` with `op`: independent operations, not one dependent chain.
-Value* tree(std::vector<Value*> values, const std::function<Value*(Value*, Value*)>& op) {
-  while (values.size() > 1) {
-    std::vector<Value*> next;
-    for (size_t i = 0; i + 1 < values.size(); i += 2) next.push_back(op(values[i], values[i + 1]));
-    if (values.size() % 2) next.push_back(values.back());
-    values = next;
-  }
-  return values[0];
-}
 
 // Online-softmax merge of (m_b, s_b) into (m_a, s_a): the larger max and the sum rescaled to it.
 // A max of -inf (no valid column seen yet) scales by 0 instead of exp(-inf + inf).
@@ -106,14 +96,14 @@ void lse_forward_specialised(KernelBuilder& kb, const KernelSpec& spec, GemmSkel
               }
               Value* old_max = kb.load(kb.f32(), kb.at(stats, kb.f32(), 2 * h));
               Value* old_sum = kb.load(kb.f32(), kb.at(stats, kb.f32(), 2 * h + 1));
-              Value* tile_max = tree(z, [&](Value* a, Value* b) { return kb.fmax(a, b); });
+              Value* tile_max = reduce_tree(z, [&](Value* a, Value* b) { return kb.fmax(a, b); });
               Value* new_max = kb.fmax(old_max, tile_max);
               Value* safe = ir.CreateSelect(ir.CreateFCmpOEQ(new_max, neg_inf(kb)), kb.cf(0.f), new_max);
               // e^(z − max) = 2^(z·log2 e − max·log2 e): one FMA before the SFU's ex2.
               Value* shift = ir.CreateFMul(safe, kb.cf(-KernelBuilder::kLog2e));
               std::vector<Value*> p(cols);
               for (int q = 0; q < cols; ++q) p[q] = kb.exp2(kb.fma(z[q], kb.cf(KernelBuilder::kLog2e), shift));
-              Value* tile_sum = tree(p, [&](Value* a, Value* b) { return ir.CreateFAdd(a, b); });
+              Value* tile_sum = reduce_tree(p, [&](Value* a, Value* b) { return ir.CreateFAdd(a, b); });
               Value* sum = ir.CreateFAdd(ir.CreateFMul(old_sum, kb.exp(ir.CreateFSub(old_max, safe))), tile_sum);
               kb.store(new_max, kb.at(stats, kb.f32(), 2 * h));
               kb.store(sum, kb.at(stats, kb.f32(), 2 * h + 1));
@@ -123,7 +113,7 @@ void lse_forward_specialised(KernelBuilder& kb, const KernelSpec& spec, GemmSkel
                 for (int q = 0; q < cols; ++q)
                   pz[q] = ir.CreateFMul(p[q], ir.CreateSelect(valid[q], ir.CreateFSub(z[q], safe), kb.cf(0.f)));
                 Value* slot = kb.at(entropy_sums, kb.f32(), h);
-                Value* tile_t = tree(pz, [&](Value* a, Value* b) { return ir.CreateFAdd(a, b); });
+                Value* tile_t = reduce_tree(pz, [&](Value* a, Value* b) { return ir.CreateFAdd(a, b); });
                 kb.store(merged_entropy(kb, safe, old_max, old_sum, kb.load(kb.f32(), slot), safe, tile_sum, tile_t),
                          slot);
               }
@@ -141,7 +131,7 @@ void lse_forward_specialised(KernelBuilder& kb, const KernelSpec& spec, GemmSkel
                 std::vector<Value*> u(cols);
                 for (int q = 0; q < cols; ++q) u[q] = ir.CreateSelect(valid[q], z[q], kb.cf(0.f));
                 Value* slot = kb.at(logit_sums, kb.f32(), h);
-                kb.store(ir.CreateFAdd(kb.load(kb.f32(), slot), tree(u, [&](Value* a, Value* b) { return ir.CreateFAdd(a, b); })),
+                kb.store(ir.CreateFAdd(kb.load(kb.f32(), slot), reduce_tree(u, [&](Value* a, Value* b) { return ir.CreateFAdd(a, b); })),
                          slot);
               }
 

@@ -7,7 +7,14 @@ without ever materialising the [tokens, vocab] logits. Two modes:
   between forward and backward; the backward recomputes the logits chunk by chunk.
 * ``"eager"`` computes the gradients during the forward (upstream gradient 1) and
   keeps them until the backward, which only scales them. Faster backward, but it
-  holds grad_hidden and grad_weight in between.
+  holds grad_hidden and grad_weight in between. The forward runs three GEMMs, not
+  four (lfce_forward_backward: the logits once, dz formed from them once the LSE is
+  known, then dz·W and dzᵀ·x), over chunks of tokens whose [chunk, V] workspace fits in
+  an eighth of the free device memory (all tokens at once, usually), as exact as
+  recompute mode; options it cannot form dz for from the stored exponentials (a
+  softcap, label smoothing, the entropy or predicted outputs) run the recompute
+  schedule inside the forward instead. Reduction "none" runs recompute mode: a
+  per-token upstream gradient cannot scale a grad_weight summed over the tokens.
 
 In both modes only the gradients autograd can ask for are computed: a frozen weight
 (``requires_grad=False``: a frozen LM head, LoRA) gets no [V, H] grad_weight, a frozen
@@ -294,7 +301,10 @@ def linear_cross_entropy(hidden, weight, targets, bias=None, *, ignore_index=-10
             gradients in the forward and hold them; "none" reduction, return_lse,
             return_entropy and return_logprob fall back to recompute, logged once at INFO).
         chunk_size: vocabulary chunk width of the backward; None derives it from the budget.
+            In eager mode: tokens per chunk of its three-GEMM forward instead.
         workspace_budget: bytes for the backward's logit-gradient chunk; None means 256 MiB.
+            In eager mode: bytes for one token chunk's [chunk, V] exponentials (None: all tokens
+            at once when that fits in an eighth of the free device memory, else that eighth).
         softcap: logit softcap c (Gemma 2's final_logit_softcapping, e.g. 30.0): the softmax is
             taken over ``c * tanh(z / c)`` of the logits z (bias included), with the chain rule
             in the backward; None for none.

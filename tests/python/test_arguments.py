@@ -678,3 +678,20 @@ def test_row_slices_of_odd_hidden_size_are_used_in_place():
     assert odd.data_ptr() % 16 and _ops._rows_aligned(odd).data_ptr() == odd.data_ptr()
     even = torch.zeros(10, 8, dtype=torch.bfloat16)[3:]
     assert _ops._rows_aligned(even).data_ptr() % 16 == 0
+
+
+@pytest.mark.lib
+def test_eager_schedule_and_workspace_through_the_bindings():
+    """lfce_eager_schedule / lfce_forward_backward_workspace_size as the eager forward asks for them: all
+    tokens in one chunk by default, a budget in bytes of [chunk, V] exponentials bounding it (rows of
+    64), a softcap taking the forward and recompute backward; the workspace at least the chunk's dz."""
+    n, h, v = 4096, 512, 32000
+    eager = _lib.make_problem(n, h, v, _lib.DTYPE_BF16, mode=_lib.MODE_EAGER)
+    assert _lib.eager_schedule(eager) == (True, n)
+    assert _lib.forward_backward_workspace_size(eager) >= n * v * 2
+    budgeted = _lib.make_problem(n, h, v, _lib.DTYPE_BF16, mode=_lib.MODE_EAGER, workspace_budget=1000 * v * 2)
+    assert _lib.eager_schedule(budgeted) == (True, 960)
+    capped = _lib.make_problem(n, h, v, _lib.DTYPE_BF16, mode=_lib.MODE_EAGER, softcap=30.0)
+    assert _lib.eager_schedule(capped) == (False, n)
+    with raises(ValueError, "lfce_eager_schedule needs lfce_problem.mode = LFCE_MODE_EAGER"):
+        _lib.eager_schedule(_lib.make_problem(n, h, v, _lib.DTYPE_BF16))
