@@ -466,11 +466,9 @@ Plan::EagerLayout Plan::eager_layout() const {
 std::vector<KernelSpec> Plan::launched_specs() const {
   std::vector<KernelSpec> out;
   auto add = [&](KernelKind kind) { out.push_back(spec(kind)); };
-  // Eager mode's autograd backward scales the gradients held since the forward (lfce_scale_gradient).
   if (!three_gemm_) {
     for (const KernelKindInfo& info : kKernelKinds)
       if (!info.eager && (p_.bias || !info.bias_only)) add(info.kind);
-    if (p_.mode == Mode::Eager) add(KernelKind::GradScale);
     return out;
   }
   // With several token chunks grad_weight and grad_bias add each chunk's into fp32 sums.
@@ -489,7 +487,6 @@ std::vector<KernelSpec> Plan::launched_specs() const {
   add(KernelKind::GradInput);
   add(KernelKind::LossReduce);
   if (sums && p_.dtype != DType::FP32) add(KernelKind::GradConvert);
-  add(KernelKind::GradScale);
   return out;
 }
 

@@ -454,11 +454,8 @@ def _backward_rule(ctx, grad_loss, grad_lse, *unused):
         grads = (None, None, None)
     elif ctx.eager:
         # grad_loss is 0-dim (mean / sum): scaling by it needs no host sync, and keeps each
-        # gradient's dtype (a 0-dim operand does not promote). Outside torch.compile lfce's own
-        # kernel does it (PyTorch's for a 16-bit tensor times an fp32 0-dim tensor is unvectorised:
-        # 2.45 of eager's 42.7 ms at llama3-8b, session 13), with the same single rounding.
-        scale = torch.mul if _compiling() else _scaled
-        grads = tuple(scale(g, grad_loss) if need and computed else None
+        # gradient's dtype (a 0-dim operand does not promote).
+        grads = tuple(torch.mul(g, grad_loss) if need and computed else None
                       for g, need, computed in zip(ctx.saved_tensors, wanted, ctx.computed))
     else:
         hidden, weight, bias, targets, class_weight, lse, valid_count = ctx.saved_tensors
@@ -475,23 +472,6 @@ def _backward_rule(ctx, grad_loss, grad_lse, *unused):
                     need_bias and ctx.accumulators[1] is None)
         grads = tuple(g if want else None for g, want in zip(grads, returned))
     return grads + (None,) * 19  # none for targets, class_weight, the accumulators (not differentiable), options
-
-
-def _scaled(gradient, grad_loss):
-    """gradient * grad_loss (an fp32 0-dim CUDA tensor) through lfce_scale_gradient: the fp32 product
-    rounded once to the gradient's dtype, as torch.mul; torch.mul itself for what the kernel does not
-    take (another device, a non-contiguous or misaligned tensor)."""
-    g = grad_loss.to(_F32).reshape(1)
-    if (not gradient.is_cuda or not gradient.is_contiguous() or g.device != gradient.device
-            or gradient.data_ptr() % 16 or gradient.dtype not in DTYPES):
-        return torch.mul(gradient, grad_loss)
-    g = g.contiguous()
-    out = torch.empty_like(gradient)
-    device = gradient.device
-    with torch.cuda.device(device):
-        _lib.check(_lib.load().lfce_scale_gradient(DTYPES[gradient.dtype], gradient.data_ptr(), out.data_ptr(),
-                                                   gradient.numel(), g.data_ptr(), device.index, _stream(device)))
-    return out
 
 
 # --- registration (once per process) ----------------------------------------------------------

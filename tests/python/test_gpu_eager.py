@@ -213,19 +213,3 @@ def test_eager_shift_matches_the_shifted_problem(chunks, record_error):
     ref, _ = options_reference(shifted_x, w, b, shifted_y, "mean", grad)
     ours = (loss, grad_x[:, :-1].reshape(-1, H), grad_w, grad_b)
     assert_gradients_match(ours, ref, torch.bfloat16, "mean", record_error)
-
-
-@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-@pytest.mark.parametrize("count", [1, 7, 8, 4099, 1 << 20])
-def test_eager_backward_scaling_is_torch_mul_bit_for_bit(dtype, count):
-    """lfce_scale_gradient (eager mode's backward outside torch.compile) against torch.mul of the
-    same gradient by the fp32 0-dim upstream gradient: one fp32 product rounded once to the dtype,
-    bit for bit, at lengths that are and are not whole 8-element vectors; in place too."""
-    g = torch.Generator(device="cuda").manual_seed(count)
-    gradient = torch.randn(count, device="cuda", generator=g).to(dtype)
-    grad_loss = torch.randn((), device="cuda", generator=g) * 3
-    assert_bitwise_equal("scaled", _ops._scaled(gradient, grad_loss), torch.mul(gradient, grad_loss))
-    expected = torch.mul(gradient, grad_loss)
-    _lib.check(_lib.load().lfce_scale_gradient(_ops.DTYPES[dtype], gradient.data_ptr(), gradient.data_ptr(), count,
-                                               grad_loss.reshape(1).data_ptr(), 0, _ops._stream(gradient.device)))
-    assert_bitwise_equal("scaled in place", gradient, expected)
