@@ -313,10 +313,7 @@ void run_three_gemm(const Problem& problem, const Plan& plan, const lfce_forward
   const KernelSpec logits = plan.spec(KernelKind::EagerLogits);
   const KernelSpec combine = plan.spec(KernelKind::LseCombine);
   const KernelSpec dz_spec = plan.spec(KernelKind::EagerDz);
-  KernelSpec gw = plan.spec(KernelKind::GradWeight), gb = plan.spec(KernelKind::GradBias);
-  gw.accumulate = gb.accumulate = sums;
-  gw = gw.normalised();
-  gb = gb.normalised();
+  const KernelSpec gw = plan.spec(KernelKind::GradWeight), gb = plan.spec(KernelKind::GradBias);  // (sums: accumulate)
   const KernelSpec gx = plan.spec(KernelKind::GradInput);
   const Kernel& logits_kernel = kernel_for(a.device, logits);
   const Kernel& combine_kernel = kernel_for(a.device, combine);

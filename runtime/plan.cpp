@@ -406,6 +406,10 @@ KernelSpec Plan::spec(KernelKind kind) const {
   KernelSpec s = problem_spec(kind, p_, arch_);
   s.chunk = kind_info(kind).chunked ? chunk_ : 0;
   s.tile = tile(kind);
+  // The three-GEMM schedule over several token chunks adds each chunk's grad_weight and grad_bias
+  // into fp32 sums.
+  if (three_gemm_ && token_chunks() > 1 && (kind == KernelKind::GradWeight || kind == KernelKind::GradBias))
+    s.accumulate = true;
   return s.normalised();
 }
 
@@ -471,22 +475,15 @@ std::vector<KernelSpec> Plan::launched_specs() const {
       if (!info.eager && (p_.bias || !info.bias_only)) add(info.kind);
     return out;
   }
-  // With several token chunks grad_weight and grad_bias add each chunk's into fp32 sums.
-  const bool sums = token_chunks() > 1;
-  auto summed = [&](KernelKind kind) {
-    KernelSpec s = spec(kind);
-    s.accumulate = sums;
-    out.push_back(s.normalised());
-  };
   add(KernelKind::TokenCount);
   add(KernelKind::EagerLogits);
   add(KernelKind::LseCombine);
   add(KernelKind::EagerDz);
-  summed(KernelKind::GradWeight);
-  if (p_.bias) summed(KernelKind::GradBias);
+  add(KernelKind::GradWeight);  // (adding into fp32 sums with several token chunks: spec())
+  if (p_.bias) add(KernelKind::GradBias);
   add(KernelKind::GradInput);
   add(KernelKind::LossReduce);
-  if (sums && p_.dtype != DType::FP32) add(KernelKind::GradConvert);
+  if (token_chunks() > 1 && p_.dtype != DType::FP32) add(KernelKind::GradConvert);
   return out;
 }
 

@@ -79,6 +79,8 @@ class Plan {
 
   const Problem& problem() const { return p_; }
   Arch arch() const { return arch_; }
+  // The spec `kind` runs with: normalised, the tile(), and in the three-GEMM schedule over several
+  // token chunks grad_weight / grad_bias adding into fp32 sums.
   KernelSpec spec(KernelKind kind) const;
 
   // Forward: lse_forward splits the vocabulary over `splits` CTAs per row block.

@@ -161,9 +161,9 @@ def _eager_budget(hidden, weight):
     """workspace_budget for an eager call that set neither chunk_size nor workspace_budget: None
     (one chunk) when the [N, V] workspace fits, else the power of two under the free share."""
     free, _ = torch.cuda.mem_get_info(hidden.device)
-    stats = torch.cuda.memory_stats(hidden.device)
-    # Memory the caching allocator holds but no tensor uses is free to this call too.
-    free += stats.get("reserved_bytes.all.current", 0) - stats.get("allocated_bytes.all.current", 0)
+    # Memory the caching allocator holds but no tensor uses is free to this call too (two counters,
+    # not memory_stats(), which builds its whole dictionary on every call).
+    free += torch.cuda.memory_reserved(hidden.device) - torch.cuda.memory_allocated(hidden.device)
     share = max(free // _EAGER_MEMORY_SHARE, 1)
     needed = hidden.shape[0] * weight.shape[0] * hidden.element_size()
     return None if needed <= share else 1 << (share.bit_length() - 1)

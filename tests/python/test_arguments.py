@@ -695,3 +695,17 @@ def test_eager_schedule_and_workspace_through_the_bindings():
     assert _lib.eager_schedule(capped) == (False, n)
     with raises(ValueError, "lfce_eager_schedule needs lfce_problem.mode = LFCE_MODE_EAGER"):
         _lib.eager_schedule(_lib.make_problem(n, h, v, _lib.DTYPE_BF16))
+
+
+def test_eager_budget_is_none_when_the_workspace_fits_an_eighth_of_free_memory(monkeypatch):
+    """Eager mode's default token chunk (_ops._eager_budget): every token at once (None) while the
+    [N, V] exponentials fit in an eighth of the free memory (the driver's free memory plus what the
+    caching allocator holds unused), else the largest power of two under that eighth."""
+    mib = 1 << 20
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (700 * mib, 1 << 40))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 200 * mib)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 100 * mib)
+    weight = torch.empty(1000, 8, dtype=torch.bfloat16)
+    # An eighth of 800 MiB is 100 MiB: N = 52428 tokens of V = 1000 bf16 exponentials fit, 52429 not.
+    assert _ops._eager_budget(torch.empty(52428, 8, dtype=torch.bfloat16), weight) is None
+    assert _ops._eager_budget(torch.empty(52429, 8, dtype=torch.bfloat16), weight) == 64 * mib

@@ -639,6 +639,8 @@ TEST(EagerPlan, ChunkSizeAndBudgetBoundTheTokensPerChunk) {
     EXPECT_EQ(s.accumulate, s.kind == KernelKind::GradWeight) << s.text();
   }
   EXPECT_EQ(kinds.back(), "grad_convert");
+  EXPECT_TRUE(plan.spec(KernelKind::GradWeight).accumulate && plan.spec(KernelKind::GradBias).accumulate);
+  EXPECT_FALSE(plan.spec(KernelKind::GradInput).accumulate);
   lfce_problem odd = llama3(1000);  // all tokens in one chunk, whatever their count (rows of 64 bound only a smaller one)
   odd.mode = LFCE_MODE_EAGER;
   EXPECT_EQ(Plan(problem(odd), Arch::SM90A).token_chunk(), 1000);
