@@ -181,6 +181,15 @@ int lfce_forward_backward(const lfce_problem* problem, const lfce_forward_args* 
   });
 }
 
+int lfce_scale_gradient(int32_t dtype, const void* src, void* dst, int64_t count, const float* scale, int32_t device,
+                        void* stream) {
+  return guarded("lfce_scale_gradient", [&] {
+    if (dtype < 0 || dtype > 2)
+      throw lfce::SpecError("dtype = " + std::to_string(dtype) + " is not valid; expected LFCE_DTYPE_BF16, _FP16 or _FP32");
+    lfce::runtime::scale_gradient(static_cast<lfce::DType>(dtype), src, dst, count, scale, device, stream);
+  });
+}
+
 int lfce_eager_schedule(const lfce_problem* problem, int32_t* three_gemm, int64_t* token_chunk) {
   return guarded("lfce_eager_schedule", [&] {
     require_out(three_gemm, "three_gemm");

@@ -24,6 +24,7 @@ enum class KernelKind {
   EagerLogits,      // eager: logits tile GEMM -> exp(u - tile row max) stored as dzᵀ + per-tile row partials
   EagerDz,          // eager: those exponentials -> dz in place, with the target residual
   GradConvert,      // eager: fp32 gradient sums (several token chunks) -> the dtype
+  GradScale,        // eager: the held gradients times the upstream gradient (the autograd backward)
 };
 
 // How a GEMM operand is stored: K contiguous, or M (N) contiguous.
@@ -127,6 +128,8 @@ inline constexpr KernelKindInfo kKernelKinds[] = {
          kFieldTokenScaling,
      false, false, true},
     {KernelKind::GradConvert, "grad_convert", false, false, false, false, Layout::KMajor, Layout::KMajor, 0, 0, false,
+     kFieldDType, false, false, true},
+    {KernelKind::GradScale, "grad_scale", false, true, false, false, Layout::KMajor, Layout::KMajor, 0, 0, false,
      kFieldDType, false, false, true},
 };
 

@@ -360,7 +360,7 @@ void run_three_gemm(const Problem& problem, const Plan& plan, const lfce_forward
     std::vector<void*> dz_args = {&dz, &pmax, &lse, &tlogit, &y, &count, &residual, &rows, &ld, &ignore, &v_len, &tile_n};
     if (dz_spec.class_weight) dz_args.push_back(&class_weight);
     if (dz_spec.shift) dz_args.push_back(&sequence_length);
-    dz_kernel.launch({grid_dim(ld, 256, 'x'), grid_dim(v, 64, 'y'), 1}, stream, dz_args.data());
+    dz_kernel.launch({grid_dim(ld, 256, 'x'), grid_dim(v, tile_n, 'y'), 1}, stream, dz_args.data());
 
     if (gw_kernel)  // A = dzᵀ [V, ld] K-major; B = the chunk's x [rows, H] MN-major
       launch_gemm(*gw_kernel, gw, gemm_grid(plan, gw, v, h, "grad_weight"), stream,
@@ -459,6 +459,29 @@ void backward(const Problem& problem, const lfce_backward_args& args, const Plan
 void forward_backward(const Problem& problem, const lfce_forward_args& args, void* grad_hidden, void* grad_weight,
                       void* grad_bias, const PlanFor& plan_for) {
   run_forward_backward(problem, args, Gradients{grad_hidden, grad_weight, grad_bias}, plan_for);
+}
+
+void scale_gradient(DType dtype, const void* src, void* dst, int64_t count, const float* scale, int device,
+                    void* stream) {
+  if (count < 0) throw SpecError("count must be >= 0, got " + std::to_string(count));
+  require_aligned(src, "src");
+  require_aligned(dst, "dst");
+  require_aligned(scale, "scale", 4);
+  if (count == 0) return;
+  make_context_current(device);
+  KernelSpec spec;
+  spec.kind = KernelKind::GradScale;
+  spec.dtype = dtype;
+  spec.arch = device_info(device).arch();
+  spec = spec.normalised();
+  const Kernel& kernel = kernel_for(device, spec);
+  void* s = const_cast<void*>(src);
+  void* d = dst;
+  void* sc = const_cast<float*>(scale);
+  void* args[] = {&s, &d, &count, &sc};
+  // 8 elements a thread; at most a few waves of CTAs, which then stride.
+  const int64_t ctas = std::min<int64_t>(ceil_div(ceil_div(count, int64_t{8}), int64_t{256}), int64_t{4096});
+  kernel.launch({static_cast<unsigned>(std::max<int64_t>(ctas, 1)), 1, 1}, static_cast<CUstream>(stream), args);
 }
 
 }  // namespace lfce::runtime

@@ -24,6 +24,12 @@ void backward(const Problem& problem, const lfce_backward_args& args, const Plan
 void forward_backward(const Problem& problem, const lfce_forward_args& args, void* grad_hidden, void* grad_weight,
                       void* grad_bias, const PlanFor& plan_for);
 
+// Eager mode's backward (lfce_scale_gradient): dst[i] = src[i] · scale[0] (fp32 product rounded once to
+// `dtype`), count elements, src and dst 16-byte aligned (they may be the same buffer), scale an fp32
+// device value; on `stream` of `device`, no host synchronisation.
+void scale_gradient(DType dtype, const void* src, void* dst, int64_t count, const float* scale, int device,
+                    void* stream);
+
 // CTAs along one grid axis ('x', 'y' or 'z') for `extent` items in tiles of `tile`: ceil(extent /
 // tile), or SpecError naming the numbers when CUDA's limit (2^31 - 1 along x, 65535 along y and
 // z) is exceeded, so that a cast can never wrap a grid.

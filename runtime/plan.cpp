@@ -344,6 +344,26 @@ TileConfig Plan::tile(KernelKind kind) const {
   TileConfig t =
       default_tile(kind, p_.dtype, arch_, limits_.smem_per_block, p_.hidden, p_.label_smoothing, p_.class_weight);
   if (heavy_epilogue && t.wgmma() && t.accumulators() > 64) return TileConfig{128, 128, 64, 1, 1, 4, 2};
+  if (t.wgmma() && t.pingpong && t.bm == 64 && t.bn == 256 && kind == KernelKind::GradInput) {
+    // grad_input's output is [N or token chunk, H], each ping-pong consumer its own 64 x 256 tile:
+    // where H / 256 column blocks leave the last of those waves mostly empty (gemma2-2b: 1152
+    // tiles on 264 consumers, 4.4 waves, 87% busy), two consumers sharing 128 x 192 tiles fill
+    // them better (768 tiles, 5.8 waves, 97%): 13.59 against 14.67 ms at gemma2-2b N = 8192 in
+    // eager mode (H200, test-results/2026-12-01-h200-session14-run1), about 3% slower per busy
+    // FLOP. Busy counts the padding of partial tiles as idle.
+    const int64_t rows = three_gemm_ ? token_chunk_ : p_.tokens;
+    const TileConfig shared{128, 192, 64, 1, 1, 4, 2};
+    auto busy = [&](const TileConfig& c, int64_t slots) {
+      const int64_t tiles = ceil_div(rows, c.bm) * ceil_div(p_.hidden, c.bn);
+      return static_cast<double>(rows) * static_cast<double>(p_.hidden) /
+             (static_cast<double>(ceil_div(tiles, slots) * slots) * c.bm * c.bn);
+    };
+    KernelSpec wide = problem_spec(kind, p_, arch_);
+    wide.tile = shared;
+    const int64_t limit = limits_.smem_per_block > 0 ? limits_.smem_per_block : arch_info(arch_).smem_per_block_optin;
+    if (busy(shared, device_ctas(shared)) * 0.97 > busy(t, 2 * device_ctas(t)) && kernel_smem_bytes(wide) <= limit)
+      t = shared;
+  }
   if (t.wgmma() && !t.pingpong && t.bn == 256 && (kind == KernelKind::GradInput || kind == KernelKind::GradWeight)) {
     // (Called once the chunk is known: the constructor asks only for lse_forward's tile.)
     // The output is [N or chunk, H]: when H / 256 column blocks leave the last wave of CTAs
@@ -470,9 +490,11 @@ Plan::EagerLayout Plan::eager_layout() const {
 std::vector<KernelSpec> Plan::launched_specs() const {
   std::vector<KernelSpec> out;
   auto add = [&](KernelKind kind) { out.push_back(spec(kind)); };
+  // Eager mode's autograd backward scales the gradients held since the forward (lfce_scale_gradient).
   if (!three_gemm_) {
     for (const KernelKindInfo& info : kKernelKinds)
       if (!info.eager && (p_.bias || !info.bias_only)) add(info.kind);
+    if (p_.mode == Mode::Eager) add(KernelKind::GradScale);
     return out;
   }
   add(KernelKind::TokenCount);
@@ -484,6 +506,7 @@ std::vector<KernelSpec> Plan::launched_specs() const {
   add(KernelKind::GradInput);
   add(KernelKind::LossReduce);
   if (token_chunks() > 1 && p_.dtype != DType::FP32) add(KernelKind::GradConvert);
+  add(KernelKind::GradScale);
   return out;
 }
 

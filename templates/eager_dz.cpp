@@ -11,11 +11,11 @@
 // The row's target element is formed from the fp32 target logit u_y (eager_logits), not from
 // its rounded p̃: p_y = e^(u_y − LSE), and what rounding its dz loses goes to residual[m] for
 // grad_input (docs/design.md, Numerics), as dlogits_backward does. Every other element is
-// C_m·p̃ with one per-row constant C_m, one multiplication.
+// C_m·p̃ with one per-row constant C_m, one multiplication. Each element is stored once.
 //
-// Each thread takes 8 tokens (one 16-byte vector of 16-bit elements) of 8 consecutive rows of
-// one vocabulary tile: grid (ceil(ld / 256), ceil(V / 64)), 256 threads (32 token groups x 8
-// row groups).
+// One CTA per 256 tokens and vocabulary tile: grid (ceil(ld / 256), tiles), 256 threads (32 token
+// groups x 8 row groups). Each thread forms its 8 tokens' row constants once (the tile's M among
+// them) and then walks the tile's rows, 8 at a time (4 for fp32), one vector of 8 tokens a row.
 #include "templates/dz_math.h"
 #include "templates/template_util.h"
 #include "templates/templates.h"
@@ -28,7 +28,9 @@ KernelShape build_eager_dz(llvm::Module& module, const KernelSpec& normalised) {
   // The mode is not part of the spec (always eager: upstream gradient 1, no grad_loss).
   KernelSpec spec = normalised;
   spec.mode = Mode::Eager;
-  constexpr int kThreads = 256, kTokens = 8, kRows = 8;
+  constexpr int kThreads = 256, kTokens = 8, kRowGroups = kThreads / 32;
+  // Rows a thread loads before it stores them: 128 bytes of p̃ in flight (fp32's are twice as wide).
+  const int kRows = spec.dtype == DType::FP32 ? 4 : 8;
   std::vector<Param> params = {{"dz", ParamType::GlobalPtr},           {"partial_max", ParamType::GlobalPtr},
                                {"lse", ParamType::GlobalPtr},          {"target_logit", ParamType::GlobalPtr},
                                {"targets", ParamType::GlobalPtr},      {"valid_count", ParamType::GlobalPtr},
@@ -38,6 +40,7 @@ KernelShape build_eager_dz(llvm::Module& module, const KernelSpec& normalised) {
   if (spec.class_weight) params.push_back({"class_weight", ParamType::GlobalPtr});
   add_shift_param(spec, params);
   KernelBuilder kb(module, "eager_dz", params, kThreads);
+  kb.set_min_ctas_per_sm(2);
   auto& ir = kb.ir();
   llvm::Type* elem = elem_type(kb, spec.dtype);
   llvm::Type* stored_type = eager_exponential_type(kb, spec.dtype);  // p̃: fp16 (16-bit dtypes) or fp32
@@ -45,67 +48,80 @@ KernelShape build_eager_dz(llvm::Module& module, const KernelSpec& normalised) {
   llvm::Type* vec = llvm::FixedVectorType::get(elem, kTokens);
   Value* n = kb.arg("n");
   Value* ld = kb.arg("ld");
+  Value* vocab = kb.arg("vocab");
+  Value* tile_n = kb.arg("tile_n");
   Value* tid = kb.tid();
   Value* m0 = ir.CreateMul(ir.CreateAdd(ir.CreateMul(ir.CreateZExt(kb.ctaid(0), kb.i64()), kb.c64(32)),
                                         ir.CreateZExt(ir.CreateAnd(tid, kb.c32(31)), kb.i64())),
                            kb.c64(kTokens));
-  Value* v0 = ir.CreateAdd(ir.CreateMul(ir.CreateZExt(kb.ctaid(1), kb.i64()), kb.c64(64)),
-                           ir.CreateZExt(ir.CreateMul(ir.CreateLShr(tid, kb.c32(5)), kb.c32(kRows)), kb.i64()));
-  Value* vocab = kb.arg("vocab");
+  Value* tile = ir.CreateZExt(kb.ctaid(1), kb.i64());
+  Value* tile_begin = ir.CreateMul(tile, tile_n);
+  Value* tile_end = ir.CreateSelect(ir.CreateICmpSLT(ir.CreateAdd(tile_begin, tile_n), vocab),
+                                    ir.CreateAdd(tile_begin, tile_n), vocab);
+  // This thread's first row in the tile; it steps by the CTA's 8 x kRows rows.
+  Value* first_row = ir.CreateZExt(ir.CreateMul(ir.CreateLShr(tid, kb.c32(5)), kb.c32(kRows)), kb.i64());
   // ld is a multiple of 8: a token group is wholly inside or outside [0, ld).
-  kb.if_then(ir.CreateAnd(ir.CreateICmpSLT(m0, ld), ir.CreateICmpSLT(v0, vocab)), [&] {
-    // The rows' vocabulary tile (tile_n is a multiple of 8, so all 8 rows share it).
-    Value* tile = ir.CreateUDiv(v0, kb.arg("tile_n"));
+  kb.if_then(ir.CreateICmpSLT(m0, ld), [&] {
     // du / dz: 1 / T with a temperature (no softcap reaches this path: the spec cannot have one).
     Value* slope = spec.temperature != 1.f ? kb.cf(1.f / spec.temperature) : nullptr;
-    std::vector<RowConstants> row(kTokens);
-    std::vector<Value*> coef(kTokens), m(kTokens);
+    // Per token: the coefficient of its non-target elements in this tile and, where its target is
+    // in the tile, the target's dz (from the fp32 target logit, not its rounded p̃:
+    // p_y = e^(u_y − LSE)) and the residual of its rounding for grad_input (docs/design.md,
+    // Numerics), as dlogits_backward does. Only coef, the target's row in the tile (-1: none) and
+    // its value stay live into the row loop.
+    std::vector<Value*> coef(kTokens), target_row(kTokens), target_dz(kTokens);
     for (int j = 0; j < kTokens; ++j) {
-      m[j] = ir.CreateAdd(m0, kb.c64(j));
-      row[j] = row_constants(kb, spec, m[j], n);
-      Value* safe_m = ir.CreateSelect(ir.CreateICmpSLT(m[j], n), m[j], kb.c64(0));
+      Value* m = ir.CreateAdd(m0, kb.c64(j));
+      const RowConstants row = row_constants(kb, spec, m, n);
+      Value* safe_m = ir.CreateSelect(ir.CreateICmpSLT(m, n), m, kb.c64(0));
       Value* max = kb.load(kb.f32(), kb.gep(kb.arg("partial_max"), kb.f32(), ir.CreateAdd(ir.CreateMul(tile, n), safe_m)));
       // p = p̃·e^(M − LSE); every non-target element is coef·p̃, 0 where g is 0.
-      Value* scale = kb.exp(ir.CreateFSub(max, row[j].lse));
-      Value* c = dz_row_terms(spec) ? row[j].p : row[j].g;
+      Value* scale = kb.exp(ir.CreateFSub(max, row.lse));
+      Value* c = dz_row_terms(spec) ? row.p : row.g;
       if (!dz_row_terms(spec))
-        if (Value* factor = z_loss_factor(kb, spec, row[j].lse)) c = ir.CreateFMul(c, factor);
+        if (Value* factor = z_loss_factor(kb, spec, row.lse)) c = ir.CreateFMul(c, factor);
       c = ir.CreateFMul(c, scale);
       if (slope) c = ir.CreateFMul(c, slope);
-      coef[j] = ir.CreateSelect(ir.CreateFCmpOEQ(row[j].g, kb.cf(0.f)), kb.cf(0.f), c);
+      coef[j] = ir.CreateSelect(ir.CreateFCmpOEQ(row.g, kb.cf(0.f)), kb.cf(0.f), c);
+      Value* hit = ir.CreateAnd(ir.CreateICmpSLT(m, n), ir.CreateAnd(ir.CreateICmpSGE(row.target, tile_begin),
+                                                                     ir.CreateICmpSLT(row.target, tile_end)));
+      target_row[j] = ir.CreateSelect(hit, ir.CreateTrunc(ir.CreateSub(row.target, tile_begin), kb.i32()), kb.c32(-1));
+      // (An ignored token's target may be in range: its dz and residual are 0, as in recompute.
+      // A token whose target is elsewhere computes a value it does not use: no branch.)
+      Value* u = kb.load(kb.f32(), kb.gep(kb.arg("target_logit"), kb.f32(), safe_m));
+      Value* exact = dz_of_softmax(kb, spec, row, kb.exp(ir.CreateFSub(u, row.lse)), u, ir.getTrue(), nullptr, slope);
+      target_dz[j] = kb.from_f32(exact, elem);
+      // One thread of the CTA's row groups stores the residual (each holds the same value).
+      if (spec.dtype != DType::FP32)
+        kb.if_then(ir.CreateAnd(hit, ir.CreateICmpULT(tid, kb.c32(32))), [&] {
+          kb.store(ir.CreateFSub(exact, kb.to_f32(target_dz[j])), kb.gep(kb.arg("residual"), kb.f32(), m));
+        });
     }
-    for (int i = 0; i < kRows; ++i) {
-      Value* v = ir.CreateAdd(v0, kb.c64(i));
-      kb.if_then(ir.CreateICmpSLT(v, vocab), [&] {
-        Value* ptr = kb.gep(kb.arg("dz"), elem, ir.CreateAdd(ir.CreateMul(v, ld), m0));
-        Value* stored = kb.load(stored_vec, ptr);  // (the same bytes as dz's vector: written in place)
+    Value* row_step = kb.c64(kRowGroups * kRows);
+    kb.for_range(ir.CreateAdd(tile_begin, first_row), tile_end, row_step, [&](Value* v0) {
+      // Every row's vector is loaded before any is stored (a row past the tile reads its last
+      // row instead and stores nothing): kRows loads in flight a thread, where a load after each
+      // store (which may alias it, for all LLVM can tell) would leave one.
+      std::vector<Value*> ptrs(kRows), stored(kRows);
+      Value* last_row = ir.CreateSub(tile_end, kb.c64(1));
+      for (int i = 0; i < kRows; ++i) {
+        Value* v = ir.CreateAdd(v0, kb.c64(i));
+        Value* safe_v = ir.CreateSelect(ir.CreateICmpSLT(v, tile_end), v, last_row);
+        ptrs[i] = kb.gep(kb.arg("dz"), elem, ir.CreateAdd(ir.CreateMul(safe_v, ld), m0));
+        stored[i] = kb.load(stored_vec, ptrs[i]);  // (the same bytes as dz's vector: written in place)
+      }
+      Value* offset = ir.CreateTrunc(ir.CreateSub(v0, tile_begin), kb.i32());
+      for (int i = 0; i < kRows; ++i) {
         Value* out = llvm::PoisonValue::get(vec);
         for (int j = 0; j < kTokens; ++j) {
-          Value* p = kb.to_f32(ir.CreateExtractElement(stored, uint64_t(j)));
-          out = ir.CreateInsertElement(out, kb.from_f32(ir.CreateFMul(coef[j], p), elem), uint64_t(j));
+          Value* p = kb.to_f32(ir.CreateExtractElement(stored[i], uint64_t(j)));
+          Value* is_target = ir.CreateICmpEQ(target_row[j], ir.CreateAdd(offset, kb.c32(i)));
+          out = ir.CreateInsertElement(
+              out, ir.CreateSelect(is_target, target_dz[j], kb.from_f32(ir.CreateFMul(coef[j], p), elem)), uint64_t(j));
         }
-        kb.store(out, ptr);
-      });
-    }
-    // The targets among these rows: dz from the fp32 target logit (the vector stores above are
-    // this thread's own, earlier in program order), and the residual of its rounding.
-    for (int j = 0; j < kTokens; ++j) {
-      Value* rel = ir.CreateSub(row[j].target, v0);
-      Value* hit = ir.CreateAnd(ir.CreateICmpSLT(m[j], n),
-                                ir.CreateAnd(ir.CreateICmpSGE(rel, kb.c64(0)),
-                                             ir.CreateAnd(ir.CreateICmpSLT(rel, kb.c64(kRows)),
-                                                          ir.CreateICmpSLT(row[j].target, vocab))));
-      kb.if_then(hit, [&] {
-        Value* u = kb.load(kb.f32(), kb.gep(kb.arg("target_logit"), kb.f32(), m[j]));
-        Value* p = kb.exp(ir.CreateFSub(u, row[j].lse));
-        // (An ignored token's target may be in range: its dz and residual are 0, as in recompute.)
-        Value* exact = dz_of_softmax(kb, spec, row[j], p, u, ir.getTrue(), nullptr, slope);
-        Value* rounded = kb.from_f32(exact, elem);
-        kb.store(rounded, kb.gep(kb.arg("dz"), elem, ir.CreateAdd(ir.CreateMul(row[j].target, ld), m[j])));
-        if (spec.dtype != DType::FP32)
-          kb.store(ir.CreateFSub(exact, kb.to_f32(rounded)), kb.gep(kb.arg("residual"), kb.f32(), m[j]));
-      });
-    }
+        kb.if_then(ir.CreateICmpSLT(ir.CreateAdd(v0, kb.c64(i)), tile_end), [&] { kb.store(out, ptrs[i]); });
+      }
+    });
   });
   kb.finish();
   return {"eager_dz", kThreads, 0};

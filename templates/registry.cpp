@@ -26,7 +26,7 @@ constexpr Template kTemplates[] = {
     {KernelKind::GradWeight, build_grad_weight},   {KernelKind::GradInput, build_grad_input},
     {KernelKind::GradBias, build_grad_bias},       {KernelKind::TokenCount, build_loss_reduce},
     {KernelKind::EagerLogits, build_eager_logits}, {KernelKind::EagerDz, build_eager_dz},
-    {KernelKind::GradConvert, build_grad_convert},
+    {KernelKind::GradConvert, build_grad_convert}, {KernelKind::GradScale, build_grad_scale},
 };
 
 constexpr bool every_kind_has_a_template() {

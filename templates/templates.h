@@ -30,6 +30,7 @@ KernelShape build_grad_bias(llvm::Module& module, const KernelSpec& spec);
 KernelShape build_eager_logits(llvm::Module& module, const KernelSpec& spec);
 KernelShape build_eager_dz(llvm::Module& module, const KernelSpec& spec);
 KernelShape build_grad_convert(llvm::Module& module, const KernelSpec& spec);
+KernelShape build_grad_scale(llvm::Module& module, const KernelSpec& spec);
 
 struct GeneratedKernel {
   KernelShape shape;

@@ -212,6 +212,14 @@ LFCE_API int lfce_backward(const lfce_problem* problem, const lfce_backward_args
 LFCE_API int lfce_forward_backward_workspace_size(const lfce_problem* problem, size_t* bytes);
 LFCE_API int lfce_forward_backward(const lfce_problem* problem, const lfce_forward_args* args, void* grad_hidden,
                                    void* grad_weight, void* grad_bias);
+/* Eager mode's backward: dst[i] = src[i] * scale[0] for count elements of dtype (an lfce_dtype), the fp32
+ * product rounded once to dtype (torch.mul of a 16-bit tensor rounds the fp32 scale to its dtype first): the gradients
+ * lfce_forward_backward computed for an upstream gradient of 1, times the real one, read on the device
+ * (no host synchronisation), on `stream` (a CUstream, NULL = legacy default) of `device`. src and dst
+ * start on 16 bytes and may be the same buffer (in place with a scale of 1 nothing is written); scale is
+ * one fp32 value in device memory. */
+LFCE_API int lfce_scale_gradient(int32_t dtype, const void* src, void* dst, int64_t count, const float* scale,
+                                 int32_t device, void* stream);
 /* How lfce_forward_backward runs `problem`: *three_gemm = 1 for the three-GEMM schedule, with
  * *token_chunk tokens per chunk (the last may have fewer); *three_gemm = 0 (and *token_chunk = tokens)
  * for the forward and recompute backward. */

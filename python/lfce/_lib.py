@@ -278,6 +278,8 @@ _SIGNATURES = {
     "lfce_forward_backward_workspace_size": (ctypes.c_int, [_P(Problem), _P(ctypes.c_size_t)]),
     "lfce_forward_backward": (ctypes.c_int, [_P(Problem), _P(ForwardArgs), ctypes.c_void_p, ctypes.c_void_p,
                                              ctypes.c_void_p]),
+    "lfce_scale_gradient": (ctypes.c_int, [ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                                           ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p]),
     "lfce_eager_schedule": (ctypes.c_int, [_P(Problem), _P(ctypes.c_int32), _P(ctypes.c_int64)]),
     "lfce_generate": (ctypes.c_int, [_P(Problem), ctypes.c_char_p, KERNEL_CALLBACK, ctypes.c_void_p]),
     "lfce_cache_dir": (ctypes.c_char_p, []),

@@ -697,14 +697,25 @@ def test_eager_schedule_and_workspace_through_the_bindings():
         _lib.eager_schedule(_lib.make_problem(n, h, v, _lib.DTYPE_BF16))
 
 
+def test_allocator_bytes_reads_the_two_counters_of_the_nested_statistics(monkeypatch):
+    """_ops._allocator_bytes takes reserved and allocated from the allocator's nested statistics, and
+    PyTorch's public counters where this PyTorch has no such dictionary."""
+    stats = {"reserved_bytes": {"all": {"current": 300}}, "allocated_bytes": {"all": {"current": 120}}}
+    monkeypatch.setattr(torch._C, "_cuda_memoryStats", lambda index: stats, raising=False)
+    assert _ops._allocator_bytes(torch.device("cuda", 0)) == (300, 120)
+    monkeypatch.setattr(torch._C, "_cuda_memoryStats", lambda index: {}, raising=False)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 7)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 5)
+    assert _ops._allocator_bytes(torch.device("cuda", 0)) == (7, 5)
+
+
 def test_eager_budget_is_none_when_the_workspace_fits_an_eighth_of_free_memory(monkeypatch):
     """Eager mode's default token chunk (_ops._eager_budget): every token at once (None) while the
     [N, V] exponentials fit in an eighth of the free memory (the driver's free memory plus what the
     caching allocator holds unused), else the largest power of two under that eighth."""
     mib = 1 << 20
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (700 * mib, 1 << 40))
-    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 200 * mib)
-    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 100 * mib)
+    monkeypatch.setattr(_ops, "_allocator_bytes", lambda device: (200 * mib, 100 * mib))
     weight = torch.empty(1000, 8, dtype=torch.bfloat16)
     # An eighth of 800 MiB is 100 MiB: N = 52428 tokens of V = 1000 bf16 exponentials fit, 52429 not.
     assert _ops._eager_budget(torch.empty(52428, 8, dtype=torch.bfloat16), weight) is None

@@ -559,3 +559,30 @@ def test_options_times_every_option_against_plain(tmp_path):
     for name, row in result["results"].items():
         assert "error" not in row, (name, row)
         assert row["total_ms"] > row["forward_ms"] > 0 and row["vs_plain"] > 0, (name, row)
+
+
+def test_interleaved_times_every_implementation_in_turn_after_its_first_step_alone(monkeypatch):
+    """measure._interleaved: each implementation's first step alone (first_call_s), one that fails
+    there gets its error and no rounds, the others warmup - 1 + iters rotated rounds; backward_ms is
+    total less forward."""
+    pytest.importorskip("torch")
+    from lfce.bench import measure
+
+    first = []
+
+    def first_step(impl, x, w, y):
+        first.append(impl)
+        if impl == "broken":
+            raise RuntimeError("Triton compile failed\nsecond line")
+        return 0.5
+    calls = []
+    monkeypatch.setattr(measure, "_first_step", first_step)
+    monkeypatch.setattr(measure, "_step_timer",
+                        lambda loaded, x, w, y: fake_step({"a": 10.0, "b": 30.0}, calls))
+    rows = measure._interleaved({"a": "a", "broken": "broken", "b": "b"}, None, None, None, 2, 3)
+    assert first == ["a", "broken", "b"]
+    assert calls == ["a", "b", "b", "a", "a", "b", "b", "a"]  # 1 warm-up round + 3 timed, rotated
+    assert rows["broken"] == {"error": "RuntimeError: Triton compile failed"}
+    assert rows["a"] == {"forward_ms": 5.0, "backward_ms": 5.0, "total_ms": 10.0, "min_ms": 10.0, "max_ms": 10.0,
+                         "first_call_s": 0.5}
+    assert rows["b"]["backward_ms"] == 15.0 and rows["b"]["first_call_s"] == 0.5

@@ -213,3 +213,44 @@ def test_eager_shift_matches_the_shifted_problem(chunks, record_error):
     ref, _ = options_reference(shifted_x, w, b, shifted_y, "mean", grad)
     ours = (loss, grad_x[:, :-1].reshape(-1, H), grad_w, grad_b)
     assert_gradients_match(ours, ref, torch.bfloat16, "mean", record_error)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("count", [1, 7, 8, 4099, 1 << 20])
+def test_eager_backward_scaling_is_one_fp32_product_bit_for_bit(dtype, count):
+    """lfce_scale_gradient (eager mode's backward outside torch.compile) against PyTorch's fp32
+    product of the same gradient and the fp32 0-dim upstream gradient rounded once to the dtype (what
+    the torch.compile path computes), bit for bit, at lengths that are and are not whole 8-element
+    vectors; in place too. (torch.mul would round the upstream gradient to a 16-bit dtype first.)"""
+    g = torch.Generator(device="cuda").manual_seed(count)
+    gradient = torch.randn(count, device="cuda", generator=g).to(dtype)
+    grad_loss = torch.randn((), device="cuda", generator=g) * 3
+    expected = (gradient.float() * grad_loss).to(dtype)
+    assert_bitwise_equal("scaled", _ops._scaled(gradient, grad_loss), expected)
+    assert_bitwise_equal("reference", _ops._scaled_reference(gradient, grad_loss), expected)
+    one = torch.ones((), device="cuda")
+    assert_bitwise_equal("scaled by 1 into another buffer", _ops._scaled(gradient, one), gradient)
+    original = gradient.clone()
+    assert _ops._scaled_in_place(gradient, one) is gradient
+    assert_bitwise_equal("scaled by 1 in place", gradient, original)
+    assert _ops._scaled_in_place(gradient, grad_loss) is gradient
+    assert_bitwise_equal("scaled in place", gradient, expected)
+
+
+def test_eager_backward_scales_in_place_once_and_refuses_a_second_backward():
+    """Eager mode's backward scales the held gradients in place and returns them: the result is the
+    fp32 product with the upstream gradient, and a second backward through the same forward
+    (retain_graph) is refused, naming recompute mode, rather than scaling them twice."""
+    x, w, _, y = make_inputs(300, 64, 1000, torch.bfloat16)
+    x, w = x.detach().requires_grad_(), w.detach().requires_grad_()
+    held = lfce.linear_cross_entropy(x, w, y, mode="eager", reduction="sum")
+    grad = torch.tensor(0.37, device="cuda")
+    torch.autograd.backward(held, grad, retain_graph=True)
+    first = (x.grad.clone(), w.grad.clone())
+    with pytest.raises(RuntimeError, match=r"second backward through the same forward .*mode='recompute'"):
+        torch.autograd.backward(held, grad)
+    x.grad = w.grad = None
+    unit = lfce.linear_cross_entropy(x, w, y, mode="eager", reduction="sum")
+    unit.backward()  # an upstream gradient of 1: the held gradients are returned as they are
+    for name, scaled, plain in (("grad_hidden", first[0], x.grad), ("grad_weight", first[1], w.grad)):
+        assert_bitwise_equal(name, scaled, (plain.float() * grad).to(plain.dtype))

@@ -437,3 +437,22 @@ TEST(CApi, EagerScheduleTellsTheThreeGemmsAndTheirTokenChunk) {
   EXPECT_EQ(lfce_eager_schedule(&p, nullptr, &chunk), LFCE_ERR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(lfce_last_error()).find("three_gemm is NULL"), std::string::npos) << lfce_last_error();
 }
+
+// lfce_scale_gradient (eager mode's backward): each bad argument named before the driver is touched;
+// nothing to scale touches nothing.
+TEST(CApi, ScaleGradientChecksItsArgumentsBeforeTheDriver) {
+  alignas(16) static char buffer[256];
+  const float* scale = reinterpret_cast<const float*>(buffer + 128);
+  auto error = [&](int32_t dtype, const void* src, void* dst, int64_t count, const float* s) {
+    EXPECT_EQ(lfce_scale_gradient(dtype, src, dst, count, s, 0, nullptr), LFCE_ERR_INVALID_ARGUMENT);
+    return std::string(lfce_last_error());
+  };
+  EXPECT_NE(error(3, buffer, buffer, 8, scale).find("dtype = 3 is not valid"), std::string::npos);
+  EXPECT_NE(error(LFCE_DTYPE_BF16, buffer, buffer, -1, scale).find("count must be >= 0, got -1"), std::string::npos);
+  EXPECT_NE(error(LFCE_DTYPE_BF16, nullptr, buffer, 8, scale).find("src is NULL"), std::string::npos);
+  EXPECT_NE(error(LFCE_DTYPE_BF16, buffer, buffer + 2, 8, scale).find("dst is not 16-byte aligned"), std::string::npos);
+  EXPECT_NE(error(LFCE_DTYPE_BF16, buffer, buffer, 8, nullptr).find("scale is NULL"), std::string::npos);
+  EXPECT_EQ(lfce_scale_gradient(LFCE_DTYPE_FP32, buffer, buffer, 0, scale, 0, nullptr), LFCE_OK) << lfce_last_error();
+  ASSERT_TRUE(kNoDriver);
+  EXPECT_EQ(lfce_scale_gradient(LFCE_DTYPE_FP16, buffer, buffer, 8, scale, 0, nullptr), LFCE_ERR_CUDA);
+}

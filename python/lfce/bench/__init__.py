@@ -25,8 +25,13 @@ Shapes: each preset of ``--models`` at each N of ``--tokens`` (``model:N`` pins 
 combination whose estimated memory (impls.estimate_bytes) exceeds 90% of the free memory is skipped
 up front; one that still fails gets its error and the run goes on.
 
-Timings: warm-ups, then the median (and min, max) of CUDA-event timings of the forward, the
-backward and both; first_call_s is the wall time of the first step (compiles included).
+Timings (measure.py): the implementations of a shape run interleaved, one step each per round
+with the order rotated every round and no synchronisation between steps, so that the clock's drift
+as the card heats up falls on all of them alike (since session 14; before, each ran its steps alone
+in turn). Each one's first step runs alone first: first_call_s is its wall time (compiles
+included). Then ``--warmup - 1`` untimed rounds and ``--iters`` timed ones: the median (and min,
+max) of CUDA-event timings of the forward and of forward + backward; backward_ms is the difference
+of those medians.
 useful_tflops counts the three GEMMs every method must do (3 · 2·N·H·V FLOPs) over the total time.
 Memory, from the caching allocator's counters: held = allocated after the forward beyond the
 inputs, less the loss (what a training step keeps alive between forward and backward); peak =

@@ -1,7 +1,6 @@
 """Timing and memory of each implementation on one shape (needs a GPU), and their text form."""
 
 import gc
-import statistics
 import sys
 import time
 
@@ -11,15 +10,26 @@ MIB = impls.MIB
 TIME_LIMIT = "time limit reached"
 
 
-def _timed(impl, x, w, y, warmup, iters):
-    """CUDA events around the forward and the backward of ``warmup + iters`` steps; the median
-    (and min, max) of the last ``iters``, and the wall time of the first step (compiles included)."""
+def _first_step(impl, x, w, y):
+    """The wall time of one forward + backward from an idle GPU to its end (compiles included)."""
     import torch
 
     torch.cuda.synchronize()
-    runs, first_call_s = [], None
-    for i in range(warmup + iters):
-        start = time.perf_counter()
+    start = time.perf_counter()
+    state = impl.forward(x, w, y)
+    grads = impl.backward(state, x, w)
+    del state, grads
+    torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def _step_timer(loaded, x, w, y):
+    """options.interleave's time_step over the loaded implementations: CUDA events around one
+    forward and one backward, read after the last round."""
+    import torch
+
+    def time_step(name):
+        impl = loaded[name]
         events = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
         events[0].record()
         state = impl.forward(x, w, y)
@@ -27,18 +37,38 @@ def _timed(impl, x, w, y, warmup, iters):
         grads = impl.backward(state, x, w)
         events[2].record()
         del state, grads
-        if i == 0:
-            torch.cuda.synchronize()
-            first_call_s = time.perf_counter() - start
-        if i >= warmup:
-            runs.append(events)
-    torch.cuda.synchronize()
-    forward = [s.elapsed_time(m) for s, m, _ in runs]
-    backward = [m.elapsed_time(e) for _, m, e in runs]
-    total = [s.elapsed_time(e) for s, _, e in runs]
-    return {"forward_ms": statistics.median(forward), "backward_ms": statistics.median(backward),
-            "total_ms": statistics.median(total), "min_ms": min(total), "max_ms": max(total),
-            "first_call_s": first_call_s}
+
+        def read():
+            events[2].synchronize()
+            return events[0].elapsed_time(events[1]), events[0].elapsed_time(events[2])
+        return read
+    return time_step
+
+
+def _interleaved(loaded, x, w, y, warmup, iters):
+    """{name: timing row} for the loaded implementations, timed in turn: each one's first step alone
+    (first_call_s), then ``warmup - 1 + iters`` rounds of one step each, the order rotated every
+    round with no synchronisation between steps (options.interleave), so that the clock's drift
+    as the card warms up, and a neighbour's effect on it, falls on every implementation alike.
+    Forward and total are the medians of the last ``iters`` rounds; backward is their difference."""
+    from .options import interleave
+
+    rows, first = {}, {}
+    for name, impl in loaded.items():
+        try:
+            first[name] = _first_step(impl, x, w, y)
+        except Exception as error:  # noqa: BLE001 - one implementation's failure must not end the run
+            rows[name] = _error_row(error)
+    running = [name for name in loaded if name not in rows]
+    if running:
+        timed = interleave(running, warmup - 1, iters, _step_timer(loaded, x, w, y))
+        for name, row in timed.items():
+            if "total_ms" in row:
+                row = {"forward_ms": row["forward_ms"], "backward_ms": row["total_ms"] - row["forward_ms"],
+                       "total_ms": row["total_ms"], "min_ms": row["min_ms"], "max_ms": row["max_ms"],
+                       "first_call_s": first[name]}
+            rows[name] = row
+    return rows
 
 
 def _memory(impl, x, w, y):
@@ -83,15 +113,12 @@ def _too_big(name, tokens, hidden, vocab, element_size, free):
     return f"does not fit: needs about {need / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free"
 
 
-def _measure(name, tokens, hidden, vocab, dtype, x, w, y, warmup, iters):
+def _details(name, impl, tokens, hidden, vocab, dtype, x, w, y):
+    """Held and peak memory of one implementation (one more step, alone), its configuration and, for
+    lfce, whether the run used tuned winners."""
     import torch
 
-    try:
-        impl = impls.load(name)
-    except impls.Unavailable as error:
-        return {"skipped": str(error)}
-    row = _timed(impl, x, w, y, warmup, iters)
-    row.update(_memory(impl, x, w, y))
+    row = _memory(impl, x, w, y)
     if impl.config:
         row["config"] = impl.config
     if name.startswith("lfce_"):
@@ -100,17 +127,24 @@ def _measure(name, tokens, hidden, vocab, dtype, x, w, y, warmup, iters):
     return row
 
 
+def _error_row(error):
+    """{"error": ...} of one failed measurement: the run goes on."""
+    import torch
+
+    if isinstance(error, torch.cuda.OutOfMemoryError):
+        return {"error": "out of memory: " + str(error).splitlines()[0]}
+    message = str(error).strip().splitlines()
+    return {"error": f"{type(error).__name__}: {message[0] if message else ''}"}
+
+
 def _guarded(fn, *args):
     """fn(*args), or {"error": ...} for any failure of one measurement: the run goes on."""
     import torch
 
     try:
         return fn(*args)
-    except torch.cuda.OutOfMemoryError as error:
-        return {"error": "out of memory: " + str(error).splitlines()[0]}
     except Exception as error:  # noqa: BLE001 - an anchor's Triton failure must not end the run
-        message = str(error).strip().splitlines()
-        return {"error": f"{type(error).__name__}: {message[0] if message else ''}"}
+        return _error_row(error)
     finally:
         gc.collect()
         torch.cuda.empty_cache()
@@ -139,19 +173,30 @@ def run(model, hidden, vocab, tokens, dtype=None, methods=("lfce_recompute", "lf
     free = _free_bytes()
     x, w, y = impls.make_inputs(tokens, hidden, vocab, dtype)
     label = f"{model} N={tokens} H={hidden} V={vocab}"
-    rows = {}
+    rows, loaded = {}, {}
     for method in methods:
         skip = (TIME_LIMIT if deadline is not None and time.monotonic() > deadline
                 else _too_big(method, tokens, hidden, vocab, element_size, free))
+        if not skip:
+            try:
+                loaded[method] = impls.load(method)
+            except impls.Unavailable as error:
+                skip = str(error)
         if skip:
             rows[method] = {"skipped": skip}
             _say(progress, f"[bench] {label} {method}: skipped ({skip})")
-            continue
-        _say(progress, f"[bench] {label} {method} ...")
-        rows[method] = _guarded(_measure, method, tokens, hidden, vocab, dtype, x, w, y, warmup, iters)
-        row = rows[method]
-        _say(progress, f"[bench] {label} {method}: " + (f"{row['total_ms']:.2f} ms" if "total_ms" in row
-                                                         else row.get("skipped") or row.get("error")))
+    if loaded:
+        _say(progress, f"[bench] {label} {', '.join(loaded)}: interleaved ...")
+        timed = _guarded(_interleaved, loaded, x, w, y, warmup, iters)
+        for method, impl in loaded.items():
+            row = dict(timed) if "error" in timed else timed[method]
+            if "total_ms" in row:
+                details = _guarded(_details, method, impl, tokens, hidden, vocab, dtype, x, w, y)
+                row.update({"memory_error": details["error"]} if "error" in details else details)
+            rows[method] = row
+            _say(progress, f"[bench] {label} {method}: " + (f"{row['total_ms']:.2f} ms" if "total_ms" in row
+                                                             else row.get("error")))
+    rows = {method: rows[method] for method in methods}
     useful_flops = 3 * 2.0 * tokens * hidden * vocab  # logits, grad_hidden, grad_weight: every method's work
     floor = rows.get("cublas_4gemm", {}).get("total_ms")
     for row in rows.values():
