@@ -344,14 +344,18 @@ TileConfig Plan::tile(KernelKind kind) const {
   TileConfig t =
       default_tile(kind, p_.dtype, arch_, limits_.smem_per_block, p_.hidden, p_.label_smoothing, p_.class_weight);
   if (heavy_epilogue && t.wgmma() && t.accumulators() > 64) return TileConfig{128, 128, 64, 1, 1, 4, 2};
-  if (t.wgmma() && t.pingpong && t.bm == 64 && t.bn == 256 && kind == KernelKind::GradInput) {
-    // grad_input's output is [N or token chunk, H], each ping-pong consumer its own 64 x 256 tile:
-    // where H / 256 column blocks leave the last of those waves mostly empty (gemma2-2b: 1152
-    // tiles on 264 consumers, 4.4 waves, 87% busy), two consumers sharing 128 x 192 tiles fill
-    // them better (768 tiles, 5.8 waves, 97%): 13.59 against 14.67 ms at gemma2-2b N = 8192 in
-    // eager mode (H200, test-results/2026-12-01-h200-session14-run1), about 3% slower per busy
-    // FLOP. Busy counts the padding of partial tiles as idle.
-    const int64_t rows = three_gemm_ ? token_chunk_ : p_.tokens;
+  if (three_gemm_ && t.wgmma() && t.pingpong && t.bm == 64 && t.bn == 256 && kind == KernelKind::GradInput) {
+    // Eager's grad_input is one GEMM over K = V into [token chunk, H], each ping-pong consumer its
+    // own 64 x 256 tile: where H / 256 column blocks leave the last of those waves mostly empty
+    // (gemma2-2b: 1152 tiles on 264 consumers, 4.4 waves, 87% busy), two consumers sharing
+    // 128 x 192 tiles fill them better (768 tiles, 5.8 waves, 97%): 13.59 against 14.67 ms at
+    // gemma2-2b N = 8192 (H200, test-results/2026-12-01-h200-session14-run1), about 3% slower per
+    // busy FLOP. Busy counts the padding of partial tiles as idle. Not recompute mode's, one launch
+    // per vocabulary chunk adding into fp32 partial sums, where ping-pong hides each tile's
+    // epilogue: there 64 x 256 ping-pong won gemma2-2b's sweep, 128 x 192 3% slower
+    // (test-results/2026-11-30-h200-session6-run3), and the rule cost its backward 46.7 -> 49.5 ms
+    // in session 14 run 4 (one run, interleaved).
+    const int64_t rows = token_chunk_;
     const TileConfig shared{128, 192, 64, 1, 1, 4, 2};
     auto busy = [&](const TileConfig& c, int64_t slots) {
       const int64_t tiles = ceil_div(rows, c.bm) * ceil_div(p_.hidden, c.bn);
