@@ -131,10 +131,11 @@ def _error_row(error):
     """{"error": ...} of one failed measurement: the run goes on."""
     import torch
 
+    from .options import _error
+
     if isinstance(error, torch.cuda.OutOfMemoryError):
         return {"error": "out of memory: " + str(error).splitlines()[0]}
-    message = str(error).strip().splitlines()
-    return {"error": f"{type(error).__name__}: {message[0] if message else ''}"}
+    return {"error": _error(error)}
 
 
 def _guarded(fn, *args):
