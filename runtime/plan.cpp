@@ -345,28 +345,31 @@ TileConfig Plan::tile(KernelKind kind) const {
       default_tile(kind, p_.dtype, arch_, limits_.smem_per_block, p_.hidden, p_.label_smoothing, p_.class_weight);
   if (heavy_epilogue && t.wgmma() && t.accumulators() > 64) return TileConfig{128, 128, 64, 1, 1, 4, 2};
   if (three_gemm_ && t.wgmma() && t.pingpong && t.bm == 64 && t.bn == 256 && kind == KernelKind::GradInput) {
-    // Eager's grad_input is one GEMM over K = V into [token chunk, H], each ping-pong consumer its
-    // own 64 x 256 tile: where H / 256 column blocks leave the last of those waves mostly empty
-    // (gemma2-2b: 1152 tiles on 264 consumers, 4.4 waves, 87% busy), two consumers sharing
-    // 128 x 192 tiles fill them better (768 tiles, 5.8 waves, 97%): 13.59 against 14.67 ms at
-    // gemma2-2b N = 8192 (H200, test-results/2026-12-01-h200-session14-run1), about 3% slower per
-    // busy FLOP. Busy counts the padding of partial tiles as idle. Not recompute mode's, one launch
-    // per vocabulary chunk adding into fp32 partial sums, where ping-pong hides each tile's
-    // epilogue: there 64 x 256 ping-pong won gemma2-2b's sweep, 128 x 192 3% slower
-    // (test-results/2026-11-30-h200-session6-run3), and the rule cost its backward 46.7 -> 49.5 ms
-    // in session 14 run 4 (one run, interleaved).
+    // Eager's grad_input is one GEMM over K = V into [token chunk, H]: two consumers sharing a
+    // 128-row tile read 1.7x fewer operand bytes per FLOP than ping-pong's 64-row tiles, and with
+    // K that long ping-pong's overlapped epilogue saves little. Forced tiles, eager breakdown
+    // (H200, N = 8192): llama3-8b 12.40 ms at 128 x 256 against 13.08 ping-pong, llama3-70b 25.75
+    // at 128 x 256 and 25.94 at 128 x 192 (test-results/2026-12-02-h200-session15-run2), gemma2-2b
+    // 13.59 at 128 x 192 against 14.67 ping-pong (2026-12-01-h200-session14-run1). Of the two,
+    // the one with the larger busy fraction (partial tiles' padding and the last wave's empty
+    // CTAs count as idle), 128 x 192 discounted by the 2.3% per busy FLOP it lost at llama3-70b:
+    // 128 x 192 at gemma2-2b's H = 2304 (97% busy against 87%), 128 x 256 at H = 4096 and 8192.
+    // Not recompute mode's, one launch per vocabulary chunk adding into fp32 partial sums, where
+    // ping-pong hides each tile's epilogue: there 64 x 256 ping-pong won gemma2-2b's sweep
+    // (test-results/2026-11-30-h200-session6-run3), and 128 x 192 cost its backward 46.7 -> 49.5
+    // ms in session 14 run 4 (one run, interleaved).
     const int64_t rows = token_chunk_;
-    const TileConfig shared{128, 192, 64, 1, 1, 4, 2};
-    auto busy = [&](const TileConfig& c, int64_t slots) {
-      const int64_t tiles = ceil_div(rows, c.bm) * ceil_div(p_.hidden, c.bn);
+    auto busy = [&](const TileConfig& c) {
+      const int64_t tiles = ceil_div(rows, c.bm) * ceil_div(p_.hidden, c.bn), slots = device_ctas(c);
       return static_cast<double>(rows) * static_cast<double>(p_.hidden) /
              (static_cast<double>(ceil_div(tiles, slots) * slots) * c.bm * c.bn);
     };
-    KernelSpec wide = problem_spec(kind, p_, arch_);
-    wide.tile = shared;
+    const TileConfig wide{128, 256, 64, 1, 1, 4, 2}, narrow{128, 192, 64, 1, 1, 4, 2};
+    const TileConfig pick = busy(narrow) * 0.977 > busy(wide) ? narrow : wide;
+    KernelSpec shared = problem_spec(kind, p_, arch_);
+    shared.tile = pick;
     const int64_t limit = limits_.smem_per_block > 0 ? limits_.smem_per_block : arch_info(arch_).smem_per_block_optin;
-    if (busy(shared, device_ctas(shared)) * 0.97 > busy(t, 2 * device_ctas(t)) && kernel_smem_bytes(wide) <= limit)
-      t = shared;
+    if (kernel_smem_bytes(shared) <= limit) t = pick;
   }
   if (t.wgmma() && !t.pingpong && t.bn == 256 && (kind == KernelKind::GradInput || kind == KernelKind::GradWeight)) {
     // (Called once the chunk is known: the constructor asks only for lse_forward's tile.)

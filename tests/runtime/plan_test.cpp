@@ -50,21 +50,27 @@ TEST(Plan, ChunkWorkspaceStaysWithinDefaultBudget) {
   }
 }
 
-TEST(Plan, EagerGradInputTakesSharedTilesWhereItsPingPongWavesEndMostlyEmpty) {
-  // gemma2-2b (H = 2304): 1152 ping-pong tiles of 64 x 256 on 264 consumers leave the fifth wave
-  // 36% full; 768 tiles of 128 x 192 on 132 CTAs fill 5.8 waves. llama3-8b's 2048 fill 7.8 of 8.
-  // Recompute mode keeps ping-pong (its chunked grad_input hides each tile's epilogue there).
+TEST(Plan, EagerGradInputTakesSharedTilesOfTheBusierWidth) {
+  // Eager's grad_input (one GEMM over K = V) takes two consumers sharing 128-row tiles: 128 x 192
+  // at gemma2-2b (H = 2304: 768 tiles fill 5.8 of 6 waves on 132 CTAs, 128 x 256's 576 fill 4.4
+  // of 5), 128 x 256 at llama3-8b and llama3-70b (H = 4096: 1024 tiles fill 7.8 of 8 waves, while
+  // 128 x 192 pads 4096 to 22 column blocks). Recompute mode keeps ping-pong (its chunked
+  // grad_input hides each tile's epilogue there).
   const TileConfig pingpong = default_tile(KernelKind::GradInput, DType::BF16, Arch::SM90A);
   ASSERT_TRUE(pingpong.pingpong && pingpong.bm == 64 && pingpong.bn == 256);
+  const TileConfig narrow{128, 192, 64, 1, 1, 4, 2}, wide{128, 256, 64, 1, 1, 4, 2};
   lfce_problem gemma = llama3(8192);
   gemma.hidden = 2304;
   gemma.vocab = 256000;
   EXPECT_EQ(Plan(problem(gemma), Arch::SM90A).spec(KernelKind::GradInput).tile, pingpong);
   gemma.mode = LFCE_MODE_EAGER;
-  EXPECT_EQ(Plan(problem(gemma), Arch::SM90A).spec(KernelKind::GradInput).tile, (TileConfig{128, 192, 64, 1, 1, 4, 2}));
+  EXPECT_EQ(Plan(problem(gemma), Arch::SM90A).spec(KernelKind::GradInput).tile, narrow);
   lfce_problem llama = llama3(8192);
-  llama.mode = LFCE_MODE_EAGER;
   EXPECT_EQ(Plan(problem(llama), Arch::SM90A).spec(KernelKind::GradInput).tile, pingpong);
+  llama.mode = LFCE_MODE_EAGER;
+  EXPECT_EQ(Plan(problem(llama), Arch::SM90A).spec(KernelKind::GradInput).tile, wide);
+  llama.hidden = 8192;
+  EXPECT_EQ(Plan(problem(llama), Arch::SM90A).spec(KernelKind::GradInput).tile, wide);
   // A tuned tile stays; sm_80 has no ping-pong.
   Tuning tuned;
   tuned.tiles[KernelKind::GradInput] = pingpong;
