@@ -6,6 +6,7 @@
 #include "runtime/driver.h"
 #include "runtime/kernel_cache.h"
 #include "runtime/logging.h"
+#include "runtime/options.h"
 #include "runtime/tuning_store.h"
 
 namespace lfce::api {
@@ -73,7 +74,9 @@ runtime::Plan Session::plan(const runtime::Problem& problem, int device) {
   const runtime::DeviceInfo& info = runtime::device_info(device);
   const Arch arch = info.arch();
   const runtime::DeviceLimits limits{info.max_smem_optin, info.sm_count};
-  runtime::Plan plan(problem, arch, tuning(problem, arch, limits), limits);
+  runtime::Tuning tuned = tuning(problem, arch, limits);
+  tuned.eager_operand = runtime::Options::current().eager_operand;
+  runtime::Plan plan(problem, arch, tuned, limits);
   std::lock_guard<std::mutex> lock(mutex_);
   return plans_.emplace(key, std::move(plan)).first->second;
 }

@@ -53,6 +53,7 @@ enum SpecField : uint32_t {
   kFieldLogprob = 1u << 18,
   kFieldLseGrad = 1u << 19,
   kFieldShift = 1u << 20,  // read wherever the targets are (load_target): KernelSpec::fields_read()
+  kFieldEagerOperand = 1u << 21,
 };
 inline constexpr uint32_t kAllSpecFields = (1u << 21) - 1;
 
@@ -112,9 +113,9 @@ inline constexpr KernelKindInfo kKernelKinds[] = {
          kTargetTermFields | kFieldTokenScaling | kOutputFields | kFieldLseGrad,
      false},
     {KernelKind::GradWeight, "grad_weight", true, true, true, false, Layout::KMajor, Layout::MNMajor, 0, 0, false,
-     kGemmFields | kFieldAccumulate, true},
+     kGemmFields | kFieldAccumulate | kFieldEagerOperand, true},
     {KernelKind::GradInput, "grad_input", true, true, true, false, Layout::MNMajor, Layout::MNMajor, 0, 0, false,
-     kGemmFields, true, true},
+     kGemmFields | kFieldEagerOperand, true, true},
     {KernelKind::GradBias, "grad_bias", false, true, true, true, Layout::KMajor, Layout::KMajor, 0, 0, false,
      kFieldDType | kFieldAccumulate, true},
     // Eager mode's three-GEMM schedule (templates/eager_logits.cpp, eager_dz.cpp, loss_reduce.cpp,
@@ -125,7 +126,7 @@ inline constexpr KernelKindInfo kKernelKinds[] = {
      kGemmFields | kFieldVocab | kFieldTargets | kFieldBias | kFieldTemperature, false, false, true},
     {KernelKind::EagerDz, "eager_dz", false, false, false, false, Layout::KMajor, Layout::KMajor, 0, 0, false,
      kFieldDType | kFieldTargets | kFieldReduction | kFieldTemperature | kFieldZLoss | kFieldClassWeight |
-         kFieldTokenScaling,
+         kFieldTokenScaling | kFieldEagerOperand,
      false, false, true},
     {KernelKind::GradConvert, "grad_convert", false, false, false, false, Layout::KMajor, Layout::KMajor, 0, 0, false,
      kFieldDType, false, false, true},

@@ -140,6 +140,7 @@ std::string KernelSpec::text() const {
   if (logprob) out << ";logprob=1";
   if (lse_grad) out << ";lse_grad=1";
   if (shift) out << ";shift=1";
+  if (eager_operand) out << ";eager_operand=1";
   return out.str();
 }
 
@@ -219,6 +220,7 @@ KernelSpec KernelSpec::parse(std::string_view text) {
   take_flag("logprob", spec.logprob, "without the logprob");
   take_flag("lse_grad", spec.lse_grad, "without gradients of the lse rows");
   take_flag("shift", spec.shift, "without a causal shift");
+  take_flag("eager_operand", spec.eager_operand, "reading dz");
   if (!fields.empty()) throw SpecError("KernelSpec has unknown field '" + fields.begin()->first + "'");
   return spec;
 }
@@ -283,6 +285,11 @@ void KernelSpec::validate() const {
   flag(logprob, "logprob", kFieldLogprob, "computes no logprob (nor dz through it)");
   flag(lse_grad, "lse_grad", kFieldLseGrad, "computes no dz");
   flag(shift, "shift", kFieldShift, "reads no targets");
+  flag(eager_operand, "eager_operand", kFieldEagerOperand, "reads no dz operand");
+  if (eager_operand && (dtype == DType::FP32 || (info.gemm && (!tile.wgmma() || tile.cluster != 1 || arch != Arch::SM90A))))
+    fail("eager_operand needs a 16-bit dtype and, on a GEMM, an unclustered sm_90a wgmma tile (its rewrite runs in "
+         "the TMA pipeline), got " + std::string(dtype_name(dtype)) + ", tile " + tile.text() + " on " +
+         std::string(arch_name(arch)));
   // The lse rows' gradients are not scaled for fp16 (their size is unknown: dz_scale would not fit).
   if (lse_grad && dtype == DType::FP16) fail("lse_grad needs bf16 or fp32, got fp16");
   if (!info.gemm) return;
@@ -425,6 +432,7 @@ KernelSpec KernelSpec::normalised() const {
   if (reads & kFieldLogprob) out.logprob = logprob;
   if (reads & kFieldLseGrad) out.lse_grad = lse_grad;
   if (reads & kFieldShift) out.shift = shift;
+  if (reads & kFieldEagerOperand) out.eager_operand = eager_operand;
   return out;
 }
 

@@ -285,7 +285,9 @@ void zero_f32(void* buffer, int64_t floats, CUstream stream) {
 
 // Eager mode's three-GEMM schedule (Plan::three_gemm): token_count; per token chunk
 // eager_logits, lse_combine, eager_dz, then grad_weight, grad_bias and grad_input over the whole
-// vocabulary; loss_reduce; with several chunks grad_convert of the fp32 gradient sums.
+// vocabulary; loss_reduce; with several chunks grad_convert of the fp32 gradient sums. With
+// Plan::eager_operand eager_dz stores only its constants, and the two GEMMs form dz from the
+// exponentials as they load them.
 void run_three_gemm(const Problem& problem, const Plan& plan, const lfce_forward_args& a, const Gradients& g) {
   const auto layout = plan.eager_layout();
   auto stream = static_cast<CUstream>(a.stream);
@@ -302,6 +304,9 @@ void run_three_gemm(const Problem& problem, const Plan& plan, const lfce_forward
   void* psum = at(a.workspace, layout.partial_sum);
   void* tlogit = at(a.workspace, layout.target_logit);
   void* residual = at(a.workspace, layout.residual);  // unused for fp32
+  void* coef = psum;  // (eager_operand: written by eager_dz after lse_combine has read the partial sums)
+  void* target_col = at(a.workspace, layout.target_col);
+  void* target_dz = at(a.workspace, layout.target_dz);
   const int64_t chunks = plan.token_chunks();
   const bool sums = chunks > 1;
   // Several chunks: grad_weight and grad_bias are fp32 sums, the output itself for fp32.
@@ -357,15 +362,20 @@ void run_three_gemm(const Problem& problem, const Plan& plan, const lfce_forward
     if (combine.shift) combine_args.push_back(&sequence_length);
     combine_kernel.launch({grid_dim(rows, 256, 'x'), 1, 1}, stream, combine_args.data());
 
-    std::vector<void*> dz_args = {&dz, &pmax, &lse, &tlogit, &y, &count, &residual, &rows, &ld, &ignore, &v_len, &tile_n};
+    std::vector<void*> dz_args = {&dz,  &pmax,   &lse,    &tlogit, &y,          &count,     &residual, &rows,
+                                  &ld,  &ignore, &v_len,  &tile_n, &coef,       &target_col, &target_dz};
     if (dz_spec.class_weight) dz_args.push_back(&class_weight);
     if (dz_spec.shift) dz_args.push_back(&sequence_length);
-    dz_kernel.launch({grid_dim(ld, 256, 'x'), grid_dim(v, tile_n, 'y'), 1}, stream, dz_args.data());
+    // eager_operand: each CTA's 8 row groups store 8 tiles' constants.
+    const unsigned dz_tiles = grid_dim(dz_spec.eager_operand ? ceil_div(int64_t{tiles}, int64_t{8}) : tiles, 1, 'y');
+    dz_kernel.launch({grid_dim(ld, 256, 'x'), dz_tiles, 1}, stream, dz_args.data());
 
-    if (gw_kernel)  // A = dzᵀ [V, ld] K-major; B = the chunk's x [rows, H] MN-major
-      launch_gemm(*gw_kernel, gw, gemm_grid(plan, gw, v, h, "grad_weight"), stream,
-                  {&dz, &x, &rows, &ld, &v_begin, &v_len, &gw_out, &count, &count}, Operand{dz, ld, v, ld},
+    if (gw_kernel) {  // A = dzᵀ [V, ld] K-major; B = the chunk's x [rows, H] MN-major
+      std::vector<void*> gw_args = {&dz, &x, &rows, &ld, &v_begin, &v_len, &gw_out, &count, &count};
+      if (gw.eager_operand) gw_args.insert(gw_args.end(), {&coef, &target_col, &target_dz, &tile_n});
+      launch_gemm(*gw_kernel, gw, gemm_grid(plan, gw, v, h, "grad_weight"), stream, gw_args, Operand{dz, ld, v, ld},
                   Operand{x, h, h, rows});
+    }
     if (gb_kernel) {
       void* gb_args[] = {&dz, &rows, &ld, &v_begin, &v_len, &gb_out, &count, &count};
       gb_kernel->launch({grid_dim(v, 8, 'x'), 1, 1}, stream, gb_args);
@@ -374,6 +384,7 @@ void run_three_gemm(const Problem& problem, const Plan& plan, const lfce_forward
       std::vector<void*> gx_args = {&dz,   &w,    &rows,  &ld,    &v_begin, &v_len, &grad_hidden,
                                     &grad_hidden, &first, &last, &count, &count, &y,      &residual};
       if (gx.shift) gx_args.push_back(&sequence_length);
+      if (gx.eager_operand) gx_args.insert(gx_args.end(), {&coef, &target_col, &target_dz, &tile_n});
       launch_gemm(*gx_kernel, gx, gemm_grid(plan, gx, rows, h, "grad_input"), stream, gx_args,
                   Operand{dz, ld, rows, v}, Operand{w, h, h, v});
     }

@@ -63,6 +63,10 @@ Options Options::from_env() {
   o.device_smem_limit = positive_env("LFCE_DEVICE_SMEM_LIMIT", int64_t{1} << 30);
   o.device_sm_count = positive_env("LFCE_DEVICE_SM_COUNT", 1 << 20);
   o.device_arch = env("LFCE_DEVICE_ARCH");
+  if (const std::string operand = env("LFCE_EAGER_OPERAND"); !operand.empty()) {
+    if (operand != "0" && operand != "1") throw SpecError("LFCE_EAGER_OPERAND = '" + operand + "' is not 0 or 1");
+    o.eager_operand = operand == "1";
+  }
   if (!o.device_arch.empty()) {
     try {
       parse_arch(o.device_arch);

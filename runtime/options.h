@@ -9,6 +9,10 @@
 //                    smaller GPU (a 99 KiB RTX 4090 or L40S, a 108-SM A100) — for tests
 //   LFCE_DEVICE_ARCH sm_80: run the portable mma.sync kernels even on a Hopper GPU (an sm_80
 //                    module runs on sm_90), to test or compare that path there
+//   LFCE_EAGER_OPERAND 1: eager mode's grad_weight and grad_input form dz from the stored
+//                    exponentials in shared memory (Plan::eager_operand) — experimental: exact
+//                    (the same bits) but slower on the H200 today (docs/design.md, Next); 0 or
+//                    unset: eager_dz rewrites the workspace
 //
 // Read once per process: current() is what the first use (or the api layer's Session, which
 // calls set_current() on reload) read.
@@ -28,6 +32,7 @@ struct Options {
   int64_t device_smem_limit = 0;  // 0: the device's own
   int64_t device_sm_count = 0;    // 0: the device's own
   std::string device_arch;        // LFCE_DEVICE_ARCH, empty if unset (else a valid arch name)
+  bool eager_operand = false;     // LFCE_EAGER_OPERAND=1
 
   static Options from_env();  // throws SpecError naming a malformed value
   static Options current();   // from_env() at the first call, else what set_current() set

@@ -303,6 +303,15 @@ void Plan::plan_three_gemm() {
 
 int64_t Plan::eager_tiles() const { return ceil_div(p_.vocab, int64_t{tile(KernelKind::EagerLogits).bn}); }
 
+bool Plan::eager_operand() const {
+  if (!tuning_.eager_operand || !three_gemm_ || arch_ != Arch::SM90A || p_.dtype == DType::FP32 || p_.bias)
+    return false;
+  const int tile_n = tile(KernelKind::EagerLogits).bn;
+  const TileConfig gw = tile(KernelKind::GradWeight), gx = tile(KernelKind::GradInput);
+  auto rewritable = [&](const TileConfig& t) { return t.wgmma() && t.cluster == 1 && t.bk == 64 && tile_n % 64 == 0; };
+  return rewritable(gw) && rewritable(gx) && tile_n % gw.bm == 0 && gx.bm % 64 == 0 && 96 % (gx.bm / 8) == 0;
+}
+
 // Normalised: problems that differ only in fields a kernel does not read share its spec, and
 // so its compile, cache entry and tuning.
 TileConfig Plan::tile(KernelKind kind) const {
@@ -437,6 +446,8 @@ KernelSpec Plan::spec(KernelKind kind) const {
   // into fp32 sums.
   if (three_gemm_ && token_chunks() > 1 && (kind == KernelKind::GradWeight || kind == KernelKind::GradBias))
     s.accumulate = true;
+  if ((kind == KernelKind::GradWeight || kind == KernelKind::GradInput || kind == KernelKind::EagerDz) && eager_operand())
+    s.eager_operand = true;
   return s.normalised();
 }
 
@@ -475,8 +486,9 @@ Plan::EagerLayout Plan::eager_layout() const {
   };
   l.dz = take(checked_mul(checked_mul(p_.vocab, ld, "eager dz elements"), dtype_bytes(p_.dtype), "eager dz bytes"),
               "eager workspace bytes");
-  // eager_logits' tiles are at least 64 columns wide, whatever the tuning.
-  const int64_t partial = checked_mul(checked_mul(ceil_div(p_.vocab, int64_t{64}), rows, "eager partials"),
+  // eager_logits' tiles are at least 64 columns wide, whatever the tuning; the partials of rows
+  // tokens, coef (over partial_sum) of ld.
+  const int64_t partial = checked_mul(checked_mul(ceil_div(p_.vocab, int64_t{64}), ld, "eager partials"),
                                       sizeof(float), "eager partial bytes");
   l.partial_max = take(partial, "eager workspace bytes");
   l.partial_sum = take(partial, "eager workspace bytes");
@@ -490,6 +502,8 @@ Plan::EagerLayout Plan::eager_layout() const {
                            "eager workspace bytes");
   l.grad_bias_acc = take(sums && p_.bias ? checked_mul(p_.vocab, sizeof(float), "grad_bias accumulator bytes") : 0,
                          "eager workspace bytes");
+  l.target_col = take(checked_mul(ld, sizeof(int32_t), "eager target bytes"), "eager workspace bytes");
+  l.target_dz = take(checked_mul(ld, sizeof(float), "eager target dz bytes"), "eager workspace bytes");
   l.bytes = std::max(static_cast<size_t>(bytes), forward);
   return l;
 }

@@ -101,6 +101,13 @@ class Plan {
   int64_t token_chunks() const { return ceil_div(p_.tokens, token_chunk_); }
   // Vocabulary tiles of eager_logits (the partials' rows).
   int64_t eager_tiles() const;
+  // Whether the three-GEMM schedule's grad_weight and grad_input form dz from eager_logits'
+  // exponentials in shared memory (KernelSpec::eager_operand), eager_dz then storing only its
+  // constants: asked for (Tuning::eager_operand, LFCE_EAGER_OPERAND=1), and sm_90a wgmma tiles in 16-bit without a bias (grad_bias reads dz
+  // itself), unclustered, BK = 64, with eager_logits' tile width a multiple of 64 and of
+  // grad_weight's BM (a slice's rows in one tile) and grad_input's BM / 8 chunk columns
+  // dividing the 96 rewriting threads.
+  bool eager_operand() const;
   // Every kernel spec the problem's schedule launches (a kernel that only some token counts or
   // gradients need included), in launch order: what precompilation compiles.
   std::vector<KernelSpec> launched_specs() const;
@@ -128,7 +135,11 @@ class Plan {
   // fp32 sums of grad_weight [V, H] and grad_bias [V] (16-bit dtypes). Otherwise the larger of
   // the forward's and the backward's workspaces (used one after the other). Never less than the
   // forward's (which runs alone when no gradient is asked for).
-  struct EagerLayout { size_t dz, partial_max, partial_sum, target_logit, residual, grad_weight_acc, grad_bias_acc, bytes; };
+  // coef overlaps partial_sum (read by lse_combine only, before eager_dz writes coef).
+  struct EagerLayout {
+    size_t dz, partial_max, partial_sum, target_logit, residual, grad_weight_acc, grad_bias_acc, target_col, target_dz,
+        bytes;
+  };
   EagerLayout eager_layout() const;
 
  private:

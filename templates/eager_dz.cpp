@@ -16,6 +16,12 @@
 // One CTA per 256 tokens and vocabulary tile: grid (ceil(ld / 256), tiles), 256 threads (32 token
 // groups x 8 row groups). Each thread forms its 8 tokens' row constants once (the tile's M among
 // them) and then walks the tile's rows, 8 at a time (4 for fp32), one vector of 8 tokens a row.
+//
+// With spec.eager_operand (the GEMMs rewrite p̃ into dz themselves, templates/eager_operand.h)
+// nothing of the workspace is rewritten: each thread stores its 8 tokens' constants for one tile, coef [tiles, ld] (0 past C), and the tile-0 threads each token's
+// target, target_col [ld] (-1: none in [0, V), an ignored token's kept), and its dz, target_dz
+// [ld] in the dtype; the residuals as above. Grid (ceil(ld / 256), ceil(tiles / 8)): the 8 row
+// groups of a CTA take 8 consecutive tiles.
 #include "templates/dz_math.h"
 #include "templates/template_util.h"
 #include "templates/templates.h"
@@ -36,7 +42,9 @@ KernelShape build_eager_dz(llvm::Module& module, const KernelSpec& normalised) {
                                {"targets", ParamType::GlobalPtr},      {"valid_count", ParamType::GlobalPtr},
                                {"residual", ParamType::GlobalPtr},     {"n", ParamType::I64},
                                {"ld", ParamType::I64},                 {"ignore_index", ParamType::I64},
-                               {"vocab", ParamType::I64},              {"tile_n", ParamType::I64}};
+                               {"vocab", ParamType::I64},              {"tile_n", ParamType::I64},
+                               {"coef", ParamType::GlobalPtr},         {"target_col", ParamType::GlobalPtr},
+                               {"target_dz", ParamType::GlobalPtr}};
   if (spec.class_weight) params.push_back({"class_weight", ParamType::GlobalPtr});
   add_shift_param(spec, params);
   KernelBuilder kb(module, "eager_dz", params, kThreads);
@@ -54,14 +62,17 @@ KernelShape build_eager_dz(llvm::Module& module, const KernelSpec& normalised) {
   Value* m0 = ir.CreateMul(ir.CreateAdd(ir.CreateMul(ir.CreateZExt(kb.ctaid(0), kb.i64()), kb.c64(32)),
                                         ir.CreateZExt(ir.CreateAnd(tid, kb.c32(31)), kb.i64())),
                            kb.c64(kTokens));
+  const bool coef_only = spec.eager_operand;
   Value* tile = ir.CreateZExt(kb.ctaid(1), kb.i64());
+  if (coef_only)
+    tile = ir.CreateAdd(ir.CreateMul(tile, kb.c64(kRowGroups)), ir.CreateZExt(ir.CreateLShr(tid, kb.c32(5)), kb.i64()));
   Value* tile_begin = ir.CreateMul(tile, tile_n);
   Value* tile_end = ir.CreateSelect(ir.CreateICmpSLT(ir.CreateAdd(tile_begin, tile_n), vocab),
                                     ir.CreateAdd(tile_begin, tile_n), vocab);
   // This thread's first row in the tile; it steps by the CTA's 8 x kRows rows.
   Value* first_row = ir.CreateZExt(ir.CreateMul(ir.CreateLShr(tid, kb.c32(5)), kb.c32(kRows)), kb.i64());
   // ld is a multiple of 8: a token group is wholly inside or outside [0, ld).
-  kb.if_then(ir.CreateICmpSLT(m0, ld), [&] {
+  kb.if_then(ir.CreateAnd(ir.CreateICmpSLT(m0, ld), ir.CreateICmpSLT(tile_begin, vocab)), [&] {
     // du / dz: 1 / T with a temperature (no softcap reaches this path: the spec cannot have one).
     Value* slope = spec.temperature != 1.f ? kb.cf(1.f / spec.temperature) : nullptr;
     // Per token: the coefficient of its non-target elements in this tile and, where its target is
@@ -91,11 +102,40 @@ KernelShape build_eager_dz(llvm::Module& module, const KernelSpec& normalised) {
       Value* u = kb.load(kb.f32(), kb.gep(kb.arg("target_logit"), kb.f32(), safe_m));
       Value* exact = dz_of_softmax(kb, spec, row, kb.exp(ir.CreateFSub(u, row.lse)), u, ir.getTrue(), nullptr, slope);
       target_dz[j] = kb.from_f32(exact, elem);
-      // One thread of the CTA's row groups stores the residual (each holds the same value).
+      // One thread of the CTA's row groups stores the residual (each holds the same value; with
+      // coef_only each row group is another tile).
       if (spec.dtype != DType::FP32)
-        kb.if_then(ir.CreateAnd(hit, ir.CreateICmpULT(tid, kb.c32(32))), [&] {
+        kb.if_then(coef_only ? hit : ir.CreateAnd(hit, ir.CreateICmpULT(tid, kb.c32(32))), [&] {
           kb.store(ir.CreateFSub(exact, kb.to_f32(target_dz[j])), kb.gep(kb.arg("residual"), kb.f32(), m));
         });
+    }
+    auto store_constants = [&] {
+      Value* coefs = llvm::PoisonValue::get(llvm::FixedVectorType::get(kb.f32(), kTokens));
+      Value* cols = llvm::PoisonValue::get(llvm::FixedVectorType::get(kb.i32(), kTokens));
+      Value* dzs = llvm::PoisonValue::get(vec);
+      for (int j = 0; j < kTokens; ++j) {
+        coefs = ir.CreateInsertElement(coefs, coef[j], uint64_t(j));
+        dzs = ir.CreateInsertElement(dzs, target_dz[j], uint64_t(j));
+      }
+      kb.store(coefs, kb.gep(kb.arg("coef"), kb.f32(), ir.CreateAdd(ir.CreateMul(tile, ld), m0)));
+      kb.if_then(ir.CreateICmpEQ(tile, kb.c64(0)), [&] {
+        for (int j = 0; j < kTokens; ++j) {
+          Value* m = ir.CreateAdd(m0, kb.c64(j));
+          Value* in_rows = ir.CreateICmpSLT(m, n);
+          Value* target = load_target(kb, spec, kb.arg("targets"), ir.CreateSelect(in_rows, m, kb.c64(0)),
+                                      kb.arg("ignore_index"));
+          Value* in_vocab = ir.CreateAnd(in_rows, ir.CreateAnd(ir.CreateICmpSGE(target, kb.c64(0)),
+                                                               ir.CreateICmpSLT(target, vocab)));
+          cols = ir.CreateInsertElement(cols, ir.CreateSelect(in_vocab, ir.CreateTrunc(target, kb.i32()), kb.c32(-1)),
+                                        uint64_t(j));
+        }
+        kb.store(cols, kb.gep(kb.arg("target_col"), kb.i32(), m0));
+        kb.store(dzs, kb.gep(kb.arg("target_dz"), elem, m0));
+      });
+    };
+    if (coef_only) {
+      store_constants();
+      return;
     }
     Value* row_step = kb.c64(kRowGroups * kRows);
     kb.for_range(ir.CreateAdd(tile_begin, first_row), tile_end, row_step, [&](Value* v0) {

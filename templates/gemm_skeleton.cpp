@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <vector>
 
+#include "compiler/errors.h"
+
 namespace lfce {
 
 using llvm::Value;
@@ -201,10 +203,15 @@ void GemmSkeleton::compute_tile(const GemmOperand& a, const GemmOperand& b, Valu
   kb_.barrier();
 }
 
-void GemmSkeleton::run_specialised(const TileSchedule& schedule) { pipeline_->run(schedule); }
+void GemmSkeleton::run_specialised(const TileSchedule& schedule, const OperandRewrite* rewrite) {
+  pipeline_->run(schedule, rewrite);
+}
 
-void GemmSkeleton::run_persistent(Value* grid_m, Value* grid_n, Value* k_tiles, const TileEpilogue& epilogue) {
+void GemmSkeleton::run_persistent(Value* grid_m, Value* grid_n, Value* k_tiles, const TileEpilogue& epilogue,
+                                  const OperandRewrite* rewrite) {
   auto& ir = kb_.ir();
+  if (rewrite && tile_.cluster != 1)
+    throw InternalError("an operand rewrite runs on unclustered tiles only (tile " + tile_.text() + ")");
   if (tile_.cluster == 1) {
     Value* tiles = ir.CreateMul(grid_m, grid_n);
     run_specialised([&](bool, const TileVisit& visit) {
@@ -213,7 +220,7 @@ void GemmSkeleton::run_persistent(Value* grid_m, Value* grid_n, Value* k_tiles, 
         std::tie(m0, n0) = tile_origin(pid, grid_m, grid_n);
         visit(m0, n0, k_tiles, [&](const Fragment& f) { epilogue(m0, n0, f); });
       });
-    });
+    }, rewrite);
     return;
   }
   // Clusters of C CTAs (consecutive along x) walk a grid of C x 1 tile groups; CTA r of a

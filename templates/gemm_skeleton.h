@@ -75,6 +75,29 @@ using TileVisit = std::function<void(llvm::Value* m0, llvm::Value* n0, llvm::Val
 // Enumerates a CTA's tiles by calling visit on each, in the same order for both roles.
 using TileSchedule = std::function<void(bool consumer, const TileVisit& visit)>;
 
+// A rewrite of operand A in shared memory (sm_90a pipeline, run() only): every slice's A tile is
+// rewritten in place after its TMA load lands and before any consumer reads it, by warps 1-3 of
+// the producer warpgroup (the load-issuing thread is in warp 0). The tile is seen as rows of
+// 16-bit elements along its contiguous dimension, 8 to a 16-byte chunk: K-major A (rows of M, K
+// contiguous) or MN-major A (rows of K, M contiguous). Each rewriting thread owns one column of
+// chunks (8 consecutive contiguous indices) of the slice and walks some of its rows.
+struct OperandRewrite {
+  // Per thread and slice: the state of the thread's chunk column, from the column's first
+  // contiguous index (i64: k for K-major A, m for MN-major A) and the slice's first row (i64: m0
+  // for K-major A, the slice's first k for MN-major A). Loaded before any row is rewritten.
+  std::function<std::vector<llvm::Value*>(llvm::Value* first, llvm::Value* row0)> column;
+  // One chunk: <8 x i16> as loaded, at row `row` (i64, row0 + the row within the slice), to the
+  // <8 x i16> stored in its place.
+  std::function<llvm::Value*(const std::vector<llvm::Value*>& column, llvm::Value* chunk, llvm::Value* row)> chunk;
+  // Element j (0..7) of the column's chunks may be replaced in one row: that row (i64, any value
+  // outside the slice's rows for none) and the i16 stored there, after the chunk is rewritten.
+  std::function<std::pair<llvm::Value*, llvm::Value*>(const std::vector<llvm::Value*>& column, int j)> replace;
+  // Registers per thread of the producer warpgroup (setmaxnreg: a multiple of 8), taken from
+  // the consumers' share: enough for two slices' `column` state (the next one's is loaded while
+  // this one's rows are rewritten) beside kRewriteRows chunks in flight.
+  int registers = 96;
+};
+
 // The template's parameters followed by those the skeleton's mainloop needs (for wgmma tiles:
 // tma_a and tma_b, the tensor maps of operands A and B, in that order).
 std::vector<Param> gemm_params(const TileConfig& tile, std::vector<Param> params);
@@ -104,14 +127,16 @@ class GemmSkeleton {
   // tiles) and in every consumer thread (each visit runs the mainloop, then the epilogue on the
   // accumulators in registers). Nothing is staged and no CTA-wide barrier is taken, so the
   // schedule must not take one either; consumer-only state lives in the consumer's branch.
-  void run_specialised(const TileSchedule& schedule);
+  void run_specialised(const TileSchedule& schedule, const OperandRewrite* rewrite = nullptr);
   // run_specialised over a (grid_m, grid_n) grid of tiles (i32 counts), each K = k_tiles deep:
   // persistent CTAs take tiles ctaid.x, ctaid.x + nctaid.x, ... in grouped order (tile_origin),
   // and `epilogue` runs on each tile's fragment with the tile's origin (m0, n0), i64. Clustered
   // tiles: each cluster takes groups of `cluster` tiles adjacent along M instead (the grid is
   // launched in whole clusters).
   using TileEpilogue = std::function<void(llvm::Value* m0, llvm::Value* n0, const Fragment&)>;
-  void run_persistent(llvm::Value* grid_m, llvm::Value* grid_n, llvm::Value* k_tiles, const TileEpilogue& epilogue);
+  // With `rewrite`, operand A is rewritten in shared memory slice by slice (OperandRewrite).
+  void run_persistent(llvm::Value* grid_m, llvm::Value* grid_n, llvm::Value* k_tiles, const TileEpilogue& epilogue,
+                      const OperandRewrite* rewrite = nullptr);
   // The calling consumer thread's fragment rows and columns (wgmma tiles only).
   FragmentPosition fragment_position();
   bool specialised() const { return pipeline_ != nullptr; }
@@ -207,7 +232,7 @@ class WgmmaPipeline {
   virtual void compute_tile(llvm::Value* m0, llvm::Value* n0, llvm::Value* k_tiles,
                             const std::function<llvm::Value*(llvm::Value*, llvm::Value*)>& staged) = 0;
   // GemmSkeleton::run_specialised / fragment_position.
-  virtual void run(const TileSchedule& schedule) = 0;
+  virtual void run(const TileSchedule& schedule, const OperandRewrite* rewrite) = 0;
   virtual FragmentPosition fragment_position() = 0;
 };
 // Emits the mbarrier initialisation at the current insertion point (the kernel's start).

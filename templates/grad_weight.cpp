@@ -4,6 +4,8 @@
 // A = dzᵀ (K-major, rows of `ld` tokens, zero past N); B = x [N, H] (MN-major: H contiguous).
 // With spec.accumulate grad_weight is an fp32 buffer (Megatron's main_grad) and each element is
 // added to it (one read-modify-write, still once per element: deterministic).
+#include "compiler/errors.h"
+#include "templates/eager_operand.h"
 #include "templates/gemm_skeleton.h"
 #include "templates/template_util.h"
 #include "templates/templates.h"
@@ -14,12 +16,13 @@ using llvm::Value;
 
 KernelShape build_grad_weight(llvm::Module& module, const KernelSpec& spec) {
   const TileConfig& t = spec.tile;
-  KernelBuilder kb(module, "grad_weight",
-                   gemm_params(t, {{"dz", ParamType::GlobalPtr}, {"x", ParamType::GlobalPtr}, {"n", ParamType::I64},
-                    {"ld", ParamType::I64}, {"v_begin", ParamType::I64}, {"v_len", ParamType::I64},
-                    {"grad_weight", ParamType::GlobalPtr}, {"grad_loss", ParamType::GlobalPtr},
-                    {"valid_count", ParamType::GlobalPtr}}),
-                   t.threads());
+  std::vector<Param> params = {{"dz", ParamType::GlobalPtr},          {"x", ParamType::GlobalPtr},
+                               {"n", ParamType::I64},                {"ld", ParamType::I64},
+                               {"v_begin", ParamType::I64},          {"v_len", ParamType::I64},
+                               {"grad_weight", ParamType::GlobalPtr}, {"grad_loss", ParamType::GlobalPtr},
+                               {"valid_count", ParamType::GlobalPtr}};
+  add_eager_operand_params(spec, params);
+  KernelBuilder kb(module, "grad_weight", gemm_params(t, params), t.threads());
   auto& ir = kb.ir();
   llvm::Type* elem = elem_type(kb, spec.dtype);
   // The type grad_weight is stored in: the dtype, or fp32 when added into.
@@ -32,7 +35,10 @@ KernelShape build_grad_weight(llvm::Module& module, const KernelSpec& spec) {
   // dz was stored times dz_scale (fp16): multiply by its reciprocal in fp32, exactly (a power of two).
   Value* unscale = dz_unscale(kb, spec, kb.arg("grad_loss"), kb.arg("valid_count"));
 
+  if (spec.eager_operand && !gemm.specialised())
+    throw InternalError("grad_weight's eager operand needs the sm_90a pipeline (tile " + t.text() + ")");
   if (gemm.specialised()) {
+    const OperandRewrite rewrite = spec.eager_operand ? eager_operand_rewrite(kb, spec, ld) : OperandRewrite{};
     // sm_90a: persistent CTAs over the chunk's [v_len, H] tiles (grouped order), each
     // thread storing its accumulator pairs straight from registers (wgmma rows are 16-byte
     // multiples, so H is even and every pair is whole and 4-byte aligned).
@@ -57,7 +63,7 @@ KernelShape build_grad_weight(llvm::Module& module, const KernelSpec& spec) {
           });
         }
       }
-    });
+    }, spec.eager_operand ? &rewrite : nullptr);
     kb.finish();
     return {"grad_weight", t.threads(), gemm.smem_bytes(0)};
   }

@@ -6,8 +6,8 @@
 //          MN-major tile is one box per 64 rows of M (or N), each box BK rows of 128 bytes.
 //   staged the fp32 tile BM x (BN+1), overlapping the ring (written only after the last wgmma
 //          of the tile has read it);
-//   bars   full[stages], empty[stages] and (ping-pong) order[2] mbarriers (8 bytes each), after
-//          the larger of the two.
+//   bars   full[stages], empty[stages], (ping-pong) order[2] and ready[stages] mbarriers (8 bytes
+//          each), after the larger of the two.
 //
 // Roles: warpgroup 0 is the producer; its thread 0 waits for a free slot (empty barrier),
 // arms the full barrier with the slot's byte count and issues the TMA loads. Warpgroups 1..C
@@ -31,6 +31,12 @@
 // mainloop only after the other has waited for the last slice of the tile before (order
 // barriers): a full barrier is then at most one phase behind the slice a consumer waits for,
 // which a parity wait needs (the skipped slices would otherwise let it pass a phase early).
+//
+// Operand rewrite (OperandRewrite, run() only): warps 1-3 of the producer warpgroup wait for each
+// slice's full barrier, rewrite its A tile in shared memory, fence it for the async proxy (the
+// wgmma reads it there) and arrive on the slot's ready barrier, which the consumers wait for
+// instead of the full one. The producer refills a slot only once the consumers have released
+// it, so the rewriters are never more than one phase of a full barrier behind.
 //
 // Split along N (TileConfig::split_n, run() only): both consumers compute all BM rows (BM / 64
 // m64 blocks), each of its half of the columns, reading the whole A tile and its half of B; the
@@ -58,6 +64,8 @@ constexpr int kBoxElems = 64;      // 16-bit elements per 128-byte row
 // the templates' values live across the mainloop (row-block and tile loop state).
 constexpr int kProducerRegisters = 32;
 constexpr int kRingFree = 1;  // named barrier: every consumer is done reading the ring
+constexpr int kRewriteWarps = 3;  // warps 1-3 of the producer warpgroup rewrite operand A
+constexpr int kRewriteRows = 4;   // chunks a rewriting thread loads before it stores them
 
 struct Geometry {
   int a_bytes, b_bytes, stage_bytes, ring_bytes, staged_bytes, bars_offset, bytes;
@@ -72,7 +80,7 @@ Geometry geometry(const TileConfig& t, DType dtype) {
   g.ring_bytes = t.stages * g.stage_bytes;
   g.staged_bytes = t.bm * (t.bn + 1) * 4;
   g.bars_offset = (std::max(g.ring_bytes, g.staged_bytes) + 15) / 16 * 16;
-  g.bytes = g.bars_offset + 16 * t.stages + (t.pingpong ? 16 : 0);
+  g.bytes = g.bars_offset + 24 * t.stages + (t.pingpong ? 16 : 0);
   return g;
 }
 
@@ -98,6 +106,8 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
       // the first consumer's first turn is given here.
       if (t_.pingpong)
         for (int c = 0; c < 2; ++c) kb_.mbarrier_init(order(c), 1);
+      // One arrival per rewriting warp (unused without an operand rewrite).
+      for (int s = 0; s < t_.stages; ++s) kb_.mbarrier_init(ready(kb_.c32(s)), kRewriteWarps);
       kb_.mbarrier_init_fence();
       if (t_.pingpong) kb_.mbarrier_arrive(order(0));
     });
@@ -123,7 +133,7 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
     Value* warpgroup = ir.CreateLShr(tid, kb_.c32(7));
     // Registers move from the producer, which needs few, to the consumers' accumulators for
     // the mainloop, and back for the epilogue that every thread runs.
-    const int shared = register_share(), producer = kProducerRegisters, consumer = consumer_registers();
+    const int shared = register_share(), producer = kProducerRegisters, consumer = consumer_registers(producer);
     kb_.if_then_else(
         ir.CreateICmpEQ(warpgroup, kb_.c32(0)),
         [&] {
@@ -148,25 +158,37 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
     kb_.barrier();  // the staged tile is complete
   }
 
-  void run(const TileSchedule& schedule) override {
+  void run(const TileSchedule& schedule, const OperandRewrite* rewrite) override {
     auto& ir = kb_.ir();
     Value* tid = kb_.tid();
     Value* warpgroup = ir.CreateLShr(tid, kb_.c32(7));
+    const int producer = rewrite ? rewrite->registers : kProducerRegisters;
+    if (producer % 8 || producer < 24 || producer > register_share())
+      throw InternalError("producer registers " + std::to_string(producer) + " are not a multiple of 8 in 24.." +
+                          std::to_string(register_share()));
+    wait_ready_ = rewrite != nullptr;
     kb_.if_then_else(
         ir.CreateICmpEQ(warpgroup, kb_.c32(0)),
         [&] {
-          // The producer keeps few registers for the whole kernel; its other threads are done.
-          kb_.set_max_registers(false, kProducerRegisters);
-          kb_.if_then(ir.CreateICmpEQ(tid, kb_.c32(0)), [&] {
-            Value* cursor = cursor_state("producer_cursor", kb_.c32(0));
-            schedule(false, [&](Value* m0, Value* n0, Value* k_tiles, const FragmentEpilogue&) {
-              produce(cursor, m0, n0, k_tiles);
-            });
-          });
+          // The producer keeps few registers for the whole kernel; its other threads are done,
+          // or with a rewrite warps 1-3 rewrite operand A.
+          kb_.set_max_registers(false, producer);
+          Value* warp = ir.CreateLShr(tid, kb_.c32(5));
+          kb_.if_then_else(
+              ir.CreateICmpEQ(tid, kb_.c32(0)),
+              [&] {
+                Value* cursor = cursor_state("producer_cursor", kb_.c32(0));
+                schedule(false, [&](Value* m0, Value* n0, Value* k_tiles, const FragmentEpilogue&) {
+                  produce(cursor, m0, n0, k_tiles);
+                });
+              },
+              [&] {
+                if (rewrite) kb_.if_then(ir.CreateICmpUGE(warp, kb_.c32(1)), [&] { rewrite_all(schedule, *rewrite); });
+              });
           kb_.warp_sync();
         },
         [&] {
-          kb_.set_max_registers(true, consumer_registers());
+          kb_.set_max_registers(true, consumer_registers(producer));
           Value* consumer_index = ir.CreateSub(warpgroup, kb_.c32(1));
           Value* cursor = cursor_state("consumer_cursor", kb_.c32(0));
           // Ping-pong: 0 on this consumer's tiles (the first consumer's turn comes first).
@@ -247,16 +269,20 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
 
   int order_offset() const { return g_.bars_offset + 16 * t_.stages; }
   Value* order(int c) { return kb_.c32(order_offset() + 8 * c); }
+  Value* ready(Value* slot) {
+    const int offset = order_offset() + (t_.pingpong ? 16 : 0);
+    return kb_.ir().CreateAdd(kb_.c32(offset), kb_.ir().CreateMul(slot, kb_.c32(8)));
+  }
   Value* full(Value* slot) { return kb_.ir().CreateAdd(kb_.c32(g_.bars_offset), kb_.ir().CreateMul(slot, kb_.c32(8))); }
   Value* empty(Value* slot) {
     return kb_.ir().CreateAdd(kb_.c32(g_.bars_offset + 8 * t_.stages), kb_.ir().CreateMul(slot, kb_.c32(8)));
   }
   // Registers per thread when all warpgroups share the register file equally (what ptxas
-  // allocates under .maxntid), and the consumers' share once the producer has given up all
-  // but 40: both multiples of 8, as setmaxnreg needs.
+  // allocates under .maxntid), and the consumers' share once the producer warpgroup has given
+  // up all but `producer`: both multiples of 8, as setmaxnreg needs.
   int register_share() const { return std::min(255, 65536 / (t_.threads() * t_.ctas_per_sm())) / 8 * 8; }
-  int consumer_registers() const {
-    const int pool = register_share() * t_.threads() - kProducerRegisters * 128;
+  int consumer_registers(int producer) const {
+    const int pool = register_share() * t_.threads() - producer * 128;
     return std::min(240, pool / (128 * t_.consumers) / 8 * 8);
   }
   // max(k_tiles, 1), in both roles (produce and mainloop): a tile with no K (never asked for today) then loads one
@@ -398,7 +424,7 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
     kb_.for_range(kb_.c32(0), k_tiles, kb_.c32(1), [&](Value* kt) {
       Cursor c{kb_.load(kb_.i32(), kb_.at(state, kb_.i32(), 0)), kb_.load(kb_.i32(), kb_.at(state, kb_.i32(), 1))};
       Value* previous = kb_.load(kb_.i32(), kb_.at(state, kb_.i32(), 2));
-      kb_.mbarrier_wait(full(c.slot), c.phase);
+      kb_.mbarrier_wait(wait_ready_ ? ready(c.slot) : full(c.slot), c.phase);
       restore();
       kb_.wgmma_fence();
       std::vector<Value*> desc_a(t_.m_blocks());
@@ -431,6 +457,110 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
     kb_.if_then(ir.CreateAnd(lane0, ir.CreateICmpSGT(k_tiles, kb_.c32(0))), [&] { release(last); });
     kb_.warp_sync();
     return acc;
+  }
+
+  // Warps 1-3 of the producer warpgroup: every slice of every tile, in the producer's order.
+  void rewrite_all(const TileSchedule& schedule, const OperandRewrite& rewrite) {
+    auto& ir = kb_.ir();
+    Value* thread = ir.CreateSub(kb_.tid(), kb_.c32(32));  // 0 .. 32·kRewriteWarps - 1
+    Value* lane0 = ir.CreateICmpEQ(ir.CreateAnd(kb_.tid(), kb_.c32(31)), kb_.c32(0));
+    Value* state = cursor_state("rewrite_cursor", kb_.c32(0));
+    schedule(false, [&](Value* m0, Value*, Value* k_tiles, const FragmentEpilogue&) {
+      k_tiles = kb_.opaque_i32(at_least_one(k_tiles));
+      // The column state of the tile's first slice; each slice then loads the next one's (from
+      // global memory) before it waits and rewrites, so that its latency overlaps the rewrite.
+      std::vector<Value*> first = slice_of(rewrite, thread, kb_.c32(0), m0, kb_.c32(0)).state;
+      std::vector<Value*> carried(first.size());
+      for (size_t i = 0; i < first.size(); ++i) {
+        carried[i] = kb_.local_array(first[i]->getType(), 1, "rewrite_state");
+        kb_.store(first[i], kb_.at(carried[i], first[i]->getType(), 0));
+      }
+      kb_.for_range(kb_.c32(0), k_tiles, kb_.c32(1), [&](Value* kt) {
+        Cursor c{kb_.load(kb_.i32(), kb_.at(state, kb_.i32(), 0)), kb_.load(kb_.i32(), kb_.at(state, kb_.i32(), 1))};
+        Value* next_kt = ir.CreateAdd(kt, kb_.c32(1));
+        next_kt = ir.CreateSelect(ir.CreateICmpSLT(next_kt, k_tiles), next_kt, kt);
+        std::vector<Value*> upcoming = slice_of(rewrite, thread, kb_.c32(0), m0, next_kt).state;
+        Slice slice = slice_of(rewrite, thread, a_base(c.slot), m0, kt, false);
+        for (size_t i = 0; i < first.size(); ++i) slice.state.push_back(kb_.load(first[i]->getType(), kb_.at(carried[i], first[i]->getType(), 0)));
+        kb_.mbarrier_wait(full(c.slot), c.phase);
+        rewrite_slice(rewrite, slice);
+        for (size_t i = 0; i < first.size(); ++i) kb_.store(upcoming[i], kb_.at(carried[i], first[i]->getType(), 0));
+        // The generic-proxy stores are ordered before the wgmma's async-proxy reads.
+        kb_.fence_proxy_async();
+        kb_.warp_sync();
+        kb_.if_then(lane0, [&] { kb_.mbarrier_arrive(ready(c.slot)); });
+        kb_.warp_sync();
+        Cursor next = advance(c);
+        kb_.store(next.slot, kb_.at(state, kb_.i32(), 0));
+        kb_.store(next.phase, kb_.at(state, kb_.i32(), 1));
+      });
+    });
+  }
+
+  // One slice's A tile at `base`: rows of 128 bytes (64 elements, eight 16-byte chunks, chunk c
+  // of row r stored at chunk c ^ (r % 8)); K-major: BM rows of K; MN-major: one box of BK rows
+  // per 64 of M. Thread `thread` owns chunk column g (of 8 per box) and rows g', g' + step, ...
+  struct Slice {
+    Value *column_base, *chunk, *first_row, *row0;
+    int rows, step;
+    std::vector<Value*> state;
+  };
+  // `state`: with the column's state loaded (else left empty).
+  Slice slice_of(const OperandRewrite& rewrite, Value* thread, Value* base, Value* m0, Value* kt, bool state = true) {
+    auto& ir = kb_.ir();
+    const bool k_major = a_ == Layout::KMajor;
+    const int columns = k_major ? 8 : 8 * (t_.bm / kBoxElems), rows = k_major ? t_.bm : t_.bk;
+    const int threads = 32 * kRewriteWarps;
+    if (threads % columns != 0)
+      throw InternalError("an A tile of " + std::to_string(columns) + " chunk columns (tile " + t_.text() +
+                          ") does not divide among " + std::to_string(threads) + " rewriting threads");
+    const int step = threads / columns;
+    Value* column = ir.CreateURem(thread, kb_.c32(columns));
+    Value* first_row = ir.CreateUDiv(thread, kb_.c32(columns));
+    Value* chunk = ir.CreateAnd(column, kb_.c32(7));
+    Value* column_base = k_major ? base : ir.CreateAdd(base, ir.CreateMul(ir.CreateLShr(column, kb_.c32(3)),
+                                                                          kb_.c32(t_.bk * kSwizzleRow)));
+    Value* k0 = ir.CreateMul(ir.CreateZExt(kt, kb_.i64()), kb_.c64(t_.bk));
+    Value* first = ir.CreateAdd(k_major ? k0 : m0, ir.CreateMul(ir.CreateZExt(column, kb_.i64()), kb_.c64(8)));
+    Value* row0 = k_major ? m0 : k0;
+    return Slice{column_base, chunk, first_row, row0, rows, step,
+                 state ? rewrite.column(first, row0) : std::vector<Value*>{}};
+  }
+  void rewrite_slice(const OperandRewrite& rewrite, const Slice& slice) {
+    auto& ir = kb_.ir();
+    const int rows = slice.rows, step = slice.step;
+    Value *column_base = slice.column_base, *chunk = slice.chunk, *first_row = slice.first_row, *row0 = slice.row0;
+    llvm::Type* vec = llvm::FixedVectorType::get(kb_.ir().getInt16Ty(), 8);
+    auto address = [&](Value* r) {  // of row r's chunk in this column
+      Value* swizzled = ir.CreateXor(chunk, ir.CreateAnd(r, kb_.c32(7)));
+      return ir.CreateAdd(column_base, ir.CreateAdd(ir.CreateMul(r, kb_.c32(kSwizzleRow)), ir.CreateMul(swizzled, kb_.c32(16))));
+    };
+    kb_.for_range(first_row, kb_.c32(rows), kb_.c32(step * kRewriteRows), [&](Value* r0) {
+      // Every chunk is loaded before any is stored; a row past the tile reloads the first and
+      // stores nothing.
+      std::vector<Value*> at(kRewriteRows), valid(kRewriteRows), loaded(kRewriteRows), row(kRewriteRows);
+      for (int u = 0; u < kRewriteRows; ++u) {
+        Value* r = ir.CreateAdd(r0, kb_.c32(step * u));
+        valid[u] = ir.CreateICmpULT(r, kb_.c32(rows));
+        r = ir.CreateSelect(valid[u], r, first_row);
+        at[u] = kb_.smem(address(r));
+        loaded[u] = kb_.load(vec, at[u]);
+        row[u] = ir.CreateAdd(row0, ir.CreateZExt(r, kb_.i64()));
+      }
+      for (int u = 0; u < kRewriteRows; ++u) {
+        Value* out = rewrite.chunk(slice.state, loaded[u], row[u]);
+        kb_.if_then(valid[u], [&] { kb_.store(out, at[u]); });
+      }
+    });
+    // The replaced elements, in the rows this thread rewrote (after their chunks' stores).
+    for (int j = 0; j < 8; ++j) {
+      auto [at_row, value] = rewrite.replace(slice.state, j);
+      Value* r = ir.CreateSub(at_row, row0);
+      Value* inside = ir.CreateAnd(ir.CreateICmpSGE(r, kb_.c64(0)), ir.CreateICmpSLT(r, kb_.c64(rows)));
+      Value* r32 = ir.CreateTrunc(ir.CreateSelect(inside, r, kb_.c64(0)), kb_.i32());
+      Value* mine = ir.CreateAnd(inside, ir.CreateICmpEQ(ir.CreateURem(r32, kb_.c32(step)), first_row));
+      kb_.if_then(mine, [&] { kb_.store(value, kb_.smem(ir.CreateAdd(address(r32), kb_.c32(2 * j)))); });
+    }
   }
 
   // Moves a consumer's cursor past the other consumer's tile of k_tiles slices (ping-pong).
@@ -482,6 +612,7 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
   Layout a_, b_;
   Geometry g_;
   Value* counter_ = nullptr;
+  bool wait_ready_ = false;  // run() with an operand rewrite: consumers wait for the ready barriers
 };
 
 }  // namespace

@@ -631,7 +631,7 @@ TEST(EagerPlan, TakesEveryTokenInOneChunkByDefault) {
   EXPECT_TRUE(plan.spec(KernelKind::EagerLogits).tile.pingpong);
   EXPECT_EQ(plan.eager_tiles(), (128256 + 255) / 256);
   // The workspace: dz [V, N] bf16, two [V / 64, N] fp32 partials, the target logits and residuals;
-  // no fp32 gradient sums with one chunk.
+  // no fp32 gradient sums with one chunk; each token's target column and target dz (eager_operand).
   const auto l = plan.eager_layout();
   EXPECT_EQ(l.dz, 0u);
   EXPECT_EQ(l.partial_max, size_t{128256} * 8192 * 2);
@@ -639,7 +639,9 @@ TEST(EagerPlan, TakesEveryTokenInOneChunkByDefault) {
   EXPECT_EQ(l.target_logit - l.partial_sum, l.partial_sum - l.partial_max);
   EXPECT_EQ(l.residual - l.target_logit, 8192u * 4);
   EXPECT_EQ(l.grad_weight_acc - l.residual, 8192u * 4);
-  EXPECT_EQ(l.bytes, l.grad_weight_acc);
+  EXPECT_EQ(l.target_col, l.grad_weight_acc);
+  EXPECT_EQ(l.target_dz - l.target_col, 8192u * 4);
+  EXPECT_EQ(l.bytes - l.target_dz, 8192u * 4);
   // The workspace does not depend on the tuning or the device.
   Tuning narrow;
   narrow.tiles[KernelKind::DlogitsBackward] = TileConfig{128, 128, 64, 1, 1, 4, 2};
@@ -687,8 +689,56 @@ TEST(EagerPlan, ChunkSizeAndBudgetBoundTheTokensPerChunk) {
   // fp32 sums its chunks in grad_weight itself: no accumulator, no conversion.
   c.dtype = LFCE_DTYPE_FP32;
   const Plan fp32(problem(c), Arch::SM90A);
-  EXPECT_EQ(fp32.eager_layout().grad_weight_acc, fp32.eager_layout().bytes);
+  EXPECT_EQ(fp32.eager_layout().grad_weight_acc, fp32.eager_layout().target_col);
   for (const KernelSpec& spec : fp32.launched_specs()) EXPECT_NE(spec.kind, KernelKind::GradConvert);
+}
+
+// Asked for (LFCE_EAGER_OPERAND=1), on sm_90a in 16-bit without a bias, grad_weight and grad_input
+// form dz from the exponentials as they load them (eager_operand) and eager_dz stores only its
+// constants; elsewhere eager_dz rewrites the workspace.
+TEST(EagerPlan, GemmsFormDzFromTheExponentialsOnHopperIn16BitWhenAskedTo) {
+  lfce_problem c = llama3(8192);
+  c.mode = LFCE_MODE_EAGER;
+  EXPECT_FALSE(Plan(problem(c), Arch::SM90A).eager_operand());  // off by default
+  auto operand = [](const lfce_problem& p, Arch arch, Tuning tuning = {}) {
+    tuning.eager_operand = true;
+    const Plan plan(problem(p), arch, tuning);
+    bool any = false;
+    for (KernelKind kind : {KernelKind::EagerDz, KernelKind::GradWeight, KernelKind::GradInput}) {
+      EXPECT_EQ(plan.spec(kind).eager_operand, plan.eager_operand()) << kind_name(kind);
+      EXPECT_NO_THROW(plan.spec(kind).validate()) << plan.spec(kind).text();
+      any = any || plan.spec(kind).eager_operand;
+    }
+    return any;
+  };
+  EXPECT_TRUE(operand(c, Arch::SM90A));
+  EXPECT_FALSE(operand(c, Arch::SM80));  // the mma.sync mainloop has no rewriting warps
+  lfce_problem fp16 = c;
+  fp16.dtype = LFCE_DTYPE_FP16;
+  EXPECT_TRUE(operand(fp16, Arch::SM90A));
+  lfce_problem fp32 = c;
+  fp32.dtype = LFCE_DTYPE_FP32;
+  EXPECT_FALSE(operand(fp32, Arch::SM90A));
+  lfce_problem bias = c;
+  bias.has_bias = 1;  // grad_bias reads dz from the workspace
+  EXPECT_FALSE(operand(bias, Arch::SM90A));
+  lfce_problem recompute = c;
+  recompute.mode = LFCE_MODE_RECOMPUTE;
+  EXPECT_FALSE(operand(recompute, Arch::SM90A));
+  lfce_problem fallback = c;  // the forward, then recompute's backward
+  fallback.softcap = 30.f;
+  EXPECT_FALSE(operand(fallback, Arch::SM90A));
+  // Tunings it cannot rewrite under: a clustered grad_input, and an eager_logits tile width that is
+  // not a multiple of grad_weight's BM (a slice's rows would span two tiles' constants).
+  Tuning clustered;
+  clustered.tiles[KernelKind::GradInput] = TileConfig::parse("128x256x64/wg2/s4/c2");
+  EXPECT_FALSE(operand(c, Arch::SM90A, clustered));
+  Tuning narrow_logits;
+  narrow_logits.tiles[KernelKind::DlogitsBackward] = TileConfig::parse("128x64x64/wg2/s4");
+  EXPECT_FALSE(operand(c, Arch::SM90A, narrow_logits));
+  Tuning pingpong;
+  pingpong.tiles[KernelKind::GradInput] = TileConfig::parse("64x256x64/wg2/s4/pp");
+  EXPECT_TRUE(operand(c, Arch::SM90A, pingpong));
 }
 
 TEST(EagerPlan, OptionsItCannotFormDzForTakeTheForwardAndBackward) {
