@@ -6,7 +6,6 @@
 #include "runtime/driver.h"
 #include "runtime/kernel_cache.h"
 #include "runtime/logging.h"
-#include "runtime/options.h"
 #include "runtime/tuning_store.h"
 
 namespace lfce::api {
@@ -75,7 +74,7 @@ runtime::Plan Session::plan(const runtime::Problem& problem, int device) {
   const Arch arch = info.arch();
   const runtime::DeviceLimits limits{info.max_smem_optin, info.sm_count};
   runtime::Tuning tuned = tuning(problem, arch, limits);
-  tuned.eager_operand = runtime::Options::current().eager_operand;
+  tuned.eager_operand = options().eager_operand;
   runtime::Plan plan(problem, arch, tuned, limits);
   std::lock_guard<std::mutex> lock(mutex_);
   return plans_.emplace(key, std::move(plan)).first->second;

@@ -58,6 +58,7 @@ class SessionTest : public testing::Test {
   void TearDown() override {
     unsetenv("LFCE_CACHE_DIR");
     unsetenv("LFCE_DEVICE_SMEM_LIMIT");
+    unsetenv("LFCE_EAGER_OPERAND");
     fs::remove_all(a_);
     fs::remove_all(b_);
   }
@@ -119,6 +120,27 @@ TEST_F(SessionTest, ReloadNamesAMalformedLimitAndKeepsTheOldOptions) {
   setenv("LFCE_DEVICE_SMEM_LIMIT", "101376", 1);
   session.reload();
   EXPECT_EQ(session.options().device_smem_limit, 101376);
+}
+
+// LFCE_EAGER_OPERAND: 0 / unset (eager_dz's pass), 1 (the GEMMs' operand rewrite), anything else
+// named in the error.
+TEST_F(SessionTest, EagerOperandIsOffUnlessTheEnvironmentAsksForIt) {
+  Session session(runtime::Options::from_env());
+  EXPECT_FALSE(session.options().eager_operand);
+  setenv("LFCE_EAGER_OPERAND", "1", 1);
+  session.reload();
+  EXPECT_TRUE(session.options().eager_operand);
+  setenv("LFCE_EAGER_OPERAND", "yes", 1);
+  try {
+    session.reload();
+    FAIL() << "a malformed LFCE_EAGER_OPERAND was accepted";
+  } catch (const SpecError& e) {
+    EXPECT_NE(std::string(e.what()).find("LFCE_EAGER_OPERAND = 'yes' is not 0 or 1"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(session.options().eager_operand);
+  setenv("LFCE_EAGER_OPERAND", "0", 1);
+  session.reload();
+  EXPECT_FALSE(session.options().eager_operand);
 }
 
 }  // namespace

@@ -250,6 +250,42 @@ TEST(Codegen, AccumulatingGradientKernelsAddIntoFp32WithoutCallsOrSpills) {
       }
 }
 
+// Eager's operand rewrite (KernelSpec::eager_operand): grad_weight and grad_input (bf16 and fp16, on
+// the tiles eager mode takes, ping-pong too) rewrite A in shared memory and fence it for the wgmma's
+// async proxy, pairs converted together, with no spill or call; eager_dz stores only its constants.
+TEST(Codegen, EagerOperandRewritesTheGemmsOperandWithoutCallsOrSpills) {
+  if (!testing_ptxas::have_ptxas()) GTEST_SKIP() << "ptxas not found at configure time (install the CUDA toolkit)";
+  for (DType dtype : {DType::BF16, DType::FP16})
+    for (KernelKind kind : {KernelKind::GradWeight, KernelKind::GradInput, KernelKind::EagerDz})
+      for (const char* tile : {"128x256x64/wg2/s4", "128x192x64/wg2/s4", "64x256x64/wg2/s4/pp"}) {
+        if (kind != KernelKind::GradInput && tile[0] != '1') continue;
+        if (kind == KernelKind::EagerDz && std::string(tile) != "128x256x64/wg2/s4") continue;
+        KernelSpec plain = spec_for({kind, dtype, Arch::SM90A, false});
+        plain.hidden = 2304;
+        if (kind != KernelKind::EagerDz) plain.tile = TileConfig::parse(tile);
+        plain.eager_operand = false;
+        plain = plain.normalised();
+        KernelSpec rewritten = plain;
+        rewritten.eager_operand = true;
+        ASSERT_NO_THROW(rewritten.validate()) << rewritten.text();
+        const std::string what = rewritten.text();
+        const std::string ptx = generate_kernel(rewritten).ptx;
+        EXPECT_NE(ptx, generate_kernel(plain).ptx) << what;
+        if (kind == KernelKind::EagerDz) {
+          // The constants, 8 tokens' a vector store, and no row of the workspace read or written.
+          EXPECT_NE(ptx.find("st.global.v4.f32"), std::string::npos) << what;
+          EXPECT_FALSE(std::regex_search(ptx, std::regex(R"(ld\.global(\.nc)?\.v4\.(b|u)32)"))) << what;
+        } else {
+          EXPECT_NE(ptx.find("fence.proxy.async"), std::string::npos) << what;
+          EXPECT_NE(ptx.find(dtype == DType::BF16 ? "cvt.rn.bf16x2.f32" : "cvt.rn.f16x2.f32"), std::string::npos) << what;
+          EXPECT_NE(ptx.find("setmaxnreg.dec.sync.aligned.u32 96"), std::string::npos) << what;
+        }
+        EXPECT_FALSE(std::regex_search(ptx, std::regex(R"(\bcall(\.uni)?\b)"))) << what;
+        EXPECT_EQ(ptx.find(".local"), std::string::npos) << what;
+        testing_ptxas::expect_assembles_without_spills(ptx, Arch::SM90A);
+      }
+}
+
 TEST(Codegen, RejectsTileOverSharedMemoryLimit) {
   KernelSpec s = spec_for({KernelKind::LseForward, DType::BF16, Arch::SM80, false});
   s.tile = TileConfig{256, 256, 64, 2, 4, 4};
