@@ -58,8 +58,10 @@ runtime::Tuning Session::tuning(const runtime::Problem& problem, Arch arch, cons
     std::lock_guard<std::mutex> lock(mutex_);
     if (auto it = tunings_.find(key); it != tunings_.end()) return it->second;
   }
-  // Read outside the lock; two threads reading the same files agree.
+  // Read outside the lock; two threads reading the same files agree. The environment's switch
+  // goes in here, so that launches and precompilation plan the same kernels.
   runtime::Tuning tuning = runtime::stored_tuning(runtime::TuningFiles(dir), problem, arch, limits);
+  tuning.eager_operand = options().eager_operand;
   std::lock_guard<std::mutex> lock(mutex_);
   return tunings_.emplace(key, std::move(tuning)).first->second;
 }
@@ -73,9 +75,7 @@ runtime::Plan Session::plan(const runtime::Problem& problem, int device) {
   const runtime::DeviceInfo& info = runtime::device_info(device);
   const Arch arch = info.arch();
   const runtime::DeviceLimits limits{info.max_smem_optin, info.sm_count};
-  runtime::Tuning tuned = tuning(problem, arch, limits);
-  tuned.eager_operand = options().eager_operand;
-  runtime::Plan plan(problem, arch, tuned, limits);
+  runtime::Plan plan(problem, arch, tuning(problem, arch, limits), limits);
   std::lock_guard<std::mutex> lock(mutex_);
   return plans_.emplace(key, std::move(plan)).first->second;
 }

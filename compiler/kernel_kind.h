@@ -55,7 +55,7 @@ enum SpecField : uint32_t {
   kFieldShift = 1u << 20,  // read wherever the targets are (load_target): KernelSpec::fields_read()
   kFieldEagerOperand = 1u << 21,
 };
-inline constexpr uint32_t kAllSpecFields = (1u << 21) - 1;
+inline constexpr uint32_t kAllSpecFields = (1u << 22) - 1;
 
 struct KernelKindInfo {
   KernelKind kind;

@@ -308,8 +308,9 @@ bool Plan::eager_operand() const {
     return false;
   const int tile_n = tile(KernelKind::EagerLogits).bn;
   const TileConfig gw = tile(KernelKind::GradWeight), gx = tile(KernelKind::GradInput);
-  auto rewritable = [&](const TileConfig& t) { return t.wgmma() && t.cluster == 1 && t.bk == 64 && tile_n % 64 == 0; };
-  return rewritable(gw) && rewritable(gx) && tile_n % gw.bm == 0 && gx.bm % 64 == 0 && 96 % (gx.bm / 8) == 0;
+  auto rewritable = [](const TileConfig& t) { return t.wgmma() && t.cluster == 1 && t.bk == 64; };
+  // (grad_input's chunk columns, BM / 8 with BM a multiple of 64 up to 256, always divide 96.)
+  return rewritable(gw) && rewritable(gx) && tile_n % 64 == 0 && tile_n % gw.bm == 0;
 }
 
 // Normalised: problems that differ only in fields a kernel does not read share its spec, and
@@ -378,7 +379,8 @@ TileConfig Plan::tile(KernelKind kind) const {
     KernelSpec shared = problem_spec(kind, p_, arch_);
     shared.tile = pick;
     const int64_t limit = limits_.smem_per_block > 0 ? limits_.smem_per_block : arch_info(arch_).smem_per_block_optin;
-    if (kernel_smem_bytes(shared) <= limit) t = pick;
+    // (Not the 128 x 128 rule below either: these two are the ones measured in eager mode.)
+    return kernel_smem_bytes(shared) <= limit ? pick : t;
   }
   if (t.wgmma() && !t.pingpong && t.bn == 256 && (kind == KernelKind::GradInput || kind == KernelKind::GradWeight)) {
     // (Called once the chunk is known: the constructor asks only for lse_forward's tile.)
@@ -503,7 +505,7 @@ Plan::EagerLayout Plan::eager_layout() const {
   l.grad_bias_acc = take(sums && p_.bias ? checked_mul(p_.vocab, sizeof(float), "grad_bias accumulator bytes") : 0,
                          "eager workspace bytes");
   l.target_col = take(checked_mul(ld, sizeof(int32_t), "eager target bytes"), "eager workspace bytes");
-  l.target_dz = take(checked_mul(ld, sizeof(float), "eager target dz bytes"), "eager workspace bytes");
+  l.target_dz = take(checked_mul(ld, dtype_bytes(p_.dtype), "eager target dz bytes"), "eager workspace bytes");
   l.bytes = std::max(static_cast<size_t>(bytes), forward);
   return l;
 }

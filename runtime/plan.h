@@ -105,8 +105,7 @@ class Plan {
   // exponentials in shared memory (KernelSpec::eager_operand), eager_dz then storing only its
   // constants: asked for (Tuning::eager_operand, LFCE_EAGER_OPERAND=1), and sm_90a wgmma tiles in 16-bit without a bias (grad_bias reads dz
   // itself), unclustered, BK = 64, with eager_logits' tile width a multiple of 64 and of
-  // grad_weight's BM (a slice's rows in one tile) and grad_input's BM / 8 chunk columns
-  // dividing the 96 rewriting threads.
+  // grad_weight's BM (a slice's rows in one tile).
   bool eager_operand() const;
   // Every kernel spec the problem's schedule launches (a kernel that only some token counts or
   // gradients need included), in launch order: what precompilation compiles.
@@ -130,12 +129,15 @@ class Plan {
   ForwardLayout forward_layout() const;
   BackwardLayout backward_layout() const;
   // lfce_forward_backward's workspace. Three-GEMM schedule: one token chunk's exponentials (dzᵀ
-  // [V, ld] in the dtype), eager_logits' partials ([tiles, chunk] fp32 each, for tiles of BN >= 64
-  // whatever the tuning), the chunk's target logits and residuals, and with several chunks the
-  // fp32 sums of grad_weight [V, H] and grad_bias [V] (16-bit dtypes). Otherwise the larger of
-  // the forward's and the backward's workspaces (used one after the other). Never less than the
-  // forward's (which runs alone when no gradient is asked for).
-  // coef overlaps partial_sum (read by lse_combine only, before eager_dz writes coef).
+  // [V, ld] in the dtype), eager_logits' partials ([tiles, ld] fp32 each, for tiles of BN >= 64
+  // whatever the tuning; the first chunk-many tokens of a tile used), the chunk's target logits
+  // and residuals, with several chunks the fp32 sums of grad_weight [V, H] and grad_bias [V]
+  // (16-bit dtypes), and each token's target column [ld] (i32) and target dz [ld] (the dtype),
+  // reserved whether or not Plan::eager_operand uses them (the size depends on neither the tuning
+  // nor the environment). With eager_operand, eager_dz's constants coef [tiles, ld] overlap
+  // partial_sum, which lse_combine has read by then. Otherwise the larger of the forward's and the
+  // backward's workspaces (used one after the other). Never less than the forward's (which runs
+  // alone when no gradient is asked for).
   struct EagerLayout {
     size_t dz, partial_max, partial_sum, target_logit, residual, grad_weight_acc, grad_bias_acc, target_col, target_dz,
         bytes;

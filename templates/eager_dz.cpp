@@ -80,7 +80,7 @@ KernelShape build_eager_dz(llvm::Module& module, const KernelSpec& normalised) {
     // p_y = e^(u_y − LSE)) and the residual of its rounding for grad_input (docs/design.md,
     // Numerics), as dlogits_backward does. Only coef, the target's row in the tile (-1: none) and
     // its value stay live into the row loop.
-    std::vector<Value*> coef(kTokens), target_row(kTokens), target_dz(kTokens);
+    std::vector<Value*> coef(kTokens), target_row(kTokens), target_dz(kTokens), target_col(kTokens);
     for (int j = 0; j < kTokens; ++j) {
       Value* m = ir.CreateAdd(m0, kb.c64(j));
       const RowConstants row = row_constants(kb, spec, m, n);
@@ -97,6 +97,11 @@ KernelShape build_eager_dz(llvm::Module& module, const KernelSpec& normalised) {
       Value* hit = ir.CreateAnd(ir.CreateICmpSLT(m, n), ir.CreateAnd(ir.CreateICmpSGE(row.target, tile_begin),
                                                                      ir.CreateICmpSLT(row.target, tile_end)));
       target_row[j] = ir.CreateSelect(hit, ir.CreateTrunc(ir.CreateSub(row.target, tile_begin), kb.i32()), kb.c32(-1));
+      if (coef_only) {
+        Value* in_vocab = ir.CreateAnd(ir.CreateICmpSLT(m, n), ir.CreateAnd(ir.CreateICmpSGE(row.target, kb.c64(0)),
+                                                                         ir.CreateICmpSLT(row.target, vocab)));
+        target_col[j] = ir.CreateSelect(in_vocab, ir.CreateTrunc(row.target, kb.i32()), kb.c32(-1));
+      }
       // (An ignored token's target may be in range: its dz and residual are 0, as in recompute.
       // A token whose target is elsewhere computes a value it does not use: no branch.)
       Value* u = kb.load(kb.f32(), kb.gep(kb.arg("target_logit"), kb.f32(), safe_m));
@@ -119,16 +124,7 @@ KernelShape build_eager_dz(llvm::Module& module, const KernelSpec& normalised) {
       }
       kb.store(coefs, kb.gep(kb.arg("coef"), kb.f32(), ir.CreateAdd(ir.CreateMul(tile, ld), m0)));
       kb.if_then(ir.CreateICmpEQ(tile, kb.c64(0)), [&] {
-        for (int j = 0; j < kTokens; ++j) {
-          Value* m = ir.CreateAdd(m0, kb.c64(j));
-          Value* in_rows = ir.CreateICmpSLT(m, n);
-          Value* target = load_target(kb, spec, kb.arg("targets"), ir.CreateSelect(in_rows, m, kb.c64(0)),
-                                      kb.arg("ignore_index"));
-          Value* in_vocab = ir.CreateAnd(in_rows, ir.CreateAnd(ir.CreateICmpSGE(target, kb.c64(0)),
-                                                               ir.CreateICmpSLT(target, vocab)));
-          cols = ir.CreateInsertElement(cols, ir.CreateSelect(in_vocab, ir.CreateTrunc(target, kb.i32()), kb.c32(-1)),
-                                        uint64_t(j));
-        }
+        for (int j = 0; j < kTokens; ++j) cols = ir.CreateInsertElement(cols, target_col[j], uint64_t(j));
         kb.store(cols, kb.gep(kb.arg("target_col"), kb.i32(), m0));
         kb.store(dzs, kb.gep(kb.arg("target_dz"), elem, m0));
       });

@@ -34,7 +34,7 @@ inline void add_eager_operand_params(const KernelSpec& spec, std::vector<Param>&
   params.push_back({"tile_n", ParamType::I64});
 }
 
-// `ld`: the workspace's token stride (i64, a multiple of 8).
+// `ld`: the workspace's token stride (i64, a multiple of 8). Only for a spec with eager_operand.
 inline OperandRewrite eager_operand_rewrite(KernelBuilder& kb, const KernelSpec& spec, llvm::Value* ld) {
   using llvm::Value;
   constexpr int kTokens = 8;
@@ -55,7 +55,7 @@ inline OperandRewrite eager_operand_rewrite(KernelBuilder& kb, const KernelSpec&
     Value* dz = kb.load(vector_of(elem), kb.gep(kb.arg("target_dz"), elem, token));
     return std::vector<Value*>{coef, col, dz};
   };
-  rewrite.chunk = [&kb, spec, elem, stored, vector_of](const std::vector<Value*>& column, Value* chunk, Value*) {
+  rewrite.chunk = [&kb, spec, stored, vector_of](const std::vector<Value*>& column, Value* chunk) {
     auto& ir = kb.ir();
     Value* p = ir.CreateBitCast(chunk, vector_of(stored));
     // Pairs converted together (cvt.rn.bf16x2.f32 / cvt.rn.f16x2.f32: the same rounding as one
@@ -71,7 +71,6 @@ inline OperandRewrite eager_operand_rewrite(KernelBuilder& kb, const KernelSpec&
       Value* packed = ir.CreateIntrinsic(pack, {}, {pair[1], pair[0]});  // (high, low)
       out = ir.CreateInsertElement(out, ir.CreateBitCast(packed, kb.i32()), uint64_t(i));
     }
-    (void)elem;
     return ir.CreateBitCast(out, chunk->getType());
   };
   rewrite.replace = [&kb](const std::vector<Value*>& column, int j) {
@@ -81,6 +80,16 @@ inline OperandRewrite eager_operand_rewrite(KernelBuilder& kb, const KernelSpec&
     return std::pair<Value*, Value*>{col, dz};
   };
   return rewrite;
+}
+
+// What grad_weight and grad_input pass to run_persistent: the rewrite where the spec has one.
+struct EagerOperand {
+  OperandRewrite rewrite;
+  bool on;
+  const OperandRewrite* get() const { return on ? &rewrite : nullptr; }
+};
+inline EagerOperand eager_operand(KernelBuilder& kb, const KernelSpec& spec, llvm::Value* ld) {
+  return spec.eager_operand ? EagerOperand{eager_operand_rewrite(kb, spec, ld), true} : EagerOperand{{}, false};
 }
 
 }  // namespace lfce

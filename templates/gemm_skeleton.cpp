@@ -42,26 +42,29 @@ std::vector<Param> gemm_params(const TileConfig& tile, std::vector<Param> params
 }
 
 GemmSkeleton::GemmSkeleton(KernelBuilder& kb, const KernelSpec& spec, Layout a_layout, Layout b_layout)
-    : kb_(kb), tile_(spec.tile), dtype_(spec.dtype), layouts_{a_layout, b_layout} {
+    : kb_(kb), tile_(spec.tile), dtype_(spec.dtype), rewrite_(spec.eager_operand), layouts_{a_layout, b_layout} {
   if (tile_.wgmma()) {
-    pipeline_ = make_wgmma_pipeline(kb, tile_, dtype_, a_layout, b_layout);
+    pipeline_ = make_wgmma_pipeline(kb, tile_, dtype_, a_layout, b_layout, rewrite_);
     return;
   }
+  if (rewrite_) throw InternalError("an operand rewrite needs the sm_90a pipeline (tile " + tile_.text() + ")");
   mainloop_ = make_mainloop(kb, tile_, dtype_, operand_tile(tile_, dtype_, a_layout, tile_.bm),
                             operand_tile(tile_, dtype_, b_layout, tile_.bn));
 }
 
 GemmSkeleton::~GemmSkeleton() = default;
 
-int gemm_smem_bytes(const TileConfig& tile, DType dtype, Layout a, Layout b, int extra_bytes) {
-  if (tile.wgmma()) return wgmma_smem_bytes(tile, dtype) + extra_bytes;
+int gemm_smem_bytes(const TileConfig& tile, DType dtype, Layout a, Layout b, int extra_bytes, bool rewrite) {
+  if (tile.wgmma()) return wgmma_smem_bytes(tile, dtype, rewrite) + extra_bytes;
   int ring = tile.stages * (operand_tile(tile, dtype, a, tile.bm).smem.bytes() +
                             operand_tile(tile, dtype, b, tile.bn).smem.bytes());
   int staging = tile.bm * staging_row_floats(tile) * 4;
   return (std::max(ring, staging) + 15) / 16 * 16 + extra_bytes;
 }
 
-int GemmSkeleton::extra_offset() const { return gemm_smem_bytes(tile_, dtype_, layouts_[0], layouts_[1]); }
+int GemmSkeleton::extra_offset() const {
+  return gemm_smem_bytes(tile_, dtype_, layouts_[0], layouts_[1], 0, rewrite_);
+}
 
 std::pair<Value*, Value*> GemmSkeleton::tile_origin() {
   auto& ir = kb_.ir();
@@ -210,8 +213,10 @@ void GemmSkeleton::run_specialised(const TileSchedule& schedule, const OperandRe
 void GemmSkeleton::run_persistent(Value* grid_m, Value* grid_n, Value* k_tiles, const TileEpilogue& epilogue,
                                   const OperandRewrite* rewrite) {
   auto& ir = kb_.ir();
-  if (rewrite && tile_.cluster != 1)
-    throw InternalError("an operand rewrite runs on unclustered tiles only (tile " + tile_.text() + ")");
+  if ((rewrite != nullptr) != rewrite_ || (rewrite && tile_.cluster != 1))
+    throw InternalError("an operand rewrite " + std::string(rewrite ? "given" : "missing") +
+                        " for a kernel planned " + (rewrite_ ? "with" : "without") + " one, or clustered (tile " +
+                        tile_.text() + ")");
   if (tile_.cluster == 1) {
     Value* tiles = ir.CreateMul(grid_m, grid_n);
     run_specialised([&](bool, const TileVisit& visit) {

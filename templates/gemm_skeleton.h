@@ -86,9 +86,8 @@ struct OperandRewrite {
   // contiguous index (i64: k for K-major A, m for MN-major A) and the slice's first row (i64: m0
   // for K-major A, the slice's first k for MN-major A). Loaded before any row is rewritten.
   std::function<std::vector<llvm::Value*>(llvm::Value* first, llvm::Value* row0)> column;
-  // One chunk: <8 x i16> as loaded, at row `row` (i64, row0 + the row within the slice), to the
-  // <8 x i16> stored in its place.
-  std::function<llvm::Value*(const std::vector<llvm::Value*>& column, llvm::Value* chunk, llvm::Value* row)> chunk;
+  // One chunk of the column: <8 x i16> as loaded, to the <8 x i16> stored in its place.
+  std::function<llvm::Value*(const std::vector<llvm::Value*>& column, llvm::Value* chunk)> chunk;
   // Element j (0..7) of the column's chunks may be replaced in one row: that row (i64, any value
   // outside the slice's rows for none) and the i16 stored there, after the chunk is rewritten.
   std::function<std::pair<llvm::Value*, llvm::Value*>(const std::vector<llvm::Value*>& column, int j)> replace;
@@ -106,7 +105,8 @@ std::vector<Param> gemm_params(const TileConfig& tile, std::vector<Param> params
 // autotuner prunes configs with it): the cp.async ring (stages x (A + B tiles)) and the staged
 // fp32 tile (BM rows of BN+1 floats) overlap, so the larger of the two, rounded up to 16
 // bytes; a template's own `extra_bytes` follow.
-int gemm_smem_bytes(const TileConfig& tile, DType dtype, Layout a, Layout b, int extra_bytes = 0);
+// `rewrite`: the wgmma pipeline's ready barriers of an operand rewrite (KernelSpec::eager_operand).
+int gemm_smem_bytes(const TileConfig& tile, DType dtype, Layout a, Layout b, int extra_bytes = 0, bool rewrite = false);
 
 class GemmSkeleton {
  public:
@@ -128,6 +128,9 @@ class GemmSkeleton {
   // accumulators in registers). Nothing is staged and no CTA-wide barrier is taken, so the
   // schedule must not take one either; consumer-only state lives in the consumer's branch.
   void run_specialised(const TileSchedule& schedule, const OperandRewrite* rewrite = nullptr);
+  // Whether the spec's kernel rewrites operand A (KernelSpec::eager_operand): run_persistent's
+  // `rewrite` is then required.
+  bool rewrites() const { return rewrite_; }
   // run_specialised over a (grid_m, grid_n) grid of tiles (i32 counts), each K = k_tiles deep:
   // persistent CTAs take tiles ctaid.x, ctaid.x + nctaid.x, ... in grouped order (tile_origin),
   // and `epilogue` runs on each tile's fragment with the tile's origin (m0, n0), i64. Clustered
@@ -168,6 +171,7 @@ class GemmSkeleton {
   KernelBuilder& kb_;
   TileConfig tile_;
   DType dtype_;
+  bool rewrite_;
   Layout layouts_[2];
   std::unique_ptr<Mainloop> mainloop_;
   std::unique_ptr<WgmmaPipeline> pipeline_;
@@ -235,10 +239,11 @@ class WgmmaPipeline {
   virtual void run(const TileSchedule& schedule, const OperandRewrite* rewrite) = 0;
   virtual FragmentPosition fragment_position() = 0;
 };
-// Emits the mbarrier initialisation at the current insertion point (the kernel's start).
+// Emits the mbarrier initialisation at the current insertion point (the kernel's start); with
+// `rewrite` the ready barriers too (run() then takes an OperandRewrite).
 std::unique_ptr<WgmmaPipeline> make_wgmma_pipeline(KernelBuilder& kb, const TileConfig& tile, DType dtype, Layout a,
-                                                   Layout b);
+                                                   Layout b, bool rewrite = false);
 // Shared-memory bytes of the pipeline (ring, overlapping staged fp32 tile, mbarriers).
-int wgmma_smem_bytes(const TileConfig& tile, DType dtype);
+int wgmma_smem_bytes(const TileConfig& tile, DType dtype, bool rewrite = false);
 
 }  // namespace lfce

@@ -3,7 +3,6 @@
 // last converts it to the dtype (one chunk: straight to the output). Each element belongs to
 // one CTA per launch, so the read-modify-write needs no atomics.
 // A = dzᵀ [chunk, ld] (MN-major: tokens contiguous); B = W[chunk] [chunk, H] (MN-major).
-#include "compiler/errors.h"
 #include "templates/eager_operand.h"
 #include "templates/gemm_skeleton.h"
 #include "templates/template_util.h"
@@ -58,10 +57,8 @@ KernelShape build_grad_input(llvm::Module& module, const KernelSpec& spec) {
                   kb.gep(w_chunk, elem, ir.CreateMul(ir.CreateSelect(hit, v, kb.c64(0)), hidden))};
   };
 
-  if (spec.eager_operand && !gemm.specialised())
-    throw InternalError("grad_input's eager operand needs the sm_90a pipeline (tile " + t.text() + ")");
   if (gemm.specialised()) {
-    const OperandRewrite rewrite = spec.eager_operand ? eager_operand_rewrite(kb, spec, kb.arg("ld")) : OperandRewrite{};
+    const EagerOperand operand = eager_operand(kb, spec, kb.arg("ld"));
     // sm_90a: persistent CTAs over the [N, H] tiles (grouped order); each thread adds its
     // accumulator pairs to the fp32 sum in registers (H even, pairs 8-byte aligned). Whether
     // the sum is read (not the first chunk) and where it goes (the output in the dtype on the
@@ -121,7 +118,7 @@ KernelShape build_grad_input(llvm::Module& module, const KernelSpec& spec) {
       kb.if_then_else(
           first, [&] { kb.if_then_else(last, [&] { epilogue(false, true); }, [&] { epilogue(false, false); }); },
           [&] { kb.if_then_else(last, [&] { epilogue(true, true); }, [&] { epilogue(true, false); }); });
-    }, spec.eager_operand ? &rewrite : nullptr);
+    }, operand.get());
     kb.finish();
     return {"grad_input", t.threads(), gemm.smem_bytes(0)};
   }

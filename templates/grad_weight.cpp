@@ -4,7 +4,6 @@
 // A = dzᵀ (K-major, rows of `ld` tokens, zero past N); B = x [N, H] (MN-major: H contiguous).
 // With spec.accumulate grad_weight is an fp32 buffer (Megatron's main_grad) and each element is
 // added to it (one read-modify-write, still once per element: deterministic).
-#include "compiler/errors.h"
 #include "templates/eager_operand.h"
 #include "templates/gemm_skeleton.h"
 #include "templates/template_util.h"
@@ -35,10 +34,8 @@ KernelShape build_grad_weight(llvm::Module& module, const KernelSpec& spec) {
   // dz was stored times dz_scale (fp16): multiply by its reciprocal in fp32, exactly (a power of two).
   Value* unscale = dz_unscale(kb, spec, kb.arg("grad_loss"), kb.arg("valid_count"));
 
-  if (spec.eager_operand && !gemm.specialised())
-    throw InternalError("grad_weight's eager operand needs the sm_90a pipeline (tile " + t.text() + ")");
   if (gemm.specialised()) {
-    const OperandRewrite rewrite = spec.eager_operand ? eager_operand_rewrite(kb, spec, ld) : OperandRewrite{};
+    const EagerOperand operand = eager_operand(kb, spec, ld);
     // sm_90a: persistent CTAs over the chunk's [v_len, H] tiles (grouped order), each
     // thread storing its accumulator pairs straight from registers (wgmma rows are 16-byte
     // multiples, so H is even and every pair is whole and 4-byte aligned).
@@ -63,7 +60,7 @@ KernelShape build_grad_weight(llvm::Module& module, const KernelSpec& spec) {
           });
         }
       }
-    }, spec.eager_operand ? &rewrite : nullptr);
+    }, operand.get());
     kb.finish();
     return {"grad_weight", t.threads(), gemm.smem_bytes(0)};
   }

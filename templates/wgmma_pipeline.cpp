@@ -71,7 +71,7 @@ struct Geometry {
   int a_bytes, b_bytes, stage_bytes, ring_bytes, staged_bytes, bars_offset, bytes;
 };
 
-Geometry geometry(const TileConfig& t, DType dtype) {
+Geometry geometry(const TileConfig& t, DType dtype, bool rewrite) {
   const int e = dtype_bytes(dtype);
   Geometry g{};
   g.a_bytes = t.bm * t.bk * e;
@@ -80,14 +80,14 @@ Geometry geometry(const TileConfig& t, DType dtype) {
   g.ring_bytes = t.stages * g.stage_bytes;
   g.staged_bytes = t.bm * (t.bn + 1) * 4;
   g.bars_offset = (std::max(g.ring_bytes, g.staged_bytes) + 15) / 16 * 16;
-  g.bytes = g.bars_offset + 24 * t.stages + (t.pingpong ? 16 : 0);
+  g.bytes = g.bars_offset + (rewrite ? 24 : 16) * t.stages + (t.pingpong ? 16 : 0);
   return g;
 }
 
 class TmaWgmmaPipeline final : public WgmmaPipeline {
  public:
-  TmaWgmmaPipeline(KernelBuilder& kb, const TileConfig& t, DType dtype, Layout a, Layout b)
-      : kb_(kb), t_(t), bf16_(dtype == DType::BF16), a_(a), b_(b), g_(geometry(t, dtype)) {
+  TmaWgmmaPipeline(KernelBuilder& kb, const TileConfig& t, DType dtype, Layout a, Layout b, bool rewrite)
+      : kb_(kb), t_(t), bf16_(dtype == DType::BF16), a_(a), b_(b), rewrite_(rewrite), g_(geometry(t, dtype, rewrite)) {
     auto& ir = kb_.ir();
     // .minnctapersm with .maxntid pins the register count at entry, without which ptxas may
     // ignore every setmaxnreg (C7508, "unable to determine register count at entry"; NVIDIA's
@@ -106,8 +106,9 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
       // the first consumer's first turn is given here.
       if (t_.pingpong)
         for (int c = 0; c < 2; ++c) kb_.mbarrier_init(order(c), 1);
-      // One arrival per rewriting warp (unused without an operand rewrite).
-      for (int s = 0; s < t_.stages; ++s) kb_.mbarrier_init(ready(kb_.c32(s)), kRewriteWarps);
+      // With an operand rewrite: one arrival per rewriting warp.
+      if (rewrite_)
+        for (int s = 0; s < t_.stages; ++s) kb_.mbarrier_init(ready(kb_.c32(s)), kRewriteWarps);
       kb_.mbarrier_init_fence();
       if (t_.pingpong) kb_.mbarrier_arrive(order(0));
     });
@@ -119,8 +120,9 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
 
   void compute_tile(Value* m0, Value* n0, Value* k_tiles,
                     const std::function<Value*(Value*, Value*)>& staged) override {
-    if (t_.cluster > 1 || t_.pingpong || t_.split_n)
-      throw InternalError("the staged wgmma form has no clusters, ping-pong or split tiles (tile " + t_.text() + ")");
+    if (t_.cluster > 1 || t_.pingpong || t_.split_n || rewrite_)
+      throw InternalError("the staged wgmma form has no clusters, ping-pong, split tiles or operand rewrite (tile " +
+                          t_.text() + ")");
     auto& ir = kb_.ir();
     Value* counter_ptr = kb_.at(counter_, kb_.i32(), 0);
     Value* first = kb_.load(kb_.i32(), counter_ptr);
@@ -162,16 +164,16 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
     auto& ir = kb_.ir();
     Value* tid = kb_.tid();
     Value* warpgroup = ir.CreateLShr(tid, kb_.c32(7));
+    if ((rewrite != nullptr) != rewrite_) throw InternalError("an operand rewrite that the pipeline was not built for");
     const int producer = rewrite ? rewrite->registers : kProducerRegisters;
     if (producer % 8 || producer < 24 || producer > register_share())
       throw InternalError("producer registers " + std::to_string(producer) + " are not a multiple of 8 in 24.." +
                           std::to_string(register_share()));
-    wait_ready_ = rewrite != nullptr;
     kb_.if_then_else(
         ir.CreateICmpEQ(warpgroup, kb_.c32(0)),
         [&] {
-          // The producer keeps few registers for the whole kernel; its other threads are done,
-          // or with a rewrite warps 1-3 rewrite operand A.
+          // The producer keeps few registers for the whole kernel (more with a rewrite, whose
+          // warps 1-3 rewrite operand A); its other threads are done.
           kb_.set_max_registers(false, producer);
           Value* warp = ir.CreateLShr(tid, kb_.c32(5));
           kb_.if_then_else(
@@ -424,7 +426,9 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
     kb_.for_range(kb_.c32(0), k_tiles, kb_.c32(1), [&](Value* kt) {
       Cursor c{kb_.load(kb_.i32(), kb_.at(state, kb_.i32(), 0)), kb_.load(kb_.i32(), kb_.at(state, kb_.i32(), 1))};
       Value* previous = kb_.load(kb_.i32(), kb_.at(state, kb_.i32(), 2));
-      kb_.mbarrier_wait(wait_ready_ ? ready(c.slot) : full(c.slot), c.phase);
+      // With a rewrite the consumers see B's TMA data through the rewriters' wait on the full
+      // barrier (acquire) and arrival on the ready one (release): cumulative.
+      kb_.mbarrier_wait(rewrite_ ? ready(c.slot) : full(c.slot), c.phase);
       restore();
       kb_.wgmma_fence();
       std::vector<Value*> desc_a(t_.m_blocks());
@@ -477,6 +481,8 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
       }
       kb_.for_range(kb_.c32(0), k_tiles, kb_.c32(1), [&](Value* kt) {
         Cursor c{kb_.load(kb_.i32(), kb_.at(state, kb_.i32(), 0)), kb_.load(kb_.i32(), kb_.at(state, kb_.i32(), 1))};
+        // (The tile's last slice loads its own constants again: the next tile's origin is not
+        // known here.)
         Value* next_kt = ir.CreateAdd(kt, kb_.c32(1));
         next_kt = ir.CreateSelect(ir.CreateICmpSLT(next_kt, k_tiles), next_kt, kt);
         std::vector<Value*> upcoming = slice_of(rewrite, thread, kb_.c32(0), m0, next_kt).state;
@@ -538,17 +544,16 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
     kb_.for_range(first_row, kb_.c32(rows), kb_.c32(step * kRewriteRows), [&](Value* r0) {
       // Every chunk is loaded before any is stored; a row past the tile reloads the first and
       // stores nothing.
-      std::vector<Value*> at(kRewriteRows), valid(kRewriteRows), loaded(kRewriteRows), row(kRewriteRows);
+      std::vector<Value*> at(kRewriteRows), valid(kRewriteRows), loaded(kRewriteRows);
       for (int u = 0; u < kRewriteRows; ++u) {
         Value* r = ir.CreateAdd(r0, kb_.c32(step * u));
         valid[u] = ir.CreateICmpULT(r, kb_.c32(rows));
         r = ir.CreateSelect(valid[u], r, first_row);
         at[u] = kb_.smem(address(r));
         loaded[u] = kb_.load(vec, at[u]);
-        row[u] = ir.CreateAdd(row0, ir.CreateZExt(r, kb_.i64()));
       }
       for (int u = 0; u < kRewriteRows; ++u) {
-        Value* out = rewrite.chunk(slice.state, loaded[u], row[u]);
+        Value* out = rewrite.chunk(slice.state, loaded[u]);
         kb_.if_then(valid[u], [&] { kb_.store(out, at[u]); });
       }
     });
@@ -610,18 +615,18 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
   TileConfig t_;
   bool bf16_;
   Layout a_, b_;
+  bool rewrite_;  // ready barriers, which the consumers wait on (run() with an OperandRewrite)
   Geometry g_;
   Value* counter_ = nullptr;
-  bool wait_ready_ = false;  // run() with an operand rewrite: consumers wait for the ready barriers
 };
 
 }  // namespace
 
-int wgmma_smem_bytes(const TileConfig& tile, DType dtype) { return geometry(tile, dtype).bytes; }
+int wgmma_smem_bytes(const TileConfig& tile, DType dtype, bool rewrite) { return geometry(tile, dtype, rewrite).bytes; }
 
 std::unique_ptr<WgmmaPipeline> make_wgmma_pipeline(KernelBuilder& kb, const TileConfig& tile, DType dtype, Layout a,
-                                                   Layout b) {
-  return std::make_unique<TmaWgmmaPipeline>(kb, tile, dtype, a, b);
+                                                   Layout b, bool rewrite) {
+  return std::make_unique<TmaWgmmaPipeline>(kb, tile, dtype, a, b, rewrite);
 }
 
 }  // namespace lfce

@@ -353,7 +353,7 @@ TEST(KernelSpec, ValidateNamesWhatAWgmmaTileNeeds) {
 
 TEST(KernelSpec, EveryFieldChangesTheKey) {
   KernelSpec base = sample();
-  std::vector<KernelSpec> variants(26, base);
+  std::vector<KernelSpec> variants(27, base);
   variants[0].kind = KernelKind::GradInput;
   variants[1].vocab += 1;
   variants[2].hidden += 8;
@@ -380,12 +380,55 @@ TEST(KernelSpec, EveryFieldChangesTheKey) {
   variants[23].logprob = true;
   variants[24].lse_grad = true;
   variants[25].shift = true;
+  variants[26].eager_operand = true;
   std::set<std::string> texts{base.text()};
   for (const KernelSpec& v : variants) {
     EXPECT_NE(v, base);
     texts.insert(v.text());
   }
   EXPECT_EQ(texts.size(), variants.size() + 1);
+}
+
+// eager_operand: only on the kinds that read it (eager_dz, grad_weight, grad_input), in 16-bit, and on
+// the GEMMs only with an unclustered sm_90a wgmma tile; each rejection names what was wrong.
+TEST(KernelSpec, EagerOperandNeedsA16BitHopperPipelineTile) {
+  KernelSpec gemm;
+  gemm.kind = KernelKind::GradInput;
+  gemm.hidden = 4096;
+  gemm.arch = Arch::SM90A;
+  gemm.tile = TileConfig::parse("128x256x64/wg2/s4");
+  gemm.eager_operand = true;
+  EXPECT_NO_THROW(gemm.validate()) << gemm.text();
+  EXPECT_EQ(KernelSpec::parse(gemm.text()), gemm);
+  auto rejected = [](KernelSpec s, const std::string& expected) {
+    const std::string message = spec_error([&] { s.validate(); });
+    EXPECT_NE(message.find(expected), std::string::npos) << message;
+  };
+  KernelSpec fp32 = gemm;
+  fp32.dtype = DType::FP32;
+  fp32.tile = TileConfig{128, 128, 32, 2, 4, 2};
+  rejected(fp32, "eager_operand needs a 16-bit dtype");
+  KernelSpec sm80 = gemm;
+  sm80.arch = Arch::SM80;
+  sm80.tile = TileConfig{128, 128, 64, 2, 4, 3};
+  rejected(sm80, "an unclustered sm_90a wgmma tile");
+  KernelSpec clustered = gemm;
+  clustered.tile = TileConfig::parse("128x256x64/wg2/s4/c2");
+  rejected(clustered, "tile 128x256x64/wg2/s4/c2");
+  KernelSpec forward = gemm;
+  forward.kind = KernelKind::LseForward;
+  forward.vocab = 128256;
+  rejected(forward, "eager_operand is set on a kernel that reads no dz operand");
+  KernelSpec dz;
+  dz.kind = KernelKind::EagerDz;
+  dz.eager_operand = true;
+  EXPECT_NO_THROW(dz.validate()) << dz.text();
+  dz.dtype = DType::FP32;
+  rejected(dz, "eager_operand needs a 16-bit dtype");
+  std::string text = gemm.text();
+  text.replace(text.find("eager_operand=1"), 15, "eager_operand=2");
+  const std::string message = spec_error([&] { KernelSpec::parse(text); });
+  EXPECT_NE(message.find("'eager_operand' must be 1"), std::string::npos) << message;
 }
 
 TEST(KernelSpec, ParseNamesTheBadField) {
