@@ -18,10 +18,11 @@
 // them) and then walks the tile's rows, 8 at a time (4 for fp32), one vector of 8 tokens a row.
 //
 // With spec.eager_operand (the GEMMs rewrite p̃ into dz themselves, templates/eager_operand.h)
-// nothing of the workspace is rewritten: each thread stores its 8 tokens' constants for one tile, coef [tiles, ld] (0 past C), and the tile-0 threads each token's
-// target, target_col [ld] (-1: none in [0, V), an ignored token's kept), and its dz, target_dz
-// [ld] in the dtype; the residuals as above. Grid (ceil(ld / 256), ceil(tiles / 8)): the 8 row
-// groups of a CTA take 8 consecutive tiles.
+// nothing of the workspace is rewritten: each thread stores its 8 tokens' constants for one tile,
+// coef [tiles, ld] (0 past C), and the tile-0 threads each token's target, target_col [ld] (-1:
+// none in [0, V); an ignored token's is kept, its dz being 0), and its dz, target_dz [ld] in the
+// dtype; the residuals as above. Grid (ceil(ld / 256), ceil(tiles / 8)): the 8 row groups of a CTA
+// take 8 consecutive tiles.
 #include "templates/dz_math.h"
 #include "templates/template_util.h"
 #include "templates/templates.h"

@@ -2,7 +2,7 @@
 // and grad_input take eager_logits' stored exponentials p̃ (fp16, the dzᵀ workspace [V, ld]) as
 // operand A, and the pipeline's rewriting warps turn each slice of it into dz in shared memory
 // before the wgmma reads it (OperandRewrite, templates/wgmma_pipeline.cpp), with the constants
-// eager_dz's coef_only launch stored:
+// eager_dz stored in its eager_operand form:
 //   dz[v, m] = target_dz[m]                          where v = target_col[m],
 //              coef[v / tile_n, m] · p̃[v, m]          otherwise, rounded to the dtype (pairs
 //                                                     converted together, each rounded alike),
@@ -13,6 +13,7 @@
 // (Plan::eager_operand: tile_n a multiple of BK and of grad_weight's BM).
 #pragma once
 
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -82,14 +83,10 @@ inline OperandRewrite eager_operand_rewrite(KernelBuilder& kb, const KernelSpec&
   return rewrite;
 }
 
-// What grad_weight and grad_input pass to run_persistent: the rewrite where the spec has one.
-struct EagerOperand {
-  OperandRewrite rewrite;
-  bool on;
-  const OperandRewrite* get() const { return on ? &rewrite : nullptr; }
-};
-inline EagerOperand eager_operand(KernelBuilder& kb, const KernelSpec& spec, llvm::Value* ld) {
-  return spec.eager_operand ? EagerOperand{eager_operand_rewrite(kb, spec, ld), true} : EagerOperand{{}, false};
+// What grad_weight and grad_input hand run_persistent: the rewrite where the spec has one.
+inline std::optional<OperandRewrite> eager_operand(KernelBuilder& kb, const KernelSpec& spec, llvm::Value* ld) {
+  if (!spec.eager_operand) return std::nullopt;
+  return eager_operand_rewrite(kb, spec, ld);
 }
 
 }  // namespace lfce

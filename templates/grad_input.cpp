@@ -58,7 +58,7 @@ KernelShape build_grad_input(llvm::Module& module, const KernelSpec& spec) {
   };
 
   if (gemm.specialised()) {
-    const EagerOperand operand = eager_operand(kb, spec, kb.arg("ld"));
+    const std::optional<OperandRewrite> operand = eager_operand(kb, spec, kb.arg("ld"));
     // sm_90a: persistent CTAs over the [N, H] tiles (grouped order); each thread adds its
     // accumulator pairs to the fp32 sum in registers (H even, pairs 8-byte aligned). Whether
     // the sum is read (not the first chunk) and where it goes (the output in the dtype on the
@@ -118,7 +118,7 @@ KernelShape build_grad_input(llvm::Module& module, const KernelSpec& spec) {
       kb.if_then_else(
           first, [&] { kb.if_then_else(last, [&] { epilogue(false, true); }, [&] { epilogue(false, false); }); },
           [&] { kb.if_then_else(last, [&] { epilogue(true, true); }, [&] { epilogue(true, false); }); });
-    }, operand.get());
+    }, operand ? &*operand : nullptr);
     kb.finish();
     return {"grad_input", t.threads(), gemm.smem_bytes(0)};
   }

@@ -35,7 +35,7 @@ KernelShape build_grad_weight(llvm::Module& module, const KernelSpec& spec) {
   Value* unscale = dz_unscale(kb, spec, kb.arg("grad_loss"), kb.arg("valid_count"));
 
   if (gemm.specialised()) {
-    const EagerOperand operand = eager_operand(kb, spec, ld);
+    const std::optional<OperandRewrite> operand = eager_operand(kb, spec, ld);
     // sm_90a: persistent CTAs over the chunk's [v_len, H] tiles (grouped order), each
     // thread storing its accumulator pairs straight from registers (wgmma rows are 16-byte
     // multiples, so H is even and every pair is whole and 4-byte aligned).
@@ -60,7 +60,7 @@ KernelShape build_grad_weight(llvm::Module& module, const KernelSpec& spec) {
           });
         }
       }
-    }, operand.get());
+    }, operand ? &*operand : nullptr);
     kb.finish();
     return {"grad_weight", t.threads(), gemm.smem_bytes(0)};
   }
