@@ -219,6 +219,12 @@ Value* KernelBuilder::shfl_xor_i32(Value* value, int lane_mask) {
   return ci;
 }
 
+Value* KernelBuilder::vote_any(Value* predicate) {
+  auto* ci = call(llvm::Intrinsic::nvvm_vote_any_sync, {c32(-1), predicate});
+  ci->addFnAttr(llvm::Attribute::Convergent);
+  return ci;
+}
+
 Value* KernelBuilder::prmt(Value* a, Value* b, Value* selector) { return call(llvm::Intrinsic::nvvm_prmt, {a, b, selector}); }
 
 Value* KernelBuilder::warp_max(Value* x) {
@@ -375,23 +381,47 @@ std::string tied_constraints(int count, const std::string& middle) {
   return out;
 }
 
+// wgmma.mma_async m64nNk16 with f32 accumulators $0..$count-1 (tied), then `operands` (A: a
+// descriptor or four registers, and B's descriptor) and scale-d's register; `immediates` ends
+// the instruction (imm-scale-a, imm-scale-b and the transposes).
+std::string wgmma_text(bool bf16, int n, const std::string& operands, int scale_d, const std::string& immediates) {
+  const int count = n / 2;
+  const char* type = bf16 ? "bf16" : "f16";
+  // scale-d is a predicate operand: set from a register (1: D = A·B + D).
+  return "{\n\t.reg .pred scale_d;\n\tsetp.ne.b32 scale_d, $" + std::to_string(scale_d) +
+         ", 0;\n\twgmma.mma_async.sync.aligned.m64n" + std::to_string(n) + "k16.f32." + type + "." + type + " " +
+         register_list(0, count) + ", " + operands + ", scale_d, " + immediates + ";\n\t}";
+}
+
 }  // namespace
 
 std::vector<Value*> KernelBuilder::wgmma_m64k16(bool bf16, int n, Value* desc_a, Value* desc_b,
                                                 const std::vector<Value*>& acc, bool trans_a, bool trans_b) {
   const int count = n / 2;
   if (static_cast<int>(acc.size()) != count) throw InternalError("wgmma_m64k16: accumulator count");
-  const char* type = bf16 ? "bf16" : "f16";
-  // scale-d is a predicate operand: set from a register (1: D = A·B + D).
-  std::string text = "{\n\t.reg .pred scale_d;\n\tsetp.ne.b32 scale_d, $" + std::to_string(count + 2) +
-                     ", 0;\n\twgmma.mma_async.sync.aligned.m64n" + std::to_string(n) + "k16.f32." + type + "." + type +
-                     " " + register_list(0, count) + ", $" + std::to_string(count) + ", $" +
-                     std::to_string(count + 1) + ", scale_d, 1, 1, " + (trans_a ? "1" : "0") + ", " +
-                     (trans_b ? "1" : "0") + ";\n\t}";
+  const std::string text = wgmma_text(bf16, n, "$" + std::to_string(count) + ", $" + std::to_string(count + 1),
+                                      count + 2, std::string("1, 1, ") + (trans_a ? "1" : "0") + ", " + (trans_b ? "1" : "0"));
   std::vector<llvm::Type*> fields(count, f32());
   std::vector<Value*> args{desc_a, desc_b, c32(1)};
   args.insert(args.end(), acc.begin(), acc.end());
   llvm::CallInst* r = ptx(llvm::StructType::get(ctx(), fields), text, tied_constraints(count, "l,l,r"), args);
+  std::vector<Value*> out(count);
+  for (int i = 0; i < count; ++i) out[i] = ir_.CreateExtractValue(r, i);
+  return out;
+}
+
+std::vector<Value*> KernelBuilder::wgmma_m64k16_rs(bool bf16, int n, const std::array<Value*, 4>& a, Value* desc_b,
+                                                   const std::vector<Value*>& acc, bool trans_b) {
+  const int count = n / 2;
+  if (static_cast<int>(acc.size()) != count) throw InternalError("wgmma_m64k16_rs: accumulator count");
+  const std::string text = wgmma_text(bf16, n, register_list(count, 4) + ", $" + std::to_string(count + 4), count + 5,
+                                      std::string("1, 1, ") + (trans_b ? "1" : "0"));
+  std::vector<llvm::Type*> fields(count, f32());
+  std::vector<Value*> args(a.begin(), a.end());
+  args.push_back(desc_b);
+  args.push_back(c32(1));
+  args.insert(args.end(), acc.begin(), acc.end());
+  llvm::CallInst* r = ptx(llvm::StructType::get(ctx(), fields), text, tied_constraints(count, "r,r,r,r,l,r"), args);
   std::vector<Value*> out(count);
   for (int i = 0; i < count; ++i) out[i] = ir_.CreateExtractValue(r, i);
   return out;

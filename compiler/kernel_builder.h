@@ -87,6 +87,7 @@ class KernelBuilder {
   llvm::Value* fmax(llvm::Value* a, llvm::Value* b);
   llvm::Value* shfl_xor(llvm::Value* value, int lane_mask);  // f32 butterfly across a warp
   llvm::Value* shfl_xor_i32(llvm::Value* value, int lane_mask);  // the same for 32 bits of anything
+  llvm::Value* vote_any(llvm::Value* predicate);  // i1: whether it holds in any lane of the (whole) warp
   // prmt.b32: byte k of the result is byte (selector >> 4k) & 7 of {b, a} (a: bytes 0-3).
   llvm::Value* prmt(llvm::Value* a, llvm::Value* b, llvm::Value* selector);
   llvm::Value* warp_max(llvm::Value* x);
@@ -148,6 +149,12 @@ class KernelBuilder {
   // acc (N/2 floats per thread) += A·B. trans_*: the operand is MN-major in shared memory.
   std::vector<llvm::Value*> wgmma_m64k16(bool bf16, int n, llvm::Value* desc_a, llvm::Value* desc_b,
                                          const std::vector<llvm::Value*>& acc, bool trans_a, bool trans_b);
+  // The same with A from registers (wgmma's RS form): a[0..3] are the thread's four 32-bit
+  // pairs of the m64k16 A fragment, in mma.m16n8k16's A order (rows r and r + 8 of the warp's
+  // 16, columns 2·(lane % 4) + {0, 1} then + 8), the low half the lower column. Every write of
+  // them must come before a wgmma_fence that precedes this.
+  std::vector<llvm::Value*> wgmma_m64k16_rs(bool bf16, int n, const std::array<llvm::Value*, 4>& a,
+                                            llvm::Value* desc_b, const std::vector<llvm::Value*>& acc, bool trans_b);
   void wgmma_fence();
   void wgmma_commit();
   // wgmma.wait_group with every accumulator register tied through it, so that no read of them

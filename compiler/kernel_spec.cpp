@@ -287,7 +287,7 @@ void KernelSpec::validate() const {
   flag(shift, "shift", kFieldShift, "reads no targets");
   flag(eager_operand, "eager_operand", kFieldEagerOperand, "reads no dz operand");
   if (eager_operand && (dtype == DType::FP32 || (info.gemm && (!tile.wgmma() || tile.cluster != 1 || arch != Arch::SM90A))))
-    fail("eager_operand needs a 16-bit dtype and, on a GEMM, an unclustered sm_90a wgmma tile (its rewrite runs in "
+    fail("eager_operand needs a 16-bit dtype and, on a GEMM, an unclustered sm_90a wgmma tile (its transform runs in "
          "the TMA pipeline), got " + std::string(dtype_name(dtype)) + ", tile " + tile.text() + " on " +
          std::string(arch_name(arch)));
   // The lse rows' gradients are not scaled for fp16 (their size is unknown: dz_scale would not fit).

@@ -155,9 +155,9 @@ class KernelSpec {
   // of each sequence (m + 1 a multiple of the run-time `sequence_length` argument) has none.
   bool shift = false;
   // grad_weight / grad_input in eager mode's three-GEMM schedule (sm_90a, 16-bit): operand A is
-  // eager_logits' stored exponentials p̃, which the pipeline's rewriting warps turn into dz in
-  // shared memory slice by slice (templates/eager_operand.h), in place of eager_dz's pass over
-  // the [V, ld] workspace.
+  // eager_logits' stored exponentials p̃, which the consumers turn into dz in registers on their
+  // way from shared memory to the wgmma (templates/eager_operand.h), in place of eager_dz's pass
+  // over the [V, ld] workspace.
   bool eager_operand = false;
 
   // Canonical text, e.g.

@@ -340,8 +340,8 @@ void run_three_gemm(const Problem& problem, const Plan& plan, const lfce_forward
   if (sums && gb_kernel) zero_f32(gb_out, v, stream);
   int32_t tiles = static_cast<int32_t>(plan.eager_tiles());
   int64_t tile_n = logits.tile.bn, v_begin = 0, v_len = v;
-  // The operand rewrite reads the constants of tile v / tile_n for whole slices of rows
-  // (templates/eager_operand.h): BK = 64 rows in grad_input, BM in grad_weight, all from v = 0.
+  // The operand transform reads the constants of tile v / tile_n for whole slices of the
+  // vocabulary (templates/eager_operand.h): BK = 64 in grad_input, BM in grad_weight, all from v = 0.
   for (const KernelSpec* s : {&gw, &gx})
     if (s->eager_operand && (tile_n % s->tile.bk != 0 || (s == &gw && tile_n % s->tile.bm != 0)))
       throw InternalError("eager operand: eager_logits' tile width " + std::to_string(tile_n) + " splits a slice of " +

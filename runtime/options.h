@@ -10,9 +10,9 @@
 //   LFCE_DEVICE_ARCH sm_80: run the portable mma.sync kernels even on a Hopper GPU (an sm_80
 //                    module runs on sm_90), to test or compare that path there
 //   LFCE_EAGER_OPERAND 1: eager mode's grad_weight and grad_input form dz from the stored
-//                    exponentials in shared memory (Plan::eager_operand) — experimental: exact
-//                    (the same bits) but slower on the H200 today (docs/design.md, Next); 0 or
-//                    unset: eager_dz rewrites the workspace
+//                    exponentials in registers on their way to the tensor cores
+//                    (Plan::eager_operand) — experimental: exact (the same bits) but slower on the
+//                    H200 today (docs/design.md, Next); 0 or unset: eager_dz rewrites the workspace
 //
 // Read once per process: current() is what the first use (or the api layer's Session, which
 // calls set_current() on reload) read.

@@ -308,9 +308,8 @@ bool Plan::eager_operand() const {
     return false;
   const int tile_n = tile(KernelKind::EagerLogits).bn;
   const TileConfig gw = tile(KernelKind::GradWeight), gx = tile(KernelKind::GradInput);
-  auto rewritable = [](const TileConfig& t) { return t.wgmma() && t.cluster == 1 && t.bk == 64; };
-  // (grad_input's chunk columns, BM / 8 with BM a multiple of 64 up to 256, always divide 96.)
-  return rewritable(gw) && rewritable(gx) && tile_n % 64 == 0 && tile_n % gw.bm == 0;
+  auto transformable = [](const TileConfig& t) { return t.wgmma() && t.cluster == 1 && t.bk == 64; };
+  return transformable(gw) && transformable(gx) && tile_n % 64 == 0 && tile_n % gw.bm == 0;
 }
 
 // Normalised: problems that differ only in fields a kernel does not read share its spec, and

@@ -102,7 +102,7 @@ class Plan {
   // Vocabulary tiles of eager_logits (the partials' rows).
   int64_t eager_tiles() const;
   // Whether the three-GEMM schedule's grad_weight and grad_input form dz from eager_logits'
-  // exponentials in shared memory (KernelSpec::eager_operand), eager_dz then storing only its
+  // exponentials as they load them (KernelSpec::eager_operand), eager_dz then storing only its
   // constants: asked for (Tuning::eager_operand, LFCE_EAGER_OPERAND=1), and sm_90a wgmma tiles in 16-bit without a bias (grad_bias reads dz
   // itself), unclustered, BK = 64, with eager_logits' tile width a multiple of 64 and of
   // grad_weight's BM (a slice's rows in one tile).

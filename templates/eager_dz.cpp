@@ -17,7 +17,7 @@
 // groups x 8 row groups). Each thread forms its 8 tokens' row constants once (the tile's M among
 // them) and then walks the tile's rows, 8 at a time (4 for fp32), one vector of 8 tokens a row.
 //
-// With spec.eager_operand (the GEMMs rewrite p̃ into dz themselves, templates/eager_operand.h)
+// With spec.eager_operand (the GEMMs turn p̃ into dz themselves, templates/eager_operand.h)
 // nothing of the workspace is rewritten: each thread stores its 8 tokens' constants for one tile,
 // coef [tiles, ld] (0 past C), and the tile-0 threads each token's target, target_col [ld] (-1:
 // none in [0, V); an ignored token's is kept, its dz being 0), and its dz, target_dz [ld] in the

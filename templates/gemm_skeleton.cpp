@@ -42,20 +42,20 @@ std::vector<Param> gemm_params(const TileConfig& tile, std::vector<Param> params
 }
 
 GemmSkeleton::GemmSkeleton(KernelBuilder& kb, const KernelSpec& spec, Layout a_layout, Layout b_layout)
-    : kb_(kb), tile_(spec.tile), dtype_(spec.dtype), rewrite_(spec.eager_operand), layouts_{a_layout, b_layout} {
+    : kb_(kb), tile_(spec.tile), dtype_(spec.dtype), transform_(spec.eager_operand), layouts_{a_layout, b_layout} {
   if (tile_.wgmma()) {
-    pipeline_ = make_wgmma_pipeline(kb, tile_, dtype_, a_layout, b_layout, rewrite_);
+    pipeline_ = make_wgmma_pipeline(kb, tile_, dtype_, a_layout, b_layout);
     return;
   }
-  if (rewrite_) throw InternalError("an operand rewrite needs the sm_90a pipeline (tile " + tile_.text() + ")");
+  if (transform_) throw InternalError("an operand transform needs the sm_90a pipeline (tile " + tile_.text() + ")");
   mainloop_ = make_mainloop(kb, tile_, dtype_, operand_tile(tile_, dtype_, a_layout, tile_.bm),
                             operand_tile(tile_, dtype_, b_layout, tile_.bn));
 }
 
 GemmSkeleton::~GemmSkeleton() = default;
 
-int gemm_smem_bytes(const TileConfig& tile, DType dtype, Layout a, Layout b, int extra_bytes, bool rewrite) {
-  if (tile.wgmma()) return wgmma_smem_bytes(tile, dtype, rewrite) + extra_bytes;
+int gemm_smem_bytes(const TileConfig& tile, DType dtype, Layout a, Layout b, int extra_bytes) {
+  if (tile.wgmma()) return wgmma_smem_bytes(tile, dtype) + extra_bytes;
   int ring = tile.stages * (operand_tile(tile, dtype, a, tile.bm).smem.bytes() +
                             operand_tile(tile, dtype, b, tile.bn).smem.bytes());
   int staging = tile.bm * staging_row_floats(tile) * 4;
@@ -63,7 +63,7 @@ int gemm_smem_bytes(const TileConfig& tile, DType dtype, Layout a, Layout b, int
 }
 
 int GemmSkeleton::extra_offset() const {
-  return gemm_smem_bytes(tile_, dtype_, layouts_[0], layouts_[1], 0, rewrite_);
+  return gemm_smem_bytes(tile_, dtype_, layouts_[0], layouts_[1], 0);
 }
 
 std::pair<Value*, Value*> GemmSkeleton::tile_origin() {
@@ -163,6 +163,7 @@ void GemmSkeleton::load_stage(const GemmOperand& op, int which, Value* slot_base
 
 void GemmSkeleton::compute_tile(const GemmOperand& a, const GemmOperand& b, Value* m0, Value* n0,
                                 Value* k_tiles) {
+  if (transform_) throw InternalError("an operand transform needs run_persistent (tile " + tile_.text() + ")");
   if (pipeline_) {
     pipeline_->compute_tile(m0, n0, k_tiles, [&](Value* r, Value* c) { return staged(r, c); });
     return;
@@ -206,16 +207,16 @@ void GemmSkeleton::compute_tile(const GemmOperand& a, const GemmOperand& b, Valu
   kb_.barrier();
 }
 
-void GemmSkeleton::run_specialised(const TileSchedule& schedule, const OperandRewrite* rewrite) {
-  pipeline_->run(schedule, rewrite);
+void GemmSkeleton::run_specialised(const TileSchedule& schedule, const OperandTransform* transform) {
+  pipeline_->run(schedule, transform);
 }
 
 void GemmSkeleton::run_persistent(Value* grid_m, Value* grid_n, Value* k_tiles, const TileEpilogue& epilogue,
-                                  const OperandRewrite* rewrite) {
+                                  const OperandTransform* transform) {
   auto& ir = kb_.ir();
-  if ((rewrite != nullptr) != rewrite_ || (rewrite && tile_.cluster != 1))
-    throw InternalError("an operand rewrite " + std::string(rewrite ? "given" : "missing") +
-                        " for a kernel planned " + (rewrite_ ? "with" : "without") + " one, or clustered (tile " +
+  if ((transform != nullptr) != transform_ || (transform && tile_.cluster != 1))
+    throw InternalError("an operand transform " + std::string(transform ? "given" : "missing") +
+                        " for a kernel planned " + (transform_ ? "with" : "without") + " one, or clustered (tile " +
                         tile_.text() + ")");
   if (tile_.cluster == 1) {
     Value* tiles = ir.CreateMul(grid_m, grid_n);
@@ -225,7 +226,7 @@ void GemmSkeleton::run_persistent(Value* grid_m, Value* grid_n, Value* k_tiles, 
         std::tie(m0, n0) = tile_origin(pid, grid_m, grid_n);
         visit(m0, n0, k_tiles, [&](const Fragment& f) { epilogue(m0, n0, f); });
       });
-    }, rewrite);
+    }, transform);
     return;
   }
   // Clusters of C CTAs (consecutive along x) walk a grid of C x 1 tile groups; CTA r of a

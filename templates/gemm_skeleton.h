@@ -75,26 +75,29 @@ using TileVisit = std::function<void(llvm::Value* m0, llvm::Value* n0, llvm::Val
 // Enumerates a CTA's tiles by calling visit on each, in the same order for both roles.
 using TileSchedule = std::function<void(bool consumer, const TileVisit& visit)>;
 
-// A rewrite of operand A in shared memory (sm_90a pipeline, run() only): every slice's A tile is
-// rewritten in place after its TMA load lands and before any consumer reads it, by warps 1-3 of
-// the producer warpgroup (the load-issuing thread is in warp 0). The tile is seen as rows of
-// 16-bit elements along its contiguous dimension, 8 to a 16-byte chunk: K-major A (rows of M, K
-// contiguous) or MN-major A (rows of K, M contiguous). Each rewriting thread owns one column of
-// chunks (8 consecutive contiguous indices) of the slice and walks some of its rows.
-struct OperandRewrite {
-  // Per thread and slice: the state of the thread's chunk column, from the column's first
-  // contiguous index (i64: k for K-major A, m for MN-major A) and the slice's first row (i64: m0
-  // for K-major A, the slice's first k for MN-major A). Loaded before any row is rewritten.
-  std::function<std::vector<llvm::Value*>(llvm::Value* first, llvm::Value* row0)> column;
-  // One chunk of the column: <8 x i16> as loaded, to the <8 x i16> stored in its place.
-  std::function<llvm::Value*(const std::vector<llvm::Value*>& column, llvm::Value* chunk)> chunk;
-  // Element j (0..7) of the column's chunks may be replaced in one row: that row (i64, any value
-  // outside the slice's rows for none) and the i16 stored there, after the chunk is rewritten.
-  std::function<std::pair<llvm::Value*, llvm::Value*>(const std::vector<llvm::Value*>& column, int j)> replace;
-  // Registers per thread of the producer warpgroup (setmaxnreg: a multiple of 8), taken from
-  // the consumers' share: enough for two slices' `column` state (the next one's is loaded while
-  // this one's rows are rewritten) beside kRewriteRows chunks in flight.
-  int registers = 96;
+// A transform of operand A on its way from shared memory to the tensor cores (sm_90a pipeline,
+// run() only): each consumer thread loads its share of every k16 step's A fragment with ldmatrix
+// (the m64k16 register fragment: per m64 block, the rows of its FragmentPosition, columns
+// col0 + {0, 1} and col0 + 8 + {0, 1}), transforms it in registers and issues the wgmma with A from
+// registers (the RS form) instead of from a shared-memory descriptor. A stays in shared memory as
+// TMA wrote it, 16-bit elements of any type the transform reads. Two paths: `pair` on every pair,
+// and `fix`, for the whole warp, on the slices where `may_fix` holds in some lane (rare elements
+// that `pair` gets wrong, such as eager's target column).
+struct OperandTransform {
+  // Per consumer thread and slice, loaded a slice ahead (so that global loads overlap the
+  // previous slice's wgmmas): what `pair` and `may_fix` need, from the tile's origin m0 (i64), the
+  // slice's first k (i64) and the thread's fragment position (rows within the tile; the thread's
+  // A elements of k16 step ks are at columns k0 + 16·ks + col0 + 8·half + e, e = 0, 1).
+  std::function<std::vector<llvm::Value*>(llvm::Value* m0, llvm::Value* k0, const FragmentPosition& pos)> slice;
+  // One 32-bit pair of A as loaded (two stored elements, the lower column in the low half) at
+  // fragment row pos.row[h], k16 step ks and half `half`: to the pair of the kernel's dtype the
+  // wgmma reads.
+  std::function<llvm::Value*(const std::vector<llvm::Value*>& state, llvm::Value* pair, int h, int ks, int half)> pair;
+  // i1: whether `fix` may change a pair of this lane's warp in the slice.
+  std::function<llvm::Value*(const std::vector<llvm::Value*>& state)> may_fix;
+  // Corrects the slice's pairs from `pair`, pairs[(ks · rows + h) · 2 + half], rows = pos.row.size().
+  std::function<void(llvm::Value* m0, llvm::Value* k0, const FragmentPosition& pos, std::vector<llvm::Value*>& pairs)>
+      fix;
 };
 
 // The template's parameters followed by those the skeleton's mainloop needs (for wgmma tiles:
@@ -105,8 +108,7 @@ std::vector<Param> gemm_params(const TileConfig& tile, std::vector<Param> params
 // autotuner prunes configs with it): the cp.async ring (stages x (A + B tiles)) and the staged
 // fp32 tile (BM rows of BN+1 floats) overlap, so the larger of the two, rounded up to 16
 // bytes; a template's own `extra_bytes` follow.
-// `rewrite`: the wgmma pipeline's ready barriers of an operand rewrite (KernelSpec::eager_operand).
-int gemm_smem_bytes(const TileConfig& tile, DType dtype, Layout a, Layout b, int extra_bytes = 0, bool rewrite = false);
+int gemm_smem_bytes(const TileConfig& tile, DType dtype, Layout a, Layout b, int extra_bytes = 0);
 
 class GemmSkeleton {
  public:
@@ -127,19 +129,19 @@ class GemmSkeleton {
   // tiles) and in every consumer thread (each visit runs the mainloop, then the epilogue on the
   // accumulators in registers). Nothing is staged and no CTA-wide barrier is taken, so the
   // schedule must not take one either; consumer-only state lives in the consumer's branch.
-  void run_specialised(const TileSchedule& schedule, const OperandRewrite* rewrite = nullptr);
-  // Whether the spec's kernel rewrites operand A (KernelSpec::eager_operand): run_persistent's
-  // `rewrite` is then required.
-  bool rewrites() const { return rewrite_; }
+  void run_specialised(const TileSchedule& schedule, const OperandTransform* transform = nullptr);
+  // Whether the spec's kernel transforms operand A (KernelSpec::eager_operand): run_persistent's
+  // `transform` is then required.
+  bool transforms() const { return transform_; }
   // run_specialised over a (grid_m, grid_n) grid of tiles (i32 counts), each K = k_tiles deep:
   // persistent CTAs take tiles ctaid.x, ctaid.x + nctaid.x, ... in grouped order (tile_origin),
   // and `epilogue` runs on each tile's fragment with the tile's origin (m0, n0), i64. Clustered
   // tiles: each cluster takes groups of `cluster` tiles adjacent along M instead (the grid is
   // launched in whole clusters).
   using TileEpilogue = std::function<void(llvm::Value* m0, llvm::Value* n0, const Fragment&)>;
-  // With `rewrite`, operand A is rewritten in shared memory slice by slice (OperandRewrite).
+  // With `transform`, operand A reaches the wgmma through registers (OperandTransform).
   void run_persistent(llvm::Value* grid_m, llvm::Value* grid_n, llvm::Value* k_tiles, const TileEpilogue& epilogue,
-                      const OperandRewrite* rewrite = nullptr);
+                      const OperandTransform* transform = nullptr);
   // The calling consumer thread's fragment rows and columns (wgmma tiles only).
   FragmentPosition fragment_position();
   bool specialised() const { return pipeline_ != nullptr; }
@@ -171,7 +173,7 @@ class GemmSkeleton {
   KernelBuilder& kb_;
   TileConfig tile_;
   DType dtype_;
-  bool rewrite_;
+  bool transform_;
   Layout layouts_[2];
   std::unique_ptr<Mainloop> mainloop_;
   std::unique_ptr<WgmmaPipeline> pipeline_;
@@ -236,14 +238,13 @@ class WgmmaPipeline {
   virtual void compute_tile(llvm::Value* m0, llvm::Value* n0, llvm::Value* k_tiles,
                             const std::function<llvm::Value*(llvm::Value*, llvm::Value*)>& staged) = 0;
   // GemmSkeleton::run_specialised / fragment_position.
-  virtual void run(const TileSchedule& schedule, const OperandRewrite* rewrite) = 0;
+  virtual void run(const TileSchedule& schedule, const OperandTransform* transform) = 0;
   virtual FragmentPosition fragment_position() = 0;
 };
-// Emits the mbarrier initialisation at the current insertion point (the kernel's start); with
-// `rewrite` the ready barriers too (run() then takes an OperandRewrite).
+// Emits the mbarrier initialisation at the current insertion point (the kernel's start).
 std::unique_ptr<WgmmaPipeline> make_wgmma_pipeline(KernelBuilder& kb, const TileConfig& tile, DType dtype, Layout a,
-                                                   Layout b, bool rewrite = false);
+                                                   Layout b);
 // Shared-memory bytes of the pipeline (ring, overlapping staged fp32 tile, mbarriers).
-int wgmma_smem_bytes(const TileConfig& tile, DType dtype, bool rewrite = false);
+int wgmma_smem_bytes(const TileConfig& tile, DType dtype);
 
 }  // namespace lfce

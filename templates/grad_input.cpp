@@ -58,7 +58,7 @@ KernelShape build_grad_input(llvm::Module& module, const KernelSpec& spec) {
   };
 
   if (gemm.specialised()) {
-    const std::optional<OperandRewrite> operand = eager_operand(kb, spec, kb.arg("ld"));
+    const std::optional<OperandTransform> operand = eager_operand(kb, spec, kb.arg("ld"), /*tokens_along_m=*/true);
     // sm_90a: persistent CTAs over the [N, H] tiles (grouped order); each thread adds its
     // accumulator pairs to the fp32 sum in registers (H even, pairs 8-byte aligned). Whether
     // the sum is read (not the first chunk) and where it goes (the output in the dtype on the

@@ -35,7 +35,7 @@ KernelShape build_grad_weight(llvm::Module& module, const KernelSpec& spec) {
   Value* unscale = dz_unscale(kb, spec, kb.arg("grad_loss"), kb.arg("valid_count"));
 
   if (gemm.specialised()) {
-    const std::optional<OperandRewrite> operand = eager_operand(kb, spec, ld);
+    const std::optional<OperandTransform> operand = eager_operand(kb, spec, ld, /*tokens_along_m=*/false);
     // sm_90a: persistent CTAs over the chunk's [v_len, H] tiles (grouped order), each
     // thread storing its accumulator pairs straight from registers (wgmma rows are 16-byte
     // multiples, so H is even and every pair is whole and 4-byte aligned).

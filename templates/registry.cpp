@@ -62,8 +62,7 @@ int kernel_smem_bytes(const KernelSpec& spec) {
   if (spec.kind == KernelKind::LseCombine && spec.class_weight && spec.label_smoothing != 0.f)
     return kLseCombineThreads * 4;
   if (!info.gemm) return info.smem_bytes;
-  return gemm_smem_bytes(spec.tile, spec.dtype, info.a, info.b, kernel_smem_per_row(spec) * spec.tile.bm,
-                         spec.eager_operand);
+  return gemm_smem_bytes(spec.tile, spec.dtype, info.a, info.b, kernel_smem_per_row(spec) * spec.tile.bm);
 }
 
 GeneratedKernel generate_kernel(const KernelSpec& spec) {

@@ -6,8 +6,8 @@
 //          MN-major tile is one box per 64 rows of M (or N), each box BK rows of 128 bytes.
 //   staged the fp32 tile BM x (BN+1), overlapping the ring (written only after the last wgmma
 //          of the tile has read it);
-//   bars   full[stages], empty[stages], (ping-pong) order[2] and ready[stages] mbarriers (8 bytes
-//          each), after the larger of the two.
+//   bars   full[stages], empty[stages] and (ping-pong) order[2] mbarriers (8 bytes each), after
+//          the larger of the two.
 //
 // Roles: warpgroup 0 is the producer; its thread 0 waits for a free slot (empty barrier),
 // arms the full barrier with the slot's byte count and issues the TMA loads. Warpgroups 1..C
@@ -32,11 +32,11 @@
 // barriers): a full barrier is then at most one phase behind the slice a consumer waits for,
 // which a parity wait needs (the skipped slices would otherwise let it pass a phase early).
 //
-// Operand rewrite (OperandRewrite, run() only): warps 1-3 of the producer warpgroup wait for each
-// slice's full barrier, rewrite its A tile in shared memory, fence it for the async proxy (the
-// wgmma reads it there) and arrive on the slot's ready barrier, which the consumers wait for
-// instead of the full one. The producer refills a slot only once the consumers have released
-// it, so the rewriters are never more than one phase of a full barrier behind.
+// Operand transform (OperandTransform, run() only): the consumers load each k16 step's A fragment
+// from the ring with ldmatrix (transposed for MN-major A), hand each 32-bit pair to the
+// transform and issue the wgmma with A from registers. A slice's fragments are all loaded and
+// transformed before its wgmmas are issued (one wgmma.fence covers their registers), while the
+// previous slice's wgmma group still runs.
 //
 // Split along N (TileConfig::split_n, run() only): both consumers compute all BM rows (BM / 64
 // m64 blocks), each of its half of the columns, reading the whole A tile and its half of B; the
@@ -64,14 +64,12 @@ constexpr int kBoxElems = 64;      // 16-bit elements per 128-byte row
 // the templates' values live across the mainloop (row-block and tile loop state).
 constexpr int kProducerRegisters = 32;
 constexpr int kRingFree = 1;  // named barrier: every consumer is done reading the ring
-constexpr int kRewriteWarps = 3;  // warps 1-3 of the producer warpgroup rewrite operand A
-constexpr int kRewriteRows = 4;   // chunks a rewriting thread loads before it stores them
 
 struct Geometry {
   int a_bytes, b_bytes, stage_bytes, ring_bytes, staged_bytes, bars_offset, bytes;
 };
 
-Geometry geometry(const TileConfig& t, DType dtype, bool rewrite) {
+Geometry geometry(const TileConfig& t, DType dtype) {
   const int e = dtype_bytes(dtype);
   Geometry g{};
   g.a_bytes = t.bm * t.bk * e;
@@ -80,14 +78,14 @@ Geometry geometry(const TileConfig& t, DType dtype, bool rewrite) {
   g.ring_bytes = t.stages * g.stage_bytes;
   g.staged_bytes = t.bm * (t.bn + 1) * 4;
   g.bars_offset = (std::max(g.ring_bytes, g.staged_bytes) + 15) / 16 * 16;
-  g.bytes = g.bars_offset + (rewrite ? 24 : 16) * t.stages + (t.pingpong ? 16 : 0);
+  g.bytes = g.bars_offset + 16 * t.stages + (t.pingpong ? 16 : 0);
   return g;
 }
 
 class TmaWgmmaPipeline final : public WgmmaPipeline {
  public:
-  TmaWgmmaPipeline(KernelBuilder& kb, const TileConfig& t, DType dtype, Layout a, Layout b, bool rewrite)
-      : kb_(kb), t_(t), bf16_(dtype == DType::BF16), a_(a), b_(b), rewrite_(rewrite), g_(geometry(t, dtype, rewrite)) {
+  TmaWgmmaPipeline(KernelBuilder& kb, const TileConfig& t, DType dtype, Layout a, Layout b)
+      : kb_(kb), t_(t), bf16_(dtype == DType::BF16), a_(a), b_(b), g_(geometry(t, dtype)) {
     auto& ir = kb_.ir();
     // .minnctapersm with .maxntid pins the register count at entry, without which ptxas may
     // ignore every setmaxnreg (C7508, "unable to determine register count at entry"; NVIDIA's
@@ -106,9 +104,6 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
       // the first consumer's first turn is given here.
       if (t_.pingpong)
         for (int c = 0; c < 2; ++c) kb_.mbarrier_init(order(c), 1);
-      // With an operand rewrite: one arrival per rewriting warp.
-      if (rewrite_)
-        for (int s = 0; s < t_.stages; ++s) kb_.mbarrier_init(ready(kb_.c32(s)), kRewriteWarps);
       kb_.mbarrier_init_fence();
       if (t_.pingpong) kb_.mbarrier_arrive(order(0));
     });
@@ -120,9 +115,8 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
 
   void compute_tile(Value* m0, Value* n0, Value* k_tiles,
                     const std::function<Value*(Value*, Value*)>& staged) override {
-    if (t_.cluster > 1 || t_.pingpong || t_.split_n || rewrite_)
-      throw InternalError("the staged wgmma form has no clusters, ping-pong, split tiles or operand rewrite (tile " +
-                          t_.text() + ")");
+    if (t_.cluster > 1 || t_.pingpong || t_.split_n)
+      throw InternalError("the staged wgmma form has no clusters, ping-pong or split tiles (tile " + t_.text() + ")");
     auto& ir = kb_.ir();
     Value* counter_ptr = kb_.at(counter_, kb_.i32(), 0);
     Value* first = kb_.load(kb_.i32(), counter_ptr);
@@ -160,33 +154,22 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
     kb_.barrier();  // the staged tile is complete
   }
 
-  void run(const TileSchedule& schedule, const OperandRewrite* rewrite) override {
+  void run(const TileSchedule& schedule, const OperandTransform* transform) override {
     auto& ir = kb_.ir();
     Value* tid = kb_.tid();
     Value* warpgroup = ir.CreateLShr(tid, kb_.c32(7));
-    if ((rewrite != nullptr) != rewrite_) throw InternalError("an operand rewrite that the pipeline was not built for");
-    const int producer = rewrite ? rewrite->registers : kProducerRegisters;
-    if (producer % 8 || producer < 24 || producer > register_share())
-      throw InternalError("producer registers " + std::to_string(producer) + " are not a multiple of 8 in 24.." +
-                          std::to_string(register_share()));
+    const int producer = kProducerRegisters;
     kb_.if_then_else(
         ir.CreateICmpEQ(warpgroup, kb_.c32(0)),
         [&] {
-          // The producer keeps few registers for the whole kernel (more with a rewrite, whose
-          // warps 1-3 rewrite operand A); its other threads are done.
+          // The producer keeps few registers for the whole kernel; its other threads are done.
           kb_.set_max_registers(false, producer);
-          Value* warp = ir.CreateLShr(tid, kb_.c32(5));
-          kb_.if_then_else(
-              ir.CreateICmpEQ(tid, kb_.c32(0)),
-              [&] {
-                Value* cursor = cursor_state("producer_cursor", kb_.c32(0));
-                schedule(false, [&](Value* m0, Value* n0, Value* k_tiles, const FragmentEpilogue&) {
-                  produce(cursor, m0, n0, k_tiles);
-                });
-              },
-              [&] {
-                if (rewrite) kb_.if_then(ir.CreateICmpUGE(warp, kb_.c32(1)), [&] { rewrite_all(schedule, *rewrite); });
-              });
+          kb_.if_then(ir.CreateICmpEQ(tid, kb_.c32(0)), [&] {
+            Value* cursor = cursor_state("producer_cursor", kb_.c32(0));
+            schedule(false, [&](Value* m0, Value* n0, Value* k_tiles, const FragmentEpilogue&) {
+              produce(cursor, m0, n0, k_tiles);
+            });
+          });
           kb_.warp_sync();
         },
         [&] {
@@ -200,7 +183,7 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
             kb_.store(consumer_index, kb_.at(turn, kb_.i32(), 0));
             kb_.store(kb_.c32(0), kb_.at(turn, kb_.i32(), 1));
           }
-          schedule(true, [&](Value*, Value*, Value* k_tiles, const FragmentEpilogue& epilogue) {
+          schedule(true, [&](Value* m0, Value*, Value* k_tiles, const FragmentEpilogue& epilogue) {
             kb_.warp_sync();  // the previous epilogue may have branched per lane
             auto compute = [&] {
               Value* order_me = nullptr;
@@ -210,7 +193,8 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
                 kb_.mbarrier_wait(order_me, parity);
                 kb_.store(ir.CreateXor(parity, kb_.c32(1)), kb_.at(turn, kb_.i32(), 1));
               }
-              std::vector<Value*> acc = mainloop(consumer_index, cursor, k_tiles);
+              std::vector<Value*> acc = transform ? mainloop_transformed(consumer_index, cursor, k_tiles, *transform, m0)
+                                                  : mainloop(consumer_index, cursor, k_tiles);
               if (t_.pingpong) {  // every slice of this tile has landed: the other consumer's turn
                 Value* order_other = ir.CreateSub(kb_.c32(2 * order_offset() + 8), order_me);
                 kb_.if_then(ir.CreateICmpEQ(ir.CreateAnd(kb_.tid(), kb_.c32(127)), kb_.c32(0)),
@@ -271,10 +255,6 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
 
   int order_offset() const { return g_.bars_offset + 16 * t_.stages; }
   Value* order(int c) { return kb_.c32(order_offset() + 8 * c); }
-  Value* ready(Value* slot) {
-    const int offset = order_offset() + (t_.pingpong ? 16 : 0);
-    return kb_.ir().CreateAdd(kb_.c32(offset), kb_.ir().CreateMul(slot, kb_.c32(8)));
-  }
   Value* full(Value* slot) { return kb_.ir().CreateAdd(kb_.c32(g_.bars_offset), kb_.ir().CreateMul(slot, kb_.c32(8))); }
   Value* empty(Value* slot) {
     return kb_.ir().CreateAdd(kb_.c32(g_.bars_offset + 8 * t_.stages), kb_.ir().CreateMul(slot, kb_.c32(8)));
@@ -392,180 +372,216 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
     return {ir.CreateSelect(wrap, kb_.c32(0), next), ir.CreateSelect(wrap, ir.CreateXor(c.phase, kb_.c32(1)), c.phase)};
   }
 
+  // What a consumer's mainloop keeps for one tile: its accumulators (in a local array between
+  // slices, restored before and saved after each slice's wgmmas), its lane, and where its rows of A
+  // and columns of B start in a slot.
+  struct ConsumerTile {
+    Value* array;
+    std::vector<Value*> acc;
+    Value *lane, *lane0;
+    int block_bytes;  // of one m64 block of A
+    Value *a_row_bytes, *b_col_bytes;
+  };
+  ConsumerTile consumer_tile(Value* consumer) {
+    auto& ir = kb_.ir();
+    const int count = t_.accumulators();
+    ConsumerTile ct{kb_.local_array(kb_.f32(), count, "acc"), std::vector<Value*>(count, kb_.cf(0.f)), nullptr, nullptr, 0,
+                    nullptr, nullptr};
+    save(ct);
+    Value* tid = kb_.tid();
+    ct.lane = ir.CreateAnd(tid, kb_.c32(31));
+    ct.lane0 = ir.CreateICmpEQ(ct.lane, kb_.c32(0));
+    // m64 block b of A starts at 64b rows (K-major) or at box b (MN-major); consumer c's first
+    // block is c · m_blocks (a ping-pong consumer's tile is all of A).
+    ct.block_bytes = a_ == Layout::KMajor ? 64 * kSwizzleRow : t_.bk * kSwizzleRow;
+    ct.a_row_bytes = t_.pingpong || t_.split_n ? kb_.c32(0) : ir.CreateMul(consumer, kb_.c32(t_.m_blocks() * ct.block_bytes));
+    // A split consumer's B columns start at c · BN / 2: rows of 128 bytes (K-major, whole 8-row
+    // atoms) or boxes of 64 (MN-major, whole boxes: validated).
+    ct.b_col_bytes = nullptr;
+    if (t_.split_n)
+      ct.b_col_bytes = ir.CreateMul(consumer, kb_.c32(b_ == Layout::KMajor ? t_.consumer_cols() * kSwizzleRow
+                                                                             : t_.consumer_cols() / kBoxElems * t_.bk * kSwizzleRow));
+    return ct;
+  }
+  void save(const ConsumerTile& ct) {
+    for (size_t i = 0; i < ct.acc.size(); ++i) kb_.store(ct.acc[i], kb_.at(ct.array, kb_.f32(), int(i)));
+  }
+  void restore(ConsumerTile& ct) {
+    for (size_t i = 0; i < ct.acc.size(); ++i) ct.acc[i] = kb_.load(kb_.f32(), kb_.at(ct.array, kb_.f32(), int(i)));
+  }
+  Value* block_row_bytes(const ConsumerTile& ct, int i) {
+    return i == 0 ? ct.a_row_bytes : kb_.ir().CreateAdd(ct.a_row_bytes, kb_.c32(i * ct.block_bytes));
+  }
+  Value* b_descriptor(const ConsumerTile& ct, Value* slot) {
+    return operand_descriptor(b_, ct.b_col_bytes ? kb_.ir().CreateAdd(b_base(slot), ct.b_col_bytes) : b_base(slot));
+  }
+  // The end of slice kt, whose wgmmas are issued: commit them, wait for the previous slice's
+  // group, release that slice's slot and move `state` on.
+  void end_slice(ConsumerTile& ct, Value* state, const Cursor& c, Value* previous, Value* kt) {
+    auto& ir = kb_.ir();
+    kb_.wgmma_commit();
+    ct.acc = kb_.wgmma_wait(1, ct.acc);  // slice kt - 1's wgmma group has finished reading its slot
+    save(ct);
+    kb_.if_then(ir.CreateAnd(ct.lane0, ir.CreateICmpSGT(kt, kb_.c32(0))), [&] { release(previous); });
+    kb_.warp_sync();  // converged for the next wgmma.fence
+    Cursor next = advance(c);
+    kb_.store(next.slot, kb_.at(state, kb_.i32(), 0));
+    kb_.store(next.phase, kb_.at(state, kb_.i32(), 1));
+    kb_.store(c.slot, kb_.at(state, kb_.i32(), 2));
+  }
+  // After the tile's last slice: every group finished, the last slot released; the accumulators.
+  std::vector<Value*> end_tile(ConsumerTile& ct, Value* state, Value* k_tiles) {
+    auto& ir = kb_.ir();
+    restore(ct);
+    ct.acc = kb_.wgmma_wait(0, ct.acc);
+    Value* last = kb_.load(kb_.i32(), kb_.at(state, kb_.i32(), 2));
+    kb_.if_then(ir.CreateAnd(ct.lane0, ir.CreateICmpSGT(k_tiles, kb_.c32(0))), [&] { release(last); });
+    kb_.warp_sync();
+    return ct.acc;
+  }
+  Cursor load_cursor(Value* state) {
+    return {kb_.load(kb_.i32(), kb_.at(state, kb_.i32(), 0)), kb_.load(kb_.i32(), kb_.at(state, kb_.i32(), 1))};
+  }
+
   // One tile's mainloop in a consumer warpgroup, from the slice `state` points at on: returns
   // the finished accumulators, every slot of the tile released.
   std::vector<Value*> mainloop(Value* consumer, Value* state, Value* k_tiles) {
     auto& ir = kb_.ir();
     k_tiles = at_least_one(k_tiles);
-    const int count = t_.accumulators(), per_block = t_.consumer_cols() / 2;
-    Value* acc_array = kb_.local_array(kb_.f32(), count, "acc");
-    std::vector<Value*> acc(count, kb_.cf(0.f));
-    auto save = [&] {
-      for (int i = 0; i < count; ++i) kb_.store(acc[i], kb_.at(acc_array, kb_.f32(), i));
-    };
-    auto restore = [&] {
-      for (int i = 0; i < count; ++i) acc[i] = kb_.load(kb_.f32(), kb_.at(acc_array, kb_.f32(), i));
-    };
-    save();
-    Value* tid = kb_.tid();
-    Value* lane = ir.CreateAnd(tid, kb_.c32(31));
-    Value* lane0 = ir.CreateICmpEQ(lane, kb_.c32(0));
-    // m64 block b of A starts at 64b rows (K-major) or at box b (MN-major); consumer c's first
-    // block is c · m_blocks (a ping-pong consumer's tile is all of A).
-    const int block_bytes = a_ == Layout::KMajor ? 64 * kSwizzleRow : t_.bk * kSwizzleRow;
-    Value* a_row_bytes = t_.pingpong || t_.split_n ? kb_.c32(0) : ir.CreateMul(consumer, kb_.c32(t_.m_blocks() * block_bytes));
-    // A split consumer's B columns start at c · BN / 2: rows of 128 bytes (K-major, whole 8-row
-    // atoms) or boxes of 64 (MN-major, whole boxes: validated).
-    Value* b_col_bytes = nullptr;
-    if (t_.split_n)
-      b_col_bytes = ir.CreateMul(consumer, kb_.c32(b_ == Layout::KMajor ? t_.consumer_cols() * kSwizzleRow
-                                                                          : t_.consumer_cols() / kBoxElems * t_.bk * kSwizzleRow));
+    const int per_block = t_.consumer_cols() / 2;
+    ConsumerTile ct = consumer_tile(consumer);
     // state: slot and phase of the current slice, and the slot of the previous one (released
     // once its wgmma group has finished).
     kb_.wgmma_fence();
     kb_.for_range(kb_.c32(0), k_tiles, kb_.c32(1), [&](Value* kt) {
-      Cursor c{kb_.load(kb_.i32(), kb_.at(state, kb_.i32(), 0)), kb_.load(kb_.i32(), kb_.at(state, kb_.i32(), 1))};
+      Cursor c = load_cursor(state);
       Value* previous = kb_.load(kb_.i32(), kb_.at(state, kb_.i32(), 2));
-      // With a rewrite the consumers see B's TMA data through the rewriters' wait on the full
-      // barrier (acquire) and arrival on the ready one (release): cumulative.
-      kb_.mbarrier_wait(rewrite_ ? ready(c.slot) : full(c.slot), c.phase);
-      restore();
+      kb_.mbarrier_wait(full(c.slot), c.phase);
+      restore(ct);
       kb_.wgmma_fence();
       std::vector<Value*> desc_a(t_.m_blocks());
-      for (int i = 0; i < t_.m_blocks(); ++i) {
-        Value* rows = i == 0 ? a_row_bytes : ir.CreateAdd(a_row_bytes, kb_.c32(i * block_bytes));
-        desc_a[i] = operand_descriptor(a_, ir.CreateAdd(a_base(c.slot), rows));
-      }
-      Value* desc_b = operand_descriptor(b_, b_col_bytes ? ir.CreateAdd(b_base(c.slot), b_col_bytes) : b_base(c.slot));
+      for (int i = 0; i < t_.m_blocks(); ++i) desc_a[i] = operand_descriptor(a_, ir.CreateAdd(a_base(c.slot), block_row_bytes(ct, i)));
+      Value* desc_b = b_descriptor(ct, c.slot);
       for (int ks = 0; ks < t_.bk / 16; ++ks)
         for (int i = 0; i < t_.m_blocks(); ++i) {  // the blocks share the k16 step's B
-          std::vector<Value*> block(acc.begin() + i * per_block, acc.begin() + (i + 1) * per_block);
+          std::vector<Value*> block(ct.acc.begin() + i * per_block, ct.acc.begin() + (i + 1) * per_block);
           block = kb_.wgmma_m64k16(bf16_, t_.consumer_cols(), ir.CreateAdd(desc_a[i], kb_.c64(k_step(a_, ks))),
                                    ir.CreateAdd(desc_b, kb_.c64(k_step(b_, ks))), block, a_ == Layout::MNMajor,
                                    b_ == Layout::MNMajor);
-          std::copy(block.begin(), block.end(), acc.begin() + i * per_block);
+          std::copy(block.begin(), block.end(), ct.acc.begin() + i * per_block);
         }
-      kb_.wgmma_commit();
-      acc = kb_.wgmma_wait(1, acc);  // slice kt - 1's wgmma group has finished reading its slot
-      save();
-      kb_.if_then(ir.CreateAnd(lane0, ir.CreateICmpSGT(kt, kb_.c32(0))), [&] { release(previous); });
-      kb_.warp_sync();  // converged for the next wgmma.fence
-      Cursor next = advance(c);
-      kb_.store(next.slot, kb_.at(state, kb_.i32(), 0));
-      kb_.store(next.phase, kb_.at(state, kb_.i32(), 1));
-      kb_.store(c.slot, kb_.at(state, kb_.i32(), 2));
+      end_slice(ct, state, c, previous, kt);
     });
-    restore();
-    acc = kb_.wgmma_wait(0, acc);
-    Value* last = kb_.load(kb_.i32(), kb_.at(state, kb_.i32(), 2));
-    kb_.if_then(ir.CreateAnd(lane0, ir.CreateICmpSGT(k_tiles, kb_.c32(0))), [&] { release(last); });
-    kb_.warp_sync();
-    return acc;
+    return end_tile(ct, state, k_tiles);
   }
 
-  // Warps 1-3 of the producer warpgroup: every slice of every tile, in the producer's order.
-  void rewrite_all(const TileSchedule& schedule, const OperandRewrite& rewrite) {
+  // mainloop() with A from registers through `transform` (the tile's origin m0 along M, i64). The
+  // loop is unrolled twice: each slice's fragments are written while the previous slice's wgmma
+  // group may still read its own, which must then be other registers (ptxas keeps a register an
+  // in-flight wgmma reads only from being redefined by another instruction of the PTX, not the
+  // same PTX register from being written again by the next trip around a loop). The next slice's
+  // constants are loaded before this slice's wait.
+  std::vector<Value*> mainloop_transformed(Value* consumer, Value* state, Value* k_tiles,
+                                           const OperandTransform& transform, Value* m0) {
     auto& ir = kb_.ir();
-    Value* thread = ir.CreateSub(kb_.tid(), kb_.c32(32));  // 0 .. 32·kRewriteWarps - 1
-    Value* lane0 = ir.CreateICmpEQ(ir.CreateAnd(kb_.tid(), kb_.c32(31)), kb_.c32(0));
-    Value* state = cursor_state("rewrite_cursor", kb_.c32(0));
-    schedule(false, [&](Value* m0, Value*, Value* k_tiles, const FragmentEpilogue&) {
-      k_tiles = kb_.opaque_i32(at_least_one(k_tiles));
-      // The column state of the tile's first slice; each slice then loads the next one's (from
-      // global memory) before it waits and rewrites, so that its latency overlaps the rewrite.
-      std::vector<Value*> first = slice_of(rewrite, thread, kb_.c32(0), m0, kb_.c32(0)).state;
-      std::vector<Value*> carried(first.size());
-      for (size_t i = 0; i < first.size(); ++i) {
-        carried[i] = kb_.local_array(first[i]->getType(), 1, "rewrite_state");
-        kb_.store(first[i], kb_.at(carried[i], first[i]->getType(), 0));
-      }
-      kb_.for_range(kb_.c32(0), k_tiles, kb_.c32(1), [&](Value* kt) {
-        Cursor c{kb_.load(kb_.i32(), kb_.at(state, kb_.i32(), 0)), kb_.load(kb_.i32(), kb_.at(state, kb_.i32(), 1))};
-        // (The tile's last slice loads its own constants again: the next tile's origin is not
-        // known here.)
-        Value* next_kt = ir.CreateAdd(kt, kb_.c32(1));
-        next_kt = ir.CreateSelect(ir.CreateICmpSLT(next_kt, k_tiles), next_kt, kt);
-        std::vector<Value*> upcoming = slice_of(rewrite, thread, kb_.c32(0), m0, next_kt).state;
-        Slice slice = slice_of(rewrite, thread, a_base(c.slot), m0, kt, false);
-        for (size_t i = 0; i < first.size(); ++i) slice.state.push_back(kb_.load(first[i]->getType(), kb_.at(carried[i], first[i]->getType(), 0)));
-        kb_.mbarrier_wait(full(c.slot), c.phase);
-        rewrite_slice(rewrite, slice);
-        for (size_t i = 0; i < first.size(); ++i) kb_.store(upcoming[i], kb_.at(carried[i], first[i]->getType(), 0));
-        // The generic-proxy stores are ordered before the wgmma's async-proxy reads.
-        kb_.fence_proxy_async();
-        kb_.warp_sync();
-        kb_.if_then(lane0, [&] { kb_.mbarrier_arrive(ready(c.slot)); });
-        kb_.warp_sync();
-        Cursor next = advance(c);
-        kb_.store(next.slot, kb_.at(state, kb_.i32(), 0));
-        kb_.store(next.phase, kb_.at(state, kb_.i32(), 1));
-      });
-    });
-  }
-
-  // One slice's A tile at `base`: rows of 128 bytes (64 elements, eight 16-byte chunks, chunk c
-  // of row r stored at chunk c ^ (r % 8)); K-major: BM rows of K; MN-major: one box of BK rows
-  // per 64 of M. Thread `thread` owns chunk column g (of 8 per box) and rows g', g' + step, ...
-  struct Slice {
-    Value *column_base, *chunk, *first_row, *row0;
-    int rows, step;
-    std::vector<Value*> state;
-  };
-  // `state`: with the column's state loaded (else left empty).
-  Slice slice_of(const OperandRewrite& rewrite, Value* thread, Value* base, Value* m0, Value* kt, bool state = true) {
-    auto& ir = kb_.ir();
-    const bool k_major = a_ == Layout::KMajor;
-    const int columns = k_major ? 8 : 8 * (t_.bm / kBoxElems), rows = k_major ? t_.bm : t_.bk;
-    const int threads = 32 * kRewriteWarps;
-    if (threads % columns != 0)
-      throw InternalError("an A tile of " + std::to_string(columns) + " chunk columns (tile " + t_.text() +
-                          ") does not divide among " + std::to_string(threads) + " rewriting threads");
-    const int step = threads / columns;
-    Value* column = ir.CreateURem(thread, kb_.c32(columns));
-    Value* first_row = ir.CreateUDiv(thread, kb_.c32(columns));
-    Value* chunk = ir.CreateAnd(column, kb_.c32(7));
-    Value* column_base = k_major ? base : ir.CreateAdd(base, ir.CreateMul(ir.CreateLShr(column, kb_.c32(3)),
-                                                                          kb_.c32(t_.bk * kSwizzleRow)));
-    Value* k0 = ir.CreateMul(ir.CreateZExt(kt, kb_.i64()), kb_.c64(t_.bk));
-    Value* first = ir.CreateAdd(k_major ? k0 : m0, ir.CreateMul(ir.CreateZExt(column, kb_.i64()), kb_.c64(8)));
-    Value* row0 = k_major ? m0 : k0;
-    return Slice{column_base, chunk, first_row, row0, rows, step,
-                 state ? rewrite.column(first, row0) : std::vector<Value*>{}};
-  }
-  void rewrite_slice(const OperandRewrite& rewrite, const Slice& slice) {
-    auto& ir = kb_.ir();
-    const int rows = slice.rows, step = slice.step;
-    Value *column_base = slice.column_base, *chunk = slice.chunk, *first_row = slice.first_row, *row0 = slice.row0;
-    llvm::Type* vec = llvm::FixedVectorType::get(kb_.ir().getInt16Ty(), 8);
-    auto address = [&](Value* r) {  // of row r's chunk in this column
-      Value* swizzled = ir.CreateXor(chunk, ir.CreateAnd(r, kb_.c32(7)));
-      return ir.CreateAdd(column_base, ir.CreateAdd(ir.CreateMul(r, kb_.c32(kSwizzleRow)), ir.CreateMul(swizzled, kb_.c32(16))));
-    };
-    kb_.for_range(first_row, kb_.c32(rows), kb_.c32(step * kRewriteRows), [&](Value* r0) {
-      // Every chunk is loaded before any is stored; a row past the tile reloads the first and
-      // stores nothing.
-      std::vector<Value*> at(kRewriteRows), valid(kRewriteRows), loaded(kRewriteRows);
-      for (int u = 0; u < kRewriteRows; ++u) {
-        Value* r = ir.CreateAdd(r0, kb_.c32(step * u));
-        valid[u] = ir.CreateICmpULT(r, kb_.c32(rows));
-        r = ir.CreateSelect(valid[u], r, first_row);
-        at[u] = kb_.smem(address(r));
-        loaded[u] = kb_.load(vec, at[u]);
-      }
-      for (int u = 0; u < kRewriteRows; ++u) {
-        Value* out = rewrite.chunk(slice.state, loaded[u]);
-        kb_.if_then(valid[u], [&] { kb_.store(out, at[u]); });
-      }
-    });
-    // The replaced elements, in the rows this thread rewrote (after their chunks' stores).
-    for (int j = 0; j < 8; ++j) {
-      auto [at_row, value] = rewrite.replace(slice.state, j);
-      Value* r = ir.CreateSub(at_row, row0);
-      Value* inside = ir.CreateAnd(ir.CreateICmpSGE(r, kb_.c64(0)), ir.CreateICmpSLT(r, kb_.c64(rows)));
-      Value* r32 = ir.CreateTrunc(ir.CreateSelect(inside, r, kb_.c64(0)), kb_.i32());
-      Value* mine = ir.CreateAnd(inside, ir.CreateICmpEQ(ir.CreateURem(r32, kb_.c32(step)), first_row));
-      kb_.if_then(mine, [&] { kb_.store(value, kb_.smem(ir.CreateAdd(address(r32), kb_.c32(2 * j)))); });
+    k_tiles = at_least_one(k_tiles);
+    const int per_block = t_.consumer_cols() / 2, steps = t_.bk / 16;
+    ConsumerTile ct = consumer_tile(consumer);
+    Value* lane_bytes = fragment_lane_bytes(ct.lane);
+    const FragmentPosition pos = position_of(kb_.tid());
+    const int rows = static_cast<int>(pos.row.size());
+    auto k_of = [&](Value* kt) { return ir.CreateMul(ir.CreateZExt(kt, kb_.i64()), kb_.c64(t_.bk)); };
+    // The constants of the slice about to be consumed, carried from the slice before.
+    std::vector<Value*> first = transform.slice(m0, kb_.c64(0), pos);
+    std::vector<Value*> carried(first.size());
+    for (size_t i = 0; i < first.size(); ++i) {
+      carried[i] = kb_.local_array(first[i]->getType(), 1, "operand_constants");
+      kb_.store(first[i], kb_.at(carried[i], first[i]->getType(), 0));
     }
+    Value* fixed = kb_.local_array(kb_.i32(), steps * rows * 2, "fixed_pairs");
+    kb_.wgmma_fence();
+    auto slice = [&](Value* kt) {
+      Cursor c = load_cursor(state);
+      Value* previous = kb_.load(kb_.i32(), kb_.at(state, kb_.i32(), 2));
+      std::vector<Value*> constants(first.size());
+      for (size_t i = 0; i < first.size(); ++i) constants[i] = kb_.load(first[i]->getType(), kb_.at(carried[i], first[i]->getType(), 0));
+      Value* next_kt = ir.CreateAdd(kt, kb_.c32(1));
+      next_kt = ir.CreateSelect(ir.CreateICmpSLT(next_kt, k_tiles), next_kt, kt);
+      std::vector<Value*> upcoming = transform.slice(m0, k_of(next_kt), pos);
+      for (size_t i = 0; i < first.size(); ++i) kb_.store(upcoming[i], kb_.at(carried[i], first[i]->getType(), 0));
+      kb_.mbarrier_wait(full(c.slot), c.phase);
+      // pairs[(ks · rows + h) · 2 + half], as OperandTransform::fix takes them.
+      std::vector<Value*> pairs(steps * rows * 2);
+      for (int ks = 0; ks < steps; ++ks)
+        for (int i = 0; i < t_.m_blocks(); ++i) {
+          Value* at = ir.CreateAdd(ir.CreateAdd(a_base(c.slot), block_row_bytes(ct, i)), fragment_step_bytes(lane_bytes, ks));
+          std::array<Value*, 4> a = kb_.ldmatrix_x4(kb_.smem(at), a_ == Layout::MNMajor);
+          for (int q = 0; q < 4; ++q) {
+            const int h = 2 * i + q % 2, half = q / 2;
+            pairs[(ks * rows + h) * 2 + half] = transform.pair(constants, a[q], h, ks, half);
+          }
+        }
+      // The rare slices with elements `pair` got wrong, for the whole warp.
+      for (size_t i = 0; i < pairs.size(); ++i) kb_.store(pairs[i], kb_.at(fixed, kb_.i32(), int(i)));
+      kb_.if_then(kb_.vote_any(transform.may_fix(constants)), [&] {
+        std::vector<Value*> in(pairs.size());
+        for (size_t i = 0; i < in.size(); ++i) in[i] = kb_.load(kb_.i32(), kb_.at(fixed, kb_.i32(), int(i)));
+        transform.fix(m0, k_of(kt), pos, in);
+        for (size_t i = 0; i < in.size(); ++i) kb_.store(in[i], kb_.at(fixed, kb_.i32(), int(i)));
+      });
+      kb_.warp_sync();
+      for (size_t i = 0; i < pairs.size(); ++i) pairs[i] = kb_.load(kb_.i32(), kb_.at(fixed, kb_.i32(), int(i)));
+      restore(ct);
+      kb_.wgmma_fence();
+      Value* desc_b = b_descriptor(ct, c.slot);
+      for (int ks = 0; ks < steps; ++ks)
+        for (int i = 0; i < t_.m_blocks(); ++i) {
+          std::array<Value*, 4> a;
+          for (int q = 0; q < 4; ++q) a[q] = pairs[(ks * rows + 2 * i + q % 2) * 2 + q / 2];
+          std::vector<Value*> block(ct.acc.begin() + i * per_block, ct.acc.begin() + (i + 1) * per_block);
+          block = kb_.wgmma_m64k16_rs(bf16_, t_.consumer_cols(), a, ir.CreateAdd(desc_b, kb_.c64(k_step(b_, ks))), block,
+                                      b_ == Layout::MNMajor);
+          std::copy(block.begin(), block.end(), ct.acc.begin() + i * per_block);
+        }
+      end_slice(ct, state, c, previous, kt);
+    };
+    kb_.for_range(kb_.c32(0), k_tiles, kb_.c32(2), [&](Value* kt) {
+      slice(kt);
+      Value* odd = ir.CreateAdd(kt, kb_.c32(1));
+      kb_.if_then(ir.CreateICmpSLT(odd, k_tiles), [&] { slice(odd); });
+    });
+    return end_tile(ct, state, k_tiles);
+  }
+
+  // ldmatrix addresses of A fragments in the 128-byte-swizzled ring (chunk c of a 128-byte row r
+  // is stored at chunk c ^ (r % 8)). Lane l = 8q + i of warp w of the warpgroup addresses row i
+  // of matrix q: K-major A, row 16w + 8·(q % 2) + i (of M) and chunk 2·ks + q / 2 (of K);
+  // MN-major A (rows of K within a box of 64 M), row 16·ks + 8·(q / 2) + i and chunk 2w + q % 2.
+  // The part that does not depend on the k16 step ks: K-major, the row's bytes in the high bits
+  // and the chunk (q / 2) ^ i, times 16, in the low 7, which the step XORs; MN-major, all of it.
+  Value* fragment_lane_bytes(Value* lane) {
+    auto& ir = kb_.ir();
+    Value* warp = ir.CreateAnd(ir.CreateLShr(kb_.tid(), kb_.c32(5)), kb_.c32(3));
+    Value* q = ir.CreateLShr(lane, kb_.c32(3));
+    Value* i = ir.CreateAnd(lane, kb_.c32(7));
+    Value* q_low = ir.CreateAnd(q, kb_.c32(1));
+    Value* q_high = ir.CreateLShr(q, kb_.c32(1));
+    Value *row, *chunk;
+    if (a_ == Layout::KMajor) {
+      row = ir.CreateAdd(ir.CreateAdd(ir.CreateMul(warp, kb_.c32(16)), ir.CreateMul(q_low, kb_.c32(8))), i);
+      chunk = ir.CreateXor(q_high, i);
+    } else {
+      row = ir.CreateAdd(ir.CreateMul(q_high, kb_.c32(8)), i);
+      chunk = ir.CreateXor(ir.CreateAdd(ir.CreateMul(warp, kb_.c32(2)), q_low), i);
+    }
+    return ir.CreateOr(ir.CreateMul(row, kb_.c32(kSwizzleRow)), ir.CreateMul(chunk, kb_.c32(16)));
+  }
+  // Step ks's address: K-major, chunk (2·ks + q / 2) ^ i = (q / 2 ^ i) ^ 2·ks; MN-major, 16 rows on.
+  Value* fragment_step_bytes(Value* lane_bytes, int ks) {
+    auto& ir = kb_.ir();
+    if (ks == 0) return lane_bytes;
+    if (a_ == Layout::KMajor) return ir.CreateXor(lane_bytes, kb_.c32(32 * ks));
+    return ir.CreateAdd(lane_bytes, kb_.c32(16 * ks * kSwizzleRow));
   }
 
   // Moves a consumer's cursor past the other consumer's tile of k_tiles slices (ping-pong).
@@ -615,18 +631,17 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
   TileConfig t_;
   bool bf16_;
   Layout a_, b_;
-  bool rewrite_;  // ready barriers, which the consumers wait on (run() with an OperandRewrite)
   Geometry g_;
   Value* counter_ = nullptr;
 };
 
 }  // namespace
 
-int wgmma_smem_bytes(const TileConfig& tile, DType dtype, bool rewrite) { return geometry(tile, dtype, rewrite).bytes; }
+int wgmma_smem_bytes(const TileConfig& tile, DType dtype) { return geometry(tile, dtype).bytes; }
 
 std::unique_ptr<WgmmaPipeline> make_wgmma_pipeline(KernelBuilder& kb, const TileConfig& tile, DType dtype, Layout a,
-                                                   Layout b, bool rewrite) {
-  return std::make_unique<TmaWgmmaPipeline>(kb, tile, dtype, a, b, rewrite);
+                                                   Layout b) {
+  return std::make_unique<TmaWgmmaPipeline>(kb, tile, dtype, a, b);
 }
 
 }  // namespace lfce

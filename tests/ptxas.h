@@ -41,13 +41,14 @@ inline PtxasReport assemble(const std::string& ptx, Arch arch) {
 }
 
 // Asserts that ptxas accepts `ptx` for `arch` and spills nothing (stores and loads).
-inline void expect_assembles_without_spills(const std::string& ptx, Arch arch) {
+// `spill_bytes`: the spill stores (and loads) allowed, 0 unless a caller says why.
+inline void expect_assembles_without_spills(const std::string& ptx, Arch arch, int spill_bytes = 0) {
   PtxasReport r = assemble(ptx, arch);
   ASSERT_EQ(r.status, 0) << r.log;
   std::smatch m;
   ASSERT_TRUE(std::regex_search(r.log, m, std::regex(R"((\d+) bytes spill stores, (\d+) bytes spill loads)"))) << r.log;
-  EXPECT_EQ(m[1], "0") << r.log;
-  EXPECT_EQ(m[2], "0") << r.log;
+  EXPECT_LE(std::stoi(m[1]), spill_bytes) << r.log;
+  EXPECT_LE(std::stoi(m[2]), spill_bytes) << r.log;
   // ptxas's C7515: a subroutine call or a non-wgmma write of an accumulator between wgmmas makes
   // it serialise every wgmma (each waits for the previous one): about 0.6x of the tensor rate.
   EXPECT_EQ(r.log.find("wgmma.mma_async instructions are serialized"), std::string::npos) << r.log;

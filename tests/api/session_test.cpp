@@ -122,7 +122,7 @@ TEST_F(SessionTest, ReloadNamesAMalformedLimitAndKeepsTheOldOptions) {
   EXPECT_EQ(session.options().device_smem_limit, 101376);
 }
 
-// LFCE_EAGER_OPERAND: 0 / unset (eager_dz's pass), 1 (the GEMMs' operand rewrite), anything else
+// LFCE_EAGER_OPERAND: 0 / unset (eager_dz's pass), 1 (the GEMMs' operand transform), anything else
 // named in the error.
 TEST_F(SessionTest, EagerOperandIsOffUnlessTheEnvironmentAsksForIt) {
   Session session(runtime::Options::from_env());

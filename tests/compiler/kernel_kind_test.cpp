@@ -99,7 +99,7 @@ TEST_P(KindFields, UnreadFieldsLeaveThePtxAndKeyAloneAndReadOnesChangeBoth) {
     f.change(changed);
     ASSERT_NE(changed, base);
     if ((reads & f.field) && f.field == kFieldEagerOperand && (b.dtype == DType::FP32 || kind_info(b.kind).gemm)) {
-      // The GEMMs' operand rewrite runs in the sm_90a pipeline only (these bases are sm_80 mma.sync
+      // The GEMMs' operand transform runs in the sm_90a pipeline only (these bases are sm_80 mma.sync
       // tiles): rejected, naming it (templates/eager_operand.h; its code: codegen_test.cpp).
       EXPECT_THROW(generate_kernel(changed), SpecError) << f.name << " on an sm_80 tile";
     } else if (reads & f.field) {

@@ -712,7 +712,7 @@ TEST(EagerPlan, GemmsFormDzFromTheExponentialsOnHopperIn16BitWhenAskedTo) {
     return any;
   };
   EXPECT_TRUE(operand(c, Arch::SM90A));
-  EXPECT_FALSE(operand(c, Arch::SM80));  // the mma.sync mainloop has no rewriting warps
+  EXPECT_FALSE(operand(c, Arch::SM80));  // the mma.sync mainloop has no register-A wgmma
   lfce_problem fp16 = c;
   fp16.dtype = LFCE_DTYPE_FP16;
   EXPECT_TRUE(operand(fp16, Arch::SM90A));
@@ -728,7 +728,7 @@ TEST(EagerPlan, GemmsFormDzFromTheExponentialsOnHopperIn16BitWhenAskedTo) {
   lfce_problem fallback = c;  // the forward, then recompute's backward
   fallback.softcap = 30.f;
   EXPECT_FALSE(operand(fallback, Arch::SM90A));
-  // Tunings it cannot rewrite under: a clustered grad_input, and an eager_logits tile width that is
+  // Tunings it cannot transform under: a clustered grad_input, and an eager_logits tile width that is
   // not a multiple of grad_weight's BM (a slice's rows would span two tiles' constants).
   Tuning clustered;
   clustered.tiles[KernelKind::GradInput] = TileConfig::parse("128x256x64/wg2/s4/c2");
