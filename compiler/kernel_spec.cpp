@@ -286,9 +286,10 @@ void KernelSpec::validate() const {
   flag(lse_grad, "lse_grad", kFieldLseGrad, "computes no dz");
   flag(shift, "shift", kFieldShift, "reads no targets");
   flag(eager_operand, "eager_operand", kFieldEagerOperand, "reads no dz operand");
-  if (eager_operand && (dtype == DType::FP32 || (info.gemm && (!tile.wgmma() || tile.cluster != 1 || arch != Arch::SM90A))))
-    fail("eager_operand needs a 16-bit dtype and, on a GEMM, an unclustered sm_90a wgmma tile (its transform runs in "
-         "the TMA pipeline), got " + std::string(dtype_name(dtype)) + ", tile " + tile.text() + " on " +
+  if (eager_operand &&
+      (dtype == DType::FP32 || (info.gemm && (!tile.wgmma() || tile.cluster != 1 || tile.split_n || arch != Arch::SM90A))))
+    fail("eager_operand needs a 16-bit dtype and, on a GEMM, an unclustered, unsplit sm_90a wgmma tile (its transform "
+         "runs in the TMA pipeline; a split consumer's two m64 blocks of fragments spill), got " + std::string(dtype_name(dtype)) + ", tile " + tile.text() + " on " +
          std::string(arch_name(arch)));
   // The lse rows' gradients are not scaled for fp16 (their size is unknown: dz_scale would not fit).
   if (lse_grad && dtype == DType::FP16) fail("lse_grad needs bf16 or fp32, got fp16");

@@ -308,7 +308,8 @@ bool Plan::eager_operand() const {
     return false;
   const int tile_n = tile(KernelKind::EagerLogits).bn;
   const TileConfig gw = tile(KernelKind::GradWeight), gx = tile(KernelKind::GradInput);
-  auto transformable = [](const TileConfig& t) { return t.wgmma() && t.cluster == 1 && t.bk == 64; };
+  // (Not split along N: KernelSpec::validate rejects it, a split consumer's fragments spill.)
+  auto transformable = [](const TileConfig& t) { return t.wgmma() && t.cluster == 1 && t.bk == 64 && !t.split_n; };
   return transformable(gw) && transformable(gx) && tile_n % 64 == 0 && tile_n % gw.bm == 0;
 }
 

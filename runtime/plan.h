@@ -104,7 +104,7 @@ class Plan {
   // Whether the three-GEMM schedule's grad_weight and grad_input form dz from eager_logits'
   // exponentials as they load them (KernelSpec::eager_operand), eager_dz then storing only its
   // constants: asked for (Tuning::eager_operand, LFCE_EAGER_OPERAND=1), and sm_90a wgmma tiles in 16-bit without a bias (grad_bias reads dz
-  // itself), unclustered, BK = 64, with eager_logits' tile width a multiple of 64 and of
+  // itself), unclustered and unsplit, BK = 64, with eager_logits' tile width a multiple of 64 and of
   // grad_weight's BM (a slice's rows in one tile).
   bool eager_operand() const;
   // Every kernel spec the problem's schedule launches (a kernel that only some token counts or

@@ -51,19 +51,17 @@ inline llvm::Value* scaled_pair(KernelBuilder& kb, const KernelSpec& spec, llvm:
   return ir.CreateBitCast(ir.CreateIntrinsic(pack, {}, {hi, lo}), kb.i32());  // (high, low)
 }
 
-// `pair` with its low (half 0) or high (half 1) element replaced by the low 16 bits of `value`
-// (i32) where `hit`.
-inline llvm::Value* replace_half(KernelBuilder& kb, llvm::Value* pair, llvm::Value* hit, llvm::Value* value, int half) {
+// `pair` with its low (element 0) or high (element 1) element replaced by the low 16 bits of
+// `value` (i32) where `hit`.
+inline llvm::Value* replace_element(KernelBuilder& kb, llvm::Value* pair, llvm::Value* hit, llvm::Value* value,
+                                    int element) {
   auto& ir = kb.ir();
-  llvm::Value* kept = ir.CreateAnd(pair, kb.c32(half == 0 ? int32_t(0xFFFF0000u) : 0xFFFF));
+  llvm::Value* kept = ir.CreateAnd(pair, kb.c32(element == 0 ? int32_t(0xFFFF0000u) : 0xFFFF));
   llvm::Value* low = ir.CreateAnd(value, kb.c32(0xFFFF));
-  llvm::Value* placed = ir.CreateOr(kept, half == 0 ? low : ir.CreateShl(low, kb.c32(16)));
+  llvm::Value* placed = ir.CreateOr(kept, element == 0 ? low : ir.CreateShl(low, kb.c32(16)));
   return ir.CreateSelect(hit, placed, pair);
 }
 
-// Token `token` (i64) clamped into [0, ld - width]: rows or columns past ld, where TMA's zeros
-// meet the last tokens' constants (finite, so their products are 0; a replaced element there
-// lands in a row of the output or of x that does not exist).
 // v / tile_n as i64, divided in 32 bits (V < 2^31: Plan's chunk limit): a 64-bit division is a
 // subroutine in SASS, which may make the driver's JIT serialise the wgmmas.
 inline llvm::Value* eager_tile(KernelBuilder& kb, llvm::Value* v) {
@@ -72,6 +70,10 @@ inline llvm::Value* eager_tile(KernelBuilder& kb, llvm::Value* v) {
   return ir.CreateZExt(tile, kb.i64());
 }
 
+// Token `token` (i64, `width` consecutive ones read from it), or ld - width for a token at or
+// past ld: rows or columns past ld, where TMA's zeros meet the last tokens' constants (finite,
+// so their products are 0; a replaced element there lands in a row of the output or of x that
+// does not exist). `token` is never negative.
 inline llvm::Value* clamp_token(KernelBuilder& kb, llvm::Value* token, llvm::Value* ld, int width) {
   auto& ir = kb.ir();
   return ir.CreateSelect(ir.CreateICmpSLT(token, ld), token, ir.CreateSub(ld, kb.c64(width)));
@@ -131,7 +133,7 @@ inline OperandTransform eager_operand_transform(KernelBuilder& kb, const KernelS
           for (int half = 0; half < 2; ++half) {
             Value*& pair = pairs[(ks * rows + h) * 2 + half];
             for (int e = 0; e < 2; ++e)  // columns first + 16·ks + 8·half + e
-              pair = replace_half(kb, pair, ir.CreateICmpEQ(offset, kb.c32(16 * ks + 8 * half + e)), dz, e);
+              pair = replace_element(kb, pair, ir.CreateICmpEQ(offset, kb.c32(16 * ks + 8 * half + e)), dz, e);
           }
       }
     };
@@ -192,7 +194,7 @@ inline OperandTransform eager_operand_transform(KernelBuilder& kb, const KernelS
         Value*& pair = pairs[(ks * rows + h) * 2 + half];
         for (int e = 0; e < 2; ++e) {
           Value* hit = ir.CreateICmpEQ(ir.CreateExtractElement(cols, uint64_t(e)), v);
-          pair = replace_half(kb, pair, hit, e == 0 ? dz : ir.CreateLShr(dz, kb.c32(16)), e);
+          pair = replace_element(kb, pair, hit, e == 0 ? dz : ir.CreateLShr(dz, kb.c32(16)), e);
         }
       }
     }

@@ -208,16 +208,17 @@ void GemmSkeleton::compute_tile(const GemmOperand& a, const GemmOperand& b, Valu
 }
 
 void GemmSkeleton::run_specialised(const TileSchedule& schedule, const OperandTransform* transform) {
+  if ((transform != nullptr) != transform_)
+    throw InternalError("an operand transform " + std::string(transform ? "given" : "missing") + " for a kernel planned " +
+                        (transform_ ? "with" : "without") + " one (tile " + tile_.text() + ")");
   pipeline_->run(schedule, transform);
 }
 
 void GemmSkeleton::run_persistent(Value* grid_m, Value* grid_n, Value* k_tiles, const TileEpilogue& epilogue,
                                   const OperandTransform* transform) {
   auto& ir = kb_.ir();
-  if ((transform != nullptr) != transform_ || (transform && tile_.cluster != 1))
-    throw InternalError("an operand transform " + std::string(transform ? "given" : "missing") +
-                        " for a kernel planned " + (transform_ ? "with" : "without") + " one, or clustered (tile " +
-                        tile_.text() + ")");
+  if (transform && tile_.cluster != 1)
+    throw InternalError("an operand transform on a clustered tile (" + tile_.text() + ")");
   if (tile_.cluster == 1) {
     Value* tiles = ir.CreateMul(grid_m, grid_n);
     run_specialised([&](bool, const TileVisit& visit) {

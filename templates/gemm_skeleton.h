@@ -50,7 +50,7 @@ class WgmmaPipeline;
 // equal) hold the same rows. Rows 2i and 2i + 1 are 64i apart from rows 0 and 1.
 struct FragmentPosition {
   std::vector<llvm::Value*> row;  // i32, within the tile: two per m64 block
-  llvm::Value* col0;              // i32: 2 · (lane % 4)
+  llvm::Value* col0;              // i32: 2 · (lane % 4), plus a split consumer's first column (split_n)
   llvm::Value* quad_lane;         // i32: lane % 4
 };
 struct Fragment {
@@ -79,7 +79,8 @@ using TileSchedule = std::function<void(bool consumer, const TileVisit& visit)>;
 // run() only): each consumer thread loads its share of every k16 step's A fragment with ldmatrix
 // (the m64k16 register fragment: per m64 block, the rows of its FragmentPosition, columns
 // col0 + {0, 1} and col0 + 8 + {0, 1}), transforms it in registers and issues the wgmma with A from
-// registers (the RS form) instead of from a shared-memory descriptor. A stays in shared memory as
+// registers (the RS form) instead of from a shared-memory descriptor. The position the transform
+// sees has the fragment's rows and, as col0, its first K column within a k16 step, 2 · (lane % 4). A stays in shared memory as
 // TMA wrote it, 16-bit elements of any type the transform reads. Two paths: `pair` on every pair,
 // and `fix`, for the whole warp, on the slices where `may_fix` holds in some lane (rare elements
 // that `pair` gets wrong, such as eager's target column).

@@ -322,7 +322,7 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
     Value* map_b = kb_.tensor_map("tma_b");
     Value* rank = t_.cluster > 1 ? kb_.cluster_rank() : nullptr;  // B: this CTA's share, multicast
     kb_.for_range(kb_.c32(0), k_tiles, kb_.c32(1), [&](Value* kt) {
-      Cursor c{kb_.load(kb_.i32(), kb_.at(state, kb_.i32(), 0)), kb_.load(kb_.i32(), kb_.at(state, kb_.i32(), 1))};
+      Cursor c = load_cursor(state);
       // A fresh barrier counts as having completed the phase before its first: phase ^ 1
       // passes at once for each slot's first use.
       kb_.mbarrier_wait(empty(c.slot), ir.CreateXor(c.phase, kb_.c32(1)));
@@ -488,7 +488,9 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
     const int per_block = t_.consumer_cols() / 2, steps = t_.bk / 16;
     ConsumerTile ct = consumer_tile(consumer);
     Value* lane_bytes = fragment_lane_bytes(ct.lane);
-    const FragmentPosition pos = position_of(kb_.tid());
+    // The fragment's rows, and as col0 its first K column in a k16 step (not a split consumer's N offset).
+    FragmentPosition pos = position_of(kb_.tid());
+    pos.col0 = ir.CreateMul(pos.quad_lane, kb_.c32(2));
     const int rows = static_cast<int>(pos.row.size());
     auto k_of = [&](Value* kt) { return ir.CreateMul(ir.CreateZExt(kt, kb_.i64()), kb_.c64(t_.bk)); };
     // The constants of the slice about to be consumed, carried from the slice before.

@@ -258,9 +258,9 @@ TEST(Codegen, EagerOperandFormsDzInRegistersWithoutCallsOrSpills) {
   if (!testing_ptxas::have_ptxas()) GTEST_SKIP() << "ptxas not found at configure time (install the CUDA toolkit)";
   for (DType dtype : {DType::BF16, DType::FP16})
     for (KernelKind kind : {KernelKind::GradWeight, KernelKind::GradInput, KernelKind::EagerDz})
-      for (const char* tile : {"128x256x64/wg2/s4", "128x192x64/wg2/s4", "64x256x64/wg2/s4/pp"}) {
-        if (kind != KernelKind::GradInput && tile[0] != '1') continue;
-        if (kind == KernelKind::EagerDz && std::string(tile) != "128x256x64/wg2/s4") continue;
+      for (const std::string tile : {"128x256x64/wg2/s4", "128x192x64/wg2/s4", "64x256x64/wg2/s4/pp"}) {
+        if (kind == KernelKind::GradWeight && tile == "64x256x64/wg2/s4/pp") continue;
+        if (kind == KernelKind::EagerDz && tile != "128x256x64/wg2/s4") continue;
         KernelSpec plain = spec_for({kind, dtype, Arch::SM90A, false});
         plain.hidden = 2304;
         if (kind != KernelKind::EagerDz) plain.tile = TileConfig::parse(tile);
@@ -280,6 +280,10 @@ TEST(Codegen, EagerOperandFormsDzInRegistersWithoutCallsOrSpills) {
           const bool trans = kind == KernelKind::GradInput;
           EXPECT_NE(ptx.find(trans ? "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"
                                    : "ldmatrix.sync.aligned.m8n8.x4.shared.b16"),
+                    std::string::npos)
+              << what;
+          EXPECT_EQ(ptx.find(trans ? "ldmatrix.sync.aligned.m8n8.x4.shared.b16"
+                                   : "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"),
                     std::string::npos)
               << what;
           EXPECT_NE(ptx.find(dtype == DType::BF16 ? "cvt.rn.bf16x2.f32" : "cvt.rn.f16x2.f32"), std::string::npos) << what;
@@ -305,7 +309,8 @@ TEST(Codegen, EagerOperandFormsDzInRegistersWithoutCallsOrSpills) {
         EXPECT_EQ(ptx.find(".local"), std::string::npos) << what;
         // fp16's grad_weight at 128 x 256 spills one 8-byte pointer, stored and reloaded once a tile
         // before its mainloop (ptxas 13.0; the SASS has no local access inside the loop).
-        testing_ptxas::expect_assembles_without_spills(ptx, Arch::SM90A, kind == KernelKind::GradWeight ? 8 : 0);
+        const bool spills = kind == KernelKind::GradWeight && dtype == DType::FP16 && tile == "128x256x64/wg2/s4";
+        testing_ptxas::expect_assembles_without_spills(ptx, Arch::SM90A, spills ? 8 : 0);
       }
 }
 

@@ -390,7 +390,7 @@ TEST(KernelSpec, EveryFieldChangesTheKey) {
 }
 
 // eager_operand: only on the kinds that read it (eager_dz, grad_weight, grad_input), in 16-bit, and on
-// the GEMMs only with an unclustered sm_90a wgmma tile; each rejection names what was wrong.
+// the GEMMs only with an unclustered, unsplit sm_90a wgmma tile; each rejection names what was wrong.
 TEST(KernelSpec, EagerOperandNeedsA16BitHopperPipelineTile) {
   KernelSpec gemm;
   gemm.kind = KernelKind::GradInput;
@@ -411,10 +411,13 @@ TEST(KernelSpec, EagerOperandNeedsA16BitHopperPipelineTile) {
   KernelSpec sm80 = gemm;
   sm80.arch = Arch::SM80;
   sm80.tile = TileConfig{128, 128, 64, 2, 4, 3};
-  rejected(sm80, "an unclustered sm_90a wgmma tile");
+  rejected(sm80, "an unclustered, unsplit sm_90a wgmma tile");
   KernelSpec clustered = gemm;
   clustered.tile = TileConfig::parse("128x256x64/wg2/s4/c2");
   rejected(clustered, "tile 128x256x64/wg2/s4/c2");
+  KernelSpec split = gemm;
+  split.tile = TileConfig::parse("128x256x64/wg2/s4/sn");
+  rejected(split, "tile 128x256x64/wg2/s4/sn");
   KernelSpec forward = gemm;
   forward.kind = KernelKind::LseForward;
   forward.vocab = 128256;

@@ -733,6 +733,9 @@ TEST(EagerPlan, GemmsFormDzFromTheExponentialsOnHopperIn16BitWhenAskedTo) {
   Tuning clustered;
   clustered.tiles[KernelKind::GradInput] = TileConfig::parse("128x256x64/wg2/s4/c2");
   EXPECT_FALSE(operand(c, Arch::SM90A, clustered));
+  Tuning split;  // its fragments would spill
+  split.tiles[KernelKind::GradWeight] = TileConfig::parse("128x256x64/wg2/s4/sn");
+  EXPECT_FALSE(operand(c, Arch::SM90A, split));
   Tuning narrow_logits;
   narrow_logits.tiles[KernelKind::DlogitsBackward] = TileConfig::parse("128x64x64/wg2/s4");
   EXPECT_FALSE(operand(c, Arch::SM90A, narrow_logits));
