@@ -62,9 +62,7 @@ int gemm_smem_bytes(const TileConfig& tile, DType dtype, Layout a, Layout b, int
   return (std::max(ring, staging) + 15) / 16 * 16 + extra_bytes;
 }
 
-int GemmSkeleton::extra_offset() const {
-  return gemm_smem_bytes(tile_, dtype_, layouts_[0], layouts_[1], 0);
-}
+int GemmSkeleton::extra_offset() const { return gemm_smem_bytes(tile_, dtype_, layouts_[0], layouts_[1]); }
 
 std::pair<Value*, Value*> GemmSkeleton::tile_origin() {
   auto& ir = kb_.ir();

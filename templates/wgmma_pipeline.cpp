@@ -129,7 +129,7 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
     Value* warpgroup = ir.CreateLShr(tid, kb_.c32(7));
     // Registers move from the producer, which needs few, to the consumers' accumulators for
     // the mainloop, and back for the epilogue that every thread runs.
-    const int shared = register_share(), producer = kProducerRegisters, consumer = consumer_registers(producer);
+    const int shared = register_share(), producer = kProducerRegisters, consumer = consumer_registers();
     kb_.if_then_else(
         ir.CreateICmpEQ(warpgroup, kb_.c32(0)),
         [&] {
@@ -158,12 +158,11 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
     auto& ir = kb_.ir();
     Value* tid = kb_.tid();
     Value* warpgroup = ir.CreateLShr(tid, kb_.c32(7));
-    const int producer = kProducerRegisters;
     kb_.if_then_else(
         ir.CreateICmpEQ(warpgroup, kb_.c32(0)),
         [&] {
           // The producer keeps few registers for the whole kernel; its other threads are done.
-          kb_.set_max_registers(false, producer);
+          kb_.set_max_registers(false, kProducerRegisters);
           kb_.if_then(ir.CreateICmpEQ(tid, kb_.c32(0)), [&] {
             Value* cursor = cursor_state("producer_cursor", kb_.c32(0));
             schedule(false, [&](Value* m0, Value* n0, Value* k_tiles, const FragmentEpilogue&) {
@@ -173,7 +172,7 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
           kb_.warp_sync();
         },
         [&] {
-          kb_.set_max_registers(true, consumer_registers(producer));
+          kb_.set_max_registers(true, consumer_registers());
           Value* consumer_index = ir.CreateSub(warpgroup, kb_.c32(1));
           Value* cursor = cursor_state("consumer_cursor", kb_.c32(0));
           // Ping-pong: 0 on this consumer's tiles (the first consumer's turn comes first).
@@ -260,11 +259,11 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
     return kb_.ir().CreateAdd(kb_.c32(g_.bars_offset + 8 * t_.stages), kb_.ir().CreateMul(slot, kb_.c32(8)));
   }
   // Registers per thread when all warpgroups share the register file equally (what ptxas
-  // allocates under .maxntid), and the consumers' share once the producer warpgroup has given
-  // up all but `producer`: both multiples of 8, as setmaxnreg needs.
+  // allocates under .maxntid), and the consumers' share once the producer has given up all
+  // but kProducerRegisters: both multiples of 8, as setmaxnreg needs.
   int register_share() const { return std::min(255, 65536 / (t_.threads() * t_.ctas_per_sm())) / 8 * 8; }
-  int consumer_registers(int producer) const {
-    const int pool = register_share() * t_.threads() - producer * 128;
+  int consumer_registers() const {
+    const int pool = register_share() * t_.threads() - kProducerRegisters * 128;
     return std::min(240, pool / (128 * t_.consumers) / 8 * 8);
   }
   // max(k_tiles, 1), in both roles (produce and mainloop): a tile with no K (never asked for today) then loads one
