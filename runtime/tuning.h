@@ -17,7 +17,7 @@ struct Tuning {
   std::map<KernelKind, TileConfig> tiles;  // GEMM kinds without an entry use default_tile()
   int64_t forward_ctas = 0;                // lse_forward CTAs to aim for; 0 = kDefaultForwardCtas
   int64_t chunk = 0;                       // backward vocabulary chunk; 0 = derived from the budget
-  // Eager mode's gradient GEMMs may form dz in shared memory (Plan::eager_operand); off unless
+  // Eager mode's gradient GEMMs may form dz as they load p̃ (Plan::eager_operand); off unless
   // LFCE_EAGER_OPERAND=1 (runtime/options.h): exact, but slower on the H200 today.
   bool eager_operand = false;
 
