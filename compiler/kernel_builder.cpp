@@ -329,7 +329,7 @@ Value* KernelBuilder::cluster_rank() { return ptx(i32(), "mov.u32 $0, %cluster_c
 void KernelBuilder::mbarrier_arrive_cluster(Value* bar, Value* rank) {
   ptx(ir_.getVoidTy(),
       "{\n\t.reg .b32 remote;\n\tmapa.shared::cluster.u32 remote, $0, $1;\n\t"
-      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n\t}",
+      "mbarrier.arrive.release.cta.shared::cluster.b64 _, [remote];\n\t}",
       "r,r,~{memory}", {smem_addr(bar), rank});
 }
 
