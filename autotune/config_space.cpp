@@ -34,12 +34,18 @@ Axes default_axes(DType dtype) {
 // sm_90a, 16-bit: the TMA + wgmma pipeline's axes (BM = 64 x consumer warpgroups, BK = 64),
 // and for the persistent backward GEMMs, ping-pong consumers (BM = 64 or 128 each) and CTA pairs
 // multicasting B (BN a multiple of 128; slower than single CTAs on the H200 so far: only the
-// small space, which the GPU tests verify, has one).
+// small space, which the GPU tests verify, has one); for grad_weight and grad_input, CTA pairs
+// along N multicasting A (dz, the operand the GEMM streams), as cuBLAS pairs them.
 std::vector<TileConfig> wgmma_tiles(KernelKind kind, bool small) {
   const bool backward = kind != KernelKind::LseForward;
   auto pingpong = [](int bn, int stages, int cluster = 1, int bm = 64) {
     TileConfig t{bm, bn, 64, 1, 1, stages, 2, cluster};
     t.pingpong = true;
+    return t;
+  };
+  auto pair_n = [](int bn, int stages) {  // two consumers, 128 x BN, paired along N
+    TileConfig t{128, bn, 64, 1, 1, stages, 2, 2};
+    t.cluster_n = true;
     return t;
   };
   if (small) {  // two consumers sharing a CTA, one consumer with two CTAs per SM, a CTA pair, ping-pongs
@@ -49,6 +55,7 @@ std::vector<TileConfig> wgmma_tiles(KernelKind kind, bool small) {
       out.push_back(pingpong(128, 4));
       out.push_back(pingpong(128, 4, 2));
       if (kind != KernelKind::DlogitsBackward) out.push_back(pingpong(128, 4, 1, 128));
+      if (kind == KernelKind::GradWeight || kind == KernelKind::GradInput) out.push_back(pair_n(128, 4));
     }
     return out;
   }
@@ -72,6 +79,9 @@ std::vector<TileConfig> wgmma_tiles(KernelKind kind, bool small) {
       t.split_n = true;
       out.push_back(t);
     }
+    if (kind == KernelKind::GradWeight || kind == KernelKind::GradInput)
+      for (const auto& [bn, stages] : {std::pair{192, 4}, std::pair{192, 5}, std::pair{256, 4}})
+        out.push_back(pair_n(bn, stages));
   }
   return out;
 }

@@ -76,7 +76,7 @@ std::string TileConfig::text() const {
   else
     out << warps_m << 'x' << warps_n;
   out << "/s" << stages;
-  if (cluster != 1) out << "/c" << cluster;
+  if (cluster != 1) out << "/c" << cluster << (cluster_n ? "n" : "");
   if (pingpong) out << "/pp";
   if (split_n) out << "/sn";
   return out.str();
@@ -85,7 +85,7 @@ std::string TileConfig::text() const {
 TileConfig TileConfig::parse(std::string_view text) {
   TileConfig t;
   auto bad = [&] {
-    return SpecError("tile must read BMxBNxBK/WMxWN/sSTAGES or BMxBNxBK/wgC/sSTAGES[/cCLUSTER][/pp][/sn], got '" +
+    return SpecError("tile must read BMxBNxBK/WMxWN/sSTAGES or BMxBNxBK/wgC/sSTAGES[/cCLUSTER[n]][/pp][/sn], got '" +
                      std::string(text) + "'");
   };
   char x1, x2, slash1, slash2, s;
@@ -104,7 +104,8 @@ TileConfig TileConfig::parse(std::string_view text) {
   }
   in >> slash2 >> s >> t.stages;
   if (!in || slash2 != '/' || s != 's') throw bad();
-  // Optional wgmma suffixes, in this order: /cN (cluster), /pp (ping-pong), /sn (split along N).
+  // Optional wgmma suffixes, in this order: /cN or /cNn (cluster, along M or N), /pp (ping-pong),
+  // /sn (split along N).
   std::string rest;
   std::getline(in, rest, '\0');
   if (!rest.empty() && !t.wgmma()) throw bad();
@@ -116,7 +117,9 @@ TileConfig TileConfig::parse(std::string_view text) {
   t.split_n = suffix("/sn");
   t.pingpong = suffix("/pp");
   if (!rest.empty()) {
-    if (rest.size() != 3 || rest[0] != '/' || rest[1] != 'c' || rest[2] < '1' || rest[2] > '9') throw bad();
+    t.cluster_n = rest.size() == 4 && rest[3] == 'n';
+    if (rest.size() != (t.cluster_n ? 4u : 3u) || rest[0] != '/' || rest[1] != 'c' || rest[2] < '1' || rest[2] > '9')
+      throw bad();
     t.cluster = rest[2] - '0';
   }
   return t;
@@ -240,6 +243,7 @@ void TileConfig::check_range() const {
   if (consumers < 0 || consumers > kMaxConsumers)
     throw SpecError("tile consumers = " + std::to_string(consumers) + " is outside 0.." + std::to_string(kMaxConsumers));
   in_range(cluster, "cluster", kMaxCluster);
+  if (cluster_n && cluster == 1) throw SpecError("tile " + text() + ": cluster_n needs a cluster of 2 or more CTAs");
 }
 
 void KernelSpec::validate() const {
@@ -344,9 +348,16 @@ void KernelSpec::validate() const {
       // B tile: whole 64-row boxes each (MN-major B), and half boxes of whole swizzle atoms.
       if (kind == KernelKind::LseForward)
         fail("tile " + t.text() + ": clusters serve the persistent backward GEMMs, not lse_forward");
-      if (t.bn % (64 * t.cluster) != 0)
+      if (t.cluster_n) {  // each CTA multicasts its share of A instead, under the same rule
+        if (kind != KernelKind::GradWeight && kind != KernelKind::GradInput)
+          fail("tile " + t.text() + ": clusters along N serve grad_weight and grad_input, not " + std::string(info.name));
+        if (t.bm % (64 * t.cluster) != 0)
+          fail("tile " + t.text() + ": a cluster of " + std::to_string(t.cluster) + " along N needs BM a multiple of " +
+               std::to_string(64 * t.cluster) + ", got " + std::to_string(t.bm));
+      } else if (t.bn % (64 * t.cluster) != 0) {
         fail("tile " + t.text() + ": a cluster of " + std::to_string(t.cluster) + " needs BN a multiple of " +
              std::to_string(64 * t.cluster) + ", got " + std::to_string(t.bn));
+      }
     }
     // TMA needs global row strides that are multiples of 16 bytes; hidden and weight rows are H
     // elements (no padded copy is made): other H run the mma.sync mainloop (runtime/plan.cpp).

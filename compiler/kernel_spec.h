@@ -69,6 +69,10 @@ struct TileConfig {
   // computes two tiles adjacent along M, and each CTA loads half of their shared B tile into
   // both (TMA multicast), halving B's traffic from L2.
   int cluster = 1;
+  // With a cluster: its CTAs compute tiles adjacent along N instead, sharing their A tile, of
+  // which each loads 1/cluster into every CTA ("/c2n"; grad_weight and grad_input, whose A is
+  // the [tokens, V] dz that the GEMM streams: cuBLAS pairs its CTAs this way for both).
+  bool cluster_n = false;
   // Ping-pong (wgmma tiles with two consumers, BM = 64 or 128): each consumer warpgroup computes
   // whole BM x BN tiles of its own, alternate tiles of the CTA's schedule, so one's epilogue runs
   // while the other's wgmma keep the tensor cores busy.
@@ -88,14 +92,14 @@ struct TileConfig {
   // one-consumer wgmma tiles, so that one CTA's epilogue overlaps the other's mainloop.
   int ctas_per_sm() const { return wgmma() && consumers == 1 ? 2 : 1; }
   int threads() const { return wgmma() ? 128 * (consumers + 1) : warps_m * warps_n * 32; }
-  // "128x128x64/2x4/s3", "128x256x64/wg2/s4", "128x256x64/wg2/s4/c2", "64x256x64/wg2/s5/c2/pp"
-  // or "192x192x64/wg2/s4/sn"
+  // "128x128x64/2x4/s3", "128x256x64/wg2/s4", "128x256x64/wg2/s4/c2", "128x192x64/wg2/s4/c2n",
+  // "64x256x64/wg2/s5/c2/pp" or "192x192x64/wg2/s4/sn"
   std::string text() const;
   static TileConfig parse(std::string_view text);  // throws SpecError naming the text
   // Throws SpecError naming the first field outside its range. A tile may come from a file:
   // call this before any arithmetic on its fields.
   void check_range() const;
-  auto tie() const { return std::tie(bm, bn, bk, warps_m, warps_n, stages, consumers, cluster, pingpong, split_n); }
+  auto tie() const { return std::tie(bm, bn, bk, warps_m, warps_n, stages, consumers, cluster, cluster_n, pingpong, split_n); }
   bool operator==(const TileConfig& o) const { return tie() == o.tie(); }
   bool operator<(const TileConfig& o) const { return tie() < o.tie(); }
 };

@@ -52,7 +52,7 @@ struct Operand {
 // 64 contiguous elements (one 128-byte swizzled row) by BM/BN rows (K-major) or BK rows
 // (MN-major); reads past the extents zero-fill.
 // `tile_mn / parts` rows per box instead where the CTAs of a cluster each load a share of a
-// K-major tile (the pipeline's multicast B).
+// K-major tile (the pipeline's multicast B, or A along N).
 CUtensorMap operand_map(const Operand& op, Layout layout, DType dtype, int tile_mn, int bk, int parts = 1) {
   const bool k_major = layout == Layout::KMajor;
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k_major ? op.k : op.mn),
@@ -72,12 +72,13 @@ CUtensorMap operand_map(const Operand& op, Layout layout, DType dtype, int tile_
 // The grid of a backward GEMM whose output is [rows, cols]: one CTA per tile for mma.sync
 // tiles; for wgmma tiles, persistent CTAs (as many as fill the device) that loop over the
 // tiles, counting them in 32 bits and stepping by the grid, so tiles + grid must not wrap.
-// Clustered tiles: whole clusters, each taking groups of `cluster` tiles adjacent along M.
+// Clustered tiles: whole clusters, each taking groups of `cluster` tiles adjacent along M (N).
 Dim3 gemm_grid(const Plan& plan, const KernelSpec& spec, int64_t rows, int64_t cols, const char* kernel) {
   const Dim3 grid{grid_dim(rows, spec.tile.bm, 'x'), grid_dim(cols, spec.tile.bn, 'y'), 1};
   if (!spec.tile.wgmma()) return grid;
   const int64_t cluster = spec.tile.cluster;
-  const int64_t tiles = ceil_div(int64_t{grid.x}, cluster) * cluster * grid.y;
+  const int64_t tiles = spec.tile.cluster_n ? int64_t{grid.x} * (ceil_div(int64_t{grid.y}, cluster) * cluster)
+                                            : ceil_div(int64_t{grid.x}, cluster) * cluster * grid.y;
   const int64_t ctas = std::max(std::min(tiles, plan.device_ctas(spec.tile)) / cluster, int64_t{1}) * cluster;
   if (tiles > INT32_MAX - ctas)
     throw SpecError(std::string("problem too large: ") + std::to_string(tiles) + " " + kernel +
@@ -92,8 +93,9 @@ void launch_gemm(const Kernel& kernel, const KernelSpec& spec, Dim3 grid, CUstre
   CUtensorMap maps[2];
   if (spec.tile.wgmma()) {
     const KernelKindInfo& info = kind_info(spec.kind);
-    maps[0] = operand_map(a, info.a, spec.dtype, spec.tile.bm, spec.tile.bk);
-    maps[1] = operand_map(b, info.b, spec.dtype, spec.tile.bn, spec.tile.bk, spec.tile.cluster);
+    const int shared_parts = spec.tile.cluster;  // the shared operand's share a CTA loads
+    maps[0] = operand_map(a, info.a, spec.dtype, spec.tile.bm, spec.tile.bk, spec.tile.cluster_n ? shared_parts : 1);
+    maps[1] = operand_map(b, info.b, spec.dtype, spec.tile.bn, spec.tile.bk, spec.tile.cluster_n ? 1 : shared_parts);
     params.push_back(&maps[0]);
     params.push_back(&maps[1]);
   }

@@ -228,22 +228,26 @@ void GemmSkeleton::run_persistent(Value* grid_m, Value* grid_n, Value* k_tiles, 
     }, transform);
     return;
   }
-  // Clusters of C CTAs (consecutive along x) walk a grid of C x 1 tile groups; CTA r of a
-  // cluster takes M block C·i + r of group i, so the pair's tiles share their B tile. Where
-  // grid_m is not a multiple of C, the last group's extra CTAs compute a tile wholly past M
-  // (TMA loads zeros; the epilogues write no row at or past M) and still multicast their
-  // share of B to the peer that needs it.
+  // Clusters of C CTAs (consecutive along x) walk a grid of C x 1 tile groups (1 x C along N);
+  // CTA r of a cluster takes M block C·i + r of group i (N block C·j + r), so the pair's tiles
+  // share their B tile (A tile). Where grid_m (grid_n) is not a multiple of C, the last group's
+  // extra CTAs compute a tile wholly past M (N): TMA loads zeros, the epilogues write no row at
+  // or past M (no column at or past N: grad_weight's and grad_input's, which alone take
+  // clusters along N), and they still multicast their share to the peer that needs it.
   const int c = tile_.cluster;
-  Value* groups_m = ir.CreateUDiv(ir.CreateAdd(grid_m, kb_.c32(c - 1)), kb_.c32(c));
-  Value* groups = ir.CreateMul(groups_m, grid_n);
+  const bool along_n = tile_.cluster_n;
+  Value* groups_m = along_n ? grid_m : ir.CreateUDiv(ir.CreateAdd(grid_m, kb_.c32(c - 1)), kb_.c32(c));
+  Value* groups_n = along_n ? ir.CreateUDiv(ir.CreateAdd(grid_n, kb_.c32(c - 1)), kb_.c32(c)) : grid_n;
+  Value* groups = ir.CreateMul(groups_m, groups_n);
   run_specialised([&](bool, const TileVisit& visit) {
     Value* rank = kb_.cluster_rank();
     Value* cluster = ir.CreateUDiv(kb_.ctaid(0), kb_.c32(c));
     Value* clusters = ir.CreateUDiv(kb_.nctaid(0), kb_.c32(c));
     kb_.for_range(cluster, groups, clusters, [&](Value* pid) {
-      Value *group_m, *n_block;
-      std::tie(group_m, n_block) = tile_blocks(pid, groups_m, grid_n);
-      Value* m_block = ir.CreateAdd(ir.CreateMul(group_m, kb_.c32(c)), rank);
+      Value *group_m, *group_n;
+      std::tie(group_m, group_n) = tile_blocks(pid, groups_m, groups_n);
+      Value* m_block = along_n ? group_m : ir.CreateAdd(ir.CreateMul(group_m, kb_.c32(c)), rank);
+      Value* n_block = along_n ? ir.CreateAdd(ir.CreateMul(group_n, kb_.c32(c)), rank) : group_n;
       Value* m0 = ir.CreateMul(ir.CreateZExt(m_block, kb_.i64()), kb_.c64(tile_.bm));
       Value* n0 = ir.CreateMul(ir.CreateZExt(n_block, kb_.i64()), kb_.c64(tile_.bn));
       visit(m0, n0, k_tiles, [&](const Fragment& f) { epilogue(m0, n0, f); });

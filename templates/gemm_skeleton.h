@@ -137,8 +137,8 @@ class GemmSkeleton {
   // run_specialised over a (grid_m, grid_n) grid of tiles (i32 counts), each K = k_tiles deep:
   // persistent CTAs take tiles ctaid.x, ctaid.x + nctaid.x, ... in grouped order (tile_origin),
   // and `epilogue` runs on each tile's fragment with the tile's origin (m0, n0), i64. Clustered
-  // tiles: each cluster takes groups of `cluster` tiles adjacent along M instead (the grid is
-  // launched in whole clusters).
+  // tiles: each cluster takes groups of `cluster` tiles adjacent along M (along N with
+  // cluster_n) instead (the grid is launched in whole clusters).
   using TileEpilogue = std::function<void(llvm::Value* m0, llvm::Value* n0, const Fragment&)>;
   // With `transform`, operand A reaches the wgmma through registers (OperandTransform).
   void run_persistent(llvm::Value* grid_m, llvm::Value* grid_n, llvm::Value* k_tiles, const TileEpilogue& epilogue,

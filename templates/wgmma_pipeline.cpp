@@ -22,6 +22,8 @@
 // multicast into both CTAs' rings at the same offsets, completing bytes on both CTAs' full
 // barriers (each arms its own with the whole stage). A slot is refilled only once the consumers
 // of both CTAs have released it: every consumer warp arrives on the empty barrier of each CTA.
+// Along N (TileConfig::cluster_n) the pair's tiles are adjacent along N and share their A tile,
+// of which each CTA loads its half and multicasts it; B is each CTA's own.
 //
 // Ping-pong (TileConfig::pingpong, run() only): each consumer warpgroup computes whole BM x BN
 // tiles (one or two m64 blocks), the first consumer the schedule's tiles 0, 2, 4, ..., the second 1, 3, 5, .... The ring
@@ -319,15 +321,18 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
     k_tiles = kb_.opaque_i32(at_least_one(k_tiles));
     Value* map_a = kb_.tensor_map("tma_a");
     Value* map_b = kb_.tensor_map("tma_b");
-    Value* rank = t_.cluster > 1 ? kb_.cluster_rank() : nullptr;  // B: this CTA's share, multicast
+    // The shared operand (B; A along N): this CTA's share, multicast.
+    Value* rank = t_.cluster > 1 ? kb_.cluster_rank() : nullptr;
+    Value* rank_a = t_.cluster_n ? rank : nullptr;
+    Value* rank_b = t_.cluster_n ? nullptr : rank;
     kb_.for_range(kb_.c32(0), k_tiles, kb_.c32(1), [&](Value* kt) {
       Cursor c = load_cursor(state);
       // A fresh barrier counts as having completed the phase before its first: phase ^ 1
       // passes at once for each slot's first use.
       kb_.mbarrier_wait(empty(c.slot), ir.CreateXor(c.phase, kb_.c32(1)));
       kb_.mbarrier_arrive_expect_tx(full(c.slot), g_.stage_bytes);  // out-of-bounds zeros count too
-      load(map_a, a_, t_.bm, a_base(c.slot), m0, kt, full(c.slot));
-      load(map_b, b_, t_.bn, b_base(c.slot), n0, kt, full(c.slot), rank);
+      load(map_a, a_, t_.bm, a_base(c.slot), m0, kt, full(c.slot), rank_a);
+      load(map_b, b_, t_.bn, b_base(c.slot), n0, kt, full(c.slot), rank_b);
       Cursor next = advance(c);
       kb_.store(next.slot, kb_.at(state, kb_.i32(), 0));
       kb_.store(next.phase, kb_.at(state, kb_.i32(), 1));

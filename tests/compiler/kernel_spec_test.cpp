@@ -253,7 +253,8 @@ TEST(KernelSpec, AllLossOptionsTogetherRoundTrip) {
 }
 
 TEST(KernelSpec, ClusterAndPingPongTileTextsRoundTrip) {
-  for (const char* text : {"128x256x64/wg2/s4/c2", "64x256x64/wg2/s5/pp", "64x128x64/wg2/s4/c2/pp", "192x192x64/wg2/s4/sn"}) {
+  for (const char* text : {"128x256x64/wg2/s4/c2", "64x256x64/wg2/s5/pp", "64x128x64/wg2/s4/c2/pp", "192x192x64/wg2/s4/sn",
+                           "128x192x64/wg2/s4/c2n", "128x256x64/wg2/s4/c2n/pp"}) {
     const TileConfig t = TileConfig::parse(text);
     EXPECT_EQ(t.text(), text);
     EXPECT_EQ(t.threads(), 384) << text;
@@ -269,10 +270,19 @@ TEST(KernelSpec, ClusterAndPingPongTileTextsRoundTrip) {
   EXPECT_EQ(split.accumulators(), 144);
   EXPECT_FALSE(TileConfig::parse("192x192x64/wg2/s4") == split);
   EXPECT_FALSE(TileConfig::parse("128x256x64/wg2/s4/c2") == TileConfig::parse("128x256x64/wg2/s4"));
-  // Suffixes only after a wgmma tile, cluster before ping-pong, one digit of cluster.
+  const TileConfig along_n = TileConfig::parse("128x192x64/wg2/s4/c2n");
+  EXPECT_EQ(along_n.cluster, 2);
+  EXPECT_TRUE(along_n.cluster_n);
+  EXPECT_FALSE(TileConfig::parse("128x192x64/wg2/s4/c2").cluster_n);
+  EXPECT_FALSE(along_n == TileConfig::parse("128x192x64/wg2/s4/c2"));
+  // Suffixes only after a wgmma tile, cluster before ping-pong, one digit of cluster, n only after it.
   for (const char* bad : {"128x128x64/2x4/s3/c2", "128x128x64/2x4/s3/pp", "64x256x64/wg2/s5/pp/c2",
-                          "128x256x64/wg2/s4/c", "128x256x64/wg2/s4/c12", "128x256x64/wg2/s4/x2", "64x256x64/wg2/s5/ppp"})
+                          "128x256x64/wg2/s4/c", "128x256x64/wg2/s4/c12", "128x256x64/wg2/s4/x2", "64x256x64/wg2/s5/ppp",
+                          "128x256x64/wg2/s4/c2m", "128x256x64/wg2/s4/cn", "128x256x64/wg2/s4/c2nn", "128x256x64/wg2/s4/n"})
     EXPECT_NE(spec_error([&] { TileConfig::parse(bad); }).find(bad), std::string::npos) << bad;
+  // A cluster of one CTA has no direction.
+  EXPECT_NE(spec_error([&] { TileConfig::parse("128x256x64/wg2/s4/c1n").check_range(); }).find("cluster_n needs a cluster"),
+            std::string::npos);
 }
 
 TEST(KernelSpec, ValidateNamesWhatClustersAndPingPongNeed) {
@@ -327,6 +337,21 @@ TEST(KernelSpec, ValidateNamesWhatClustersAndPingPongNeed) {
   EXPECT_NE(error_of(KernelKind::DlogitsBackward, split({256, 256, 64, 1, 1, 3, 2})).find("256 fp32 accumulators, over 128"),
             std::string::npos);
   EXPECT_NE(error_of(KernelKind::GradWeight, {128, 256, 64, 1, 1, 4, 2, 3}).find("cluster"), std::string::npos);
+  // Along N: each CTA multicasts half of A, so BM (not BN) is whole 64-row shares; only the
+  // gradient GEMMs (their epilogues write no column past N).
+  auto along_n = [](TileConfig t) {
+    t.cluster_n = true;
+    return t;
+  };
+  EXPECT_EQ(error_of(KernelKind::GradWeight, along_n({128, 192, 64, 1, 1, 4, 2, 2})), "no error");
+  EXPECT_EQ(error_of(KernelKind::GradInput, along_n({128, 256, 64, 1, 1, 4, 2, 2})), "no error");
+  EXPECT_EQ(error_of(KernelKind::GradInput, along_n(pingpong({128, 128, 64, 1, 1, 4, 2, 2}))), "no error");
+  EXPECT_NE(error_of(KernelKind::GradInput, along_n(pingpong({64, 256, 64, 1, 1, 4, 2, 2})))
+                .find("along N needs BM a multiple of 128, got 64"),
+            std::string::npos);
+  EXPECT_NE(error_of(KernelKind::DlogitsBackward, along_n({128, 256, 64, 1, 1, 4, 2, 2}))
+                .find("clusters along N serve grad_weight and grad_input, not dlogits_backward"),
+            std::string::npos);
   EXPECT_NE(error_of(KernelKind::GradWeight, {128, 128, 64, 2, 4, 3, 0, 2}).find("need a wgmma tile"),
             std::string::npos);
 }
@@ -353,7 +378,7 @@ TEST(KernelSpec, ValidateNamesWhatAWgmmaTileNeeds) {
 
 TEST(KernelSpec, EveryFieldChangesTheKey) {
   KernelSpec base = sample();
-  std::vector<KernelSpec> variants(27, base);
+  std::vector<KernelSpec> variants(28, base);
   variants[0].kind = KernelKind::GradInput;
   variants[1].vocab += 1;
   variants[2].hidden += 8;
@@ -381,6 +406,8 @@ TEST(KernelSpec, EveryFieldChangesTheKey) {
   variants[24].lse_grad = true;
   variants[25].shift = true;
   variants[26].eager_operand = true;
+  variants[27].tile.cluster = 2;
+  variants[27].tile.cluster_n = true;
   std::set<std::string> texts{base.text()};
   for (const KernelSpec& v : variants) {
     EXPECT_NE(v, base);
