@@ -354,6 +354,37 @@ TileConfig Plan::tile(KernelKind kind) const {
   TileConfig t =
       default_tile(kind, p_.dtype, arch_, limits_.smem_per_block, p_.hidden, p_.label_smoothing, p_.class_weight);
   if (heavy_epilogue && t.wgmma() && t.accumulators() > 64) return TileConfig{128, 128, 64, 1, 1, 4, 2};
+  if (three_gemm_ && t.wgmma() && !tuning_.eager_operand &&
+      (kind == KernelKind::GradInput || kind == KernelKind::GradWeight)) {
+    // Eager's gradient GEMMs stream the [tokens, V] dz (K = V for grad_input, the M side for
+    // grad_weight): CTA pairs along N share its tile, each loading half and multicasting it, as
+    // cuBLAS's 1x2 clusters do. Under ncu at gemma2-2b (H200, test-results/2026-12-02-h200-
+    // session17-run3) that halved the DRAM bytes read (grad_weight 33.2 -> 16.0 GB, grad_input
+    // 43.6 -> 24.0; cuBLAS's 13.2 and 13.4) and ran 1.3% and 2.9% faster at ncu's locked clock;
+    // under the power cap, where eager's steps took 12% more energy than cuBLAS's three GEMMs
+    // (32.7 against 29.3 J at 690 W, 1393 against 1450 MHz), energy is time. 128 x 256 or
+    // 128 x 192, whichever leaves fewer idle slots (a pair's odd column block past H counts as
+    // idle), 128 x 192 discounted as in the rule below. (Not with the operand transform, which
+    // needs unclustered tiles.)
+    const int64_t rows = kind == KernelKind::GradInput ? token_chunk_ : p_.vocab;  // grad_weight: [V, H] at once
+    auto pair = [](int bn) {
+      TileConfig c{128, bn, 64, 1, 1, 4, 2, 2};
+      c.cluster_n = true;
+      return c;
+    };
+    auto busy = [&](const TileConfig& c) {
+      const int64_t tiles = ceil_div(rows, c.bm) * (ceil_div(ceil_div(p_.hidden, c.bn), int64_t{2}) * 2);
+      const int64_t slots = std::max(device_ctas(c) / 2 * 2, int64_t{2});
+      return static_cast<double>(rows) * static_cast<double>(p_.hidden) /
+             (static_cast<double>(ceil_div(tiles, slots) * slots) * c.bm * c.bn);
+    };
+    const TileConfig wide = pair(256), narrow = pair(192);
+    const TileConfig pick = busy(narrow) * 0.977 > busy(wide) ? narrow : wide;
+    KernelSpec shared = problem_spec(kind, p_, arch_);
+    shared.tile = pick;
+    const int64_t limit = limits_.smem_per_block > 0 ? limits_.smem_per_block : arch_info(arch_).smem_per_block_optin;
+    if (kernel_smem_bytes(shared) <= limit) return pick;
+  }
   if (three_gemm_ && t.wgmma() && t.pingpong && t.bm == 64 && t.bn == 256 && kind == KernelKind::GradInput) {
     // Eager's grad_input is one GEMM over K = V into [token chunk, H]: two consumers sharing a
     // 128-row tile read 1.7x fewer operand bytes per FLOP than ping-pong's 64-row tiles, and with

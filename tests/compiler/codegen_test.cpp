@@ -414,8 +414,10 @@ std::vector<WgmmaCase> wgmma_cases() {
   TileConfig pair_n{128, 192, 64, 1, 1, 4, 2, 2}, pair_n_wide{128, 256, 64, 1, 1, 4, 2, 2};
   pair_n.cluster_n = pair_n_wide.cluster_n = true;
   for (const TileConfig& tile : {pair_n, pair_n_wide})
-    for (KernelKind kind : {KernelKind::GradWeight, KernelKind::GradInput})
-      cases.push_back({kind, DType::BF16, false, Reduction::Mean, tile});
+    for (DType dtype : {DType::BF16, DType::FP16})
+      for (Reduction reduction : {Reduction::Mean, Reduction::None})
+        for (KernelKind kind : {KernelKind::GradWeight, KernelKind::GradInput})
+          cases.push_back({kind, dtype, false, reduction, tile});
   for (DType dtype : {DType::BF16, DType::FP16})
     for (Reduction reduction : {Reduction::Mean, Reduction::None})
       for (KernelKind kind : {KernelKind::DlogitsBackward, KernelKind::GradWeight, KernelKind::GradInput})

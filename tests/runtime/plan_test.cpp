@@ -50,27 +50,42 @@ TEST(Plan, ChunkWorkspaceStaysWithinDefaultBudget) {
   }
 }
 
-TEST(Plan, EagerGradInputTakesSharedTilesOfTheBusierWidth) {
-  // Eager's grad_input (one GEMM over K = V) takes two consumers sharing 128-row tiles: 128 x 192
-  // at gemma2-2b (H = 2304: 768 tiles fill 5.8 of 6 waves on 132 CTAs, 128 x 256's 576 fill 4.4
-  // of 5), 128 x 256 at llama3-8b and llama3-70b (H = 4096: 1024 tiles fill 7.8 of 8 waves, while
-  // 128 x 192 pads 4096 to 22 column blocks). Recompute mode keeps ping-pong (its chunked
-  // grad_input hides each tile's epilogue there).
+TEST(Plan, EagerGradientGemmsTakeCtaPairsAlongNOfTheBusierWidth) {
+  // Eager's grad_input (one GEMM over K = V) and grad_weight ([V, H] over K = N) take two
+  // consumers sharing 128-row tiles, the CTAs paired along N (sharing dz's tile): 128 x 192 at
+  // gemma2-2b (H = 2304: 12 column blocks, 6 pairs; 128 x 256's 9 leave a pair half past H),
+  // 128 x 256 at llama3-8b and llama3-70b (H = 4096 and 8192: 128 x 192 pads them to 22 and
+  // 44 column blocks). Recompute mode keeps its tiles (ping-pong grad_input, unpaired grad_weight).
   const TileConfig pingpong = default_tile(KernelKind::GradInput, DType::BF16, Arch::SM90A);
   ASSERT_TRUE(pingpong.pingpong && pingpong.bm == 64 && pingpong.bn == 256);
-  const TileConfig narrow{128, 192, 64, 1, 1, 4, 2}, wide{128, 256, 64, 1, 1, 4, 2};
+  const TileConfig unpaired = default_tile(KernelKind::GradWeight, DType::BF16, Arch::SM90A);
+  ASSERT_EQ(unpaired.cluster, 1);
+  TileConfig narrow{128, 192, 64, 1, 1, 4, 2, 2}, wide{128, 256, 64, 1, 1, 4, 2, 2};
+  narrow.cluster_n = wide.cluster_n = true;
   lfce_problem gemma = llama3(8192);
   gemma.hidden = 2304;
   gemma.vocab = 256000;
   EXPECT_EQ(Plan(problem(gemma), Arch::SM90A).spec(KernelKind::GradInput).tile, pingpong);
+  EXPECT_EQ(Plan(problem(gemma), Arch::SM90A).spec(KernelKind::GradWeight).tile.cluster, 1);
   gemma.mode = LFCE_MODE_EAGER;
-  EXPECT_EQ(Plan(problem(gemma), Arch::SM90A).spec(KernelKind::GradInput).tile, narrow);
+  for (KernelKind kind : {KernelKind::GradInput, KernelKind::GradWeight}) {
+    SCOPED_TRACE(kind_name(kind));
+    EXPECT_EQ(Plan(problem(gemma), Arch::SM90A).spec(kind).tile, narrow);
+    lfce_problem llama = llama3(8192);
+    llama.mode = LFCE_MODE_EAGER;
+    EXPECT_EQ(Plan(problem(llama), Arch::SM90A).spec(kind).tile, wide);
+    llama.hidden = 8192;
+    EXPECT_EQ(Plan(problem(llama), Arch::SM90A).spec(kind).tile, wide);
+  }
   lfce_problem llama = llama3(8192);
   EXPECT_EQ(Plan(problem(llama), Arch::SM90A).spec(KernelKind::GradInput).tile, pingpong);
-  llama.mode = LFCE_MODE_EAGER;
-  EXPECT_EQ(Plan(problem(llama), Arch::SM90A).spec(KernelKind::GradInput).tile, wide);
-  llama.hidden = 8192;
-  EXPECT_EQ(Plan(problem(llama), Arch::SM90A).spec(KernelKind::GradInput).tile, wide);
+  // With the operand transform (unclustered tiles only), eager's grad_input keeps the shared
+  // tiles of the busier width and grad_weight the unpaired default.
+  Tuning transform;
+  transform.eager_operand = true;
+  EXPECT_EQ(Plan(problem(gemma), Arch::SM90A, transform).spec(KernelKind::GradInput).tile,
+            (TileConfig{128, 192, 64, 1, 1, 4, 2}));
+  EXPECT_EQ(Plan(problem(gemma), Arch::SM90A, transform).spec(KernelKind::GradWeight).tile.cluster, 1);
   // A tuned tile stays; sm_80 has no ping-pong.
   Tuning tuned;
   tuned.tiles[KernelKind::GradInput] = pingpong;
