@@ -33,9 +33,9 @@ Axes default_axes(DType dtype) {
 
 // sm_90a, 16-bit: the TMA + wgmma pipeline's axes (BM = 64 x consumer warpgroups, BK = 64),
 // and for the persistent backward GEMMs, ping-pong consumers (BM = 64 or 128 each) and CTA pairs
-// multicasting B (BN a multiple of 128; slower than single CTAs on the H200 so far: only the
-// small space, which the GPU tests verify, has one); for grad_weight and grad_input, CTA pairs
-// along N multicasting A (dz, the operand the GEMM streams), as cuBLAS pairs them.
+// multicasting B (BN a multiple of 128; within about 1% of single CTAs on the H200, session 17:
+// only the small space, which the GPU tests verify, has one); for grad_weight and grad_input, CTA
+// pairs along N multicasting A (dz, the operand the GEMM streams), as cuBLAS pairs them.
 std::vector<TileConfig> wgmma_tiles(KernelKind kind, bool small) {
   const bool backward = kind != KernelKind::LseForward;
   auto pingpong = [](int bn, int stages, int cluster = 1, int bm = 64) {
