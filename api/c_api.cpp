@@ -385,9 +385,10 @@ int lfce_plan_is_tuned(const lfce_problem* problem, int32_t device, int32_t* tun
     const lfce::runtime::DeviceInfo& info = lfce::runtime::device_info(device);
     const lfce::runtime::DeviceLimits limits{info.max_smem_optin, info.sm_count};
     // The session's tuning, as the next forward and backward run with (the environment's
-    // LFCE_EAGER_OPERAND switch is not a tuning).
+    // LFCE_EAGER_OPERAND and LFCE_EAGER_FIXUP switches are not a tuning).
     lfce::runtime::Tuning tuning = lfce::api::Session::get().tuning(p, info.arch(), limits);
-    tuning.eager_operand = false;
+    tuning.eager_operand = lfce::runtime::Tuning{}.eager_operand;
+    tuning.eager_fixup = lfce::runtime::Tuning{}.eager_fixup;
     *tuned = tuning == lfce::runtime::Tuning{} ? 0 : 1;
   });
 }

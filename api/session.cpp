@@ -62,6 +62,7 @@ runtime::Tuning Session::tuning(const runtime::Problem& problem, Arch arch, cons
   // goes in here, so that launches and precompilation plan the same kernels.
   runtime::Tuning tuning = runtime::stored_tuning(runtime::TuningFiles(dir), problem, arch, limits);
   tuning.eager_operand = options().eager_operand;
+  tuning.eager_fixup = options().eager_fixup;
   std::lock_guard<std::mutex> lock(mutex_);
   return tunings_.emplace(key, std::move(tuning)).first->second;
 }

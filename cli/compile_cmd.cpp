@@ -1,11 +1,14 @@
 // lfce compile --vocab V --hidden H [...] [-o DIR]: writes <kernel>.ptx and <kernel>.json for
-// every kernel of one configuration. Generation only: no GPU, no cache.
+// every kernel of one configuration (<kernel>.2.ptx and so on for a kind's second spec, such as
+// eager_dz's constants and its pass). Generation only: no GPU, no cache.
 #include <nlohmann/json.hpp>
 
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <map>
+#include <string>
 
 #include "cli/commands.h"
 #include "cli/problem_options.h"
@@ -24,6 +27,7 @@ struct CompileOptions {
 struct Written {
   std::filesystem::path dir;
   std::string error;  // the first write that failed; nothing is written after it
+  std::map<std::string, int> written;  // specs written per kernel name
 };
 
 // "" or "cannot write <path>: <reason>". Every write and the close are checked: a full disk
@@ -39,8 +43,10 @@ std::string write_file(const std::filesystem::path& path, const std::string& dat
 void write_kernel(const lfce_kernel_info* k, void* user) {
   auto* w = static_cast<Written*>(user);
   if (!w->error.empty()) return;
-  const std::filesystem::path ptx = w->dir / (std::string(k->name) + ".ptx");
-  const std::filesystem::path meta = w->dir / (std::string(k->name) + ".json");
+  const int nth = ++w->written[k->name];
+  const std::string stem = std::string(k->name) + (nth > 1 ? "." + std::to_string(nth) : "");
+  const std::filesystem::path ptx = w->dir / (stem + ".ptx");
+  const std::filesystem::path meta = w->dir / (stem + ".json");
   nlohmann::json j = {{"kernel", k->name}, {"spec", k->spec},         {"ptx_bytes", k->ptx_size},
                       {"llvm_ms", k->compile_ms}, {"smem_bytes", k->smem_bytes}, {"threads", k->threads},
                       {"lfce_version", lfce_version()}};

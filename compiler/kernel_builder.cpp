@@ -179,6 +179,20 @@ void KernelBuilder::for_range(Value* begin, Value* end, Value* step,
   ir_.SetInsertPoint(exit);
 }
 
+void KernelBuilder::while_loop(const std::function<Value*()>& cond, const std::function<void()>& body) {
+  llvm::LLVMContext& c = ctx();
+  auto* header = llvm::BasicBlock::Create(c, "while", fn_);
+  auto* body_bb = llvm::BasicBlock::Create(c, "while_body", fn_);
+  auto* exit = llvm::BasicBlock::Create(c, "endwhile", fn_);
+  ir_.CreateBr(header);
+  ir_.SetInsertPoint(header);
+  ir_.CreateCondBr(cond(), body_bb, exit);
+  ir_.SetInsertPoint(body_bb);
+  body();
+  ir_.CreateBr(header);
+  ir_.SetInsertPoint(exit);
+}
+
 Value* KernelBuilder::exp(Value* x) {
   // e^x = 2^(x·log2 e); ex2.approx is the SFU instruction, 2 ulp.
   return exp2(ir_.CreateFMul(x, cf(kLog2e)));
@@ -343,6 +357,34 @@ Value* KernelBuilder::opaque(Value* smem_ptr) {
 }
 
 Value* KernelBuilder::opaque_i32(Value* value) { return ptx(i32(), "mov.b32 $0, $1;", "=r,r", {value}); }
+
+Value* KernelBuilder::opaque_i64(Value* value) { return ptx(i64(), "mov.b64 $0, $1;", "=l,l", {value}); }
+
+Value* KernelBuilder::atomic_add_i32(Value* global_ptr, Value* value) {
+  return ptx(i32(), "atom.relaxed.gpu.global.add.u32 $0, [$1], $2;", "=r,l,r,~{memory}",
+             {ir_.CreatePtrToInt(global_ptr, i64()), value});
+}
+
+void KernelBuilder::add_release_i32(Value* global_ptr, Value* value) {
+  ptx(ir_.getVoidTy(), "red.release.gpu.global.add.u32 [$0], $1;", "l,r,~{memory}",
+      {ir_.CreatePtrToInt(global_ptr, i64()), value});
+}
+
+Value* KernelBuilder::load_acquire_i32(Value* global_ptr) {
+  return ptx(i32(), "ld.acquire.gpu.global.u32 $0, [$1];", "=r,l,~{memory}", {ir_.CreatePtrToInt(global_ptr, i64())});
+}
+
+void KernelBuilder::fence_proxy_async_all() { ptx(ir_.getVoidTy(), "fence.proxy.async;", "~{memory}", {}); }
+
+void KernelBuilder::nanosleep(int nanoseconds) {
+  ptx(ir_.getVoidTy(), "nanosleep.u32 " + std::to_string(nanoseconds) + ";", "~{memory}", {});
+}
+
+Value* KernelBuilder::shfl_idx_i32(Value* value, int lane) {
+  auto* ci = call(llvm::Intrinsic::nvvm_shfl_sync_idx_i32, {c32(-1), value, c32(lane), c32(31)});
+  ci->addFnAttr(llvm::Attribute::Convergent);
+  return ci;
+}
 
 void KernelBuilder::warp_sync() {
   call(llvm::Intrinsic::nvvm_bar_warp_sync, {c32(-1)})->addFnAttr(llvm::Attribute::Convergent);

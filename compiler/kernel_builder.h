@@ -73,6 +73,8 @@ class KernelBuilder {
   // for (iv = begin; iv < end; iv += step) body(iv); integer type taken from `begin`.
   void for_range(llvm::Value* begin, llvm::Value* end, llvm::Value* step,
                  const std::function<void(llvm::Value*)>& body);
+  // while (cond()) body(); cond emits its i1 in the loop's header, each trip.
+  void while_loop(const std::function<llvm::Value*()>& cond, const std::function<void()>& body);
   // A value chosen by a branch, without a select on possibly-poison inputs.
   llvm::Value* select(llvm::Value* cond, llvm::Value* a, llvm::Value* b) { return ir_.CreateSelect(cond, a, b); }
 
@@ -140,6 +142,7 @@ class KernelBuilder {
   // The same i32, opaque to LLVM's loop analyses: values derived from it are not turned into
   // induction variables that stay live (in registers) across a whole loop body.
   llvm::Value* opaque_i32(llvm::Value* value);
+  llvm::Value* opaque_i64(llvm::Value* value);  // the same for an i64
   // bar.warp.sync: the warp's lanes reconverge (before .sync.aligned instructions that follow
   // a branch taken by some lanes only).
   void warp_sync();
@@ -148,6 +151,18 @@ class KernelBuilder {
   void set_max_registers(bool increase, int registers);
   // Named barrier `id` (1..15) over `threads` threads (a multiple of 32).
   void named_barrier(int id, int threads);
+  // Cross-CTA hand-offs through global memory (eager grad_weight's in-kernel fix-up): an i32
+  // counter at `global_ptr` (a global pointer). atomic_add_i32 returns the old value (relaxed,
+  // GPU scope); add_release_i32 adds after this thread's earlier writes (red.release.gpu);
+  // load_acquire_i32 reads it before this thread's later accesses (ld.acquire.gpu).
+  llvm::Value* atomic_add_i32(llvm::Value* global_ptr, llvm::Value* value);
+  void add_release_i32(llvm::Value* global_ptr, llvm::Value* value);
+  llvm::Value* load_acquire_i32(llvm::Value* global_ptr);
+  // fence.proxy.async (every state space): this thread's generic-proxy accesses are ordered
+  // with its async-proxy (TMA) ones, e.g. global data it saw written before a TMA load of it.
+  void fence_proxy_async_all();
+  void nanosleep(int nanoseconds);
+  llvm::Value* shfl_idx_i32(llvm::Value* value, int lane);  // lane `lane`'s value in every lane
   // wgmma.mma_async m64nNk16 (f32 accumulate) from shared-memory descriptors a, b (i64):
   // acc (N/2 floats per thread) += A·B. trans_*: the operand is MN-major in shared memory.
   std::vector<llvm::Value*> wgmma_m64k16(bool bf16, int n, llvm::Value* desc_a, llvm::Value* desc_b,

@@ -54,8 +54,9 @@ enum SpecField : uint32_t {
   kFieldLseGrad = 1u << 19,
   kFieldShift = 1u << 20,  // read wherever the targets are (load_target): KernelSpec::fields_read()
   kFieldEagerOperand = 1u << 21,
+  kFieldEagerFixup = 1u << 22,
 };
-inline constexpr uint32_t kAllSpecFields = (1u << 22) - 1;
+inline constexpr uint32_t kAllSpecFields = (1u << 23) - 1;
 
 struct KernelKindInfo {
   KernelKind kind;
@@ -113,7 +114,7 @@ inline constexpr KernelKindInfo kKernelKinds[] = {
          kTargetTermFields | kFieldTokenScaling | kOutputFields | kFieldLseGrad,
      false},
     {KernelKind::GradWeight, "grad_weight", true, true, true, false, Layout::KMajor, Layout::MNMajor, 0, 0, false,
-     kGemmFields | kFieldAccumulate | kFieldEagerOperand, true},
+     kGemmFields | kFieldAccumulate | kFieldEagerOperand | kFieldEagerFixup, true},
     {KernelKind::GradInput, "grad_input", true, true, true, false, Layout::MNMajor, Layout::MNMajor, 0, 0, false,
      kGemmFields | kFieldEagerOperand, true, true},
     {KernelKind::GradBias, "grad_bias", false, true, true, true, Layout::KMajor, Layout::KMajor, 0, 0, false,

@@ -144,6 +144,7 @@ std::string KernelSpec::text() const {
   if (lse_grad) out << ";lse_grad=1";
   if (shift) out << ";shift=1";
   if (eager_operand) out << ";eager_operand=1";
+  if (eager_fixup) out << ";eager_fixup=1";
   return out.str();
 }
 
@@ -224,6 +225,7 @@ KernelSpec KernelSpec::parse(std::string_view text) {
   take_flag("lse_grad", spec.lse_grad, "without gradients of the lse rows");
   take_flag("shift", spec.shift, "without a causal shift");
   take_flag("eager_operand", spec.eager_operand, "reading dz");
+  take_flag("eager_fixup", spec.eager_fixup, "reading dz as stored");
   if (!fields.empty()) throw SpecError("KernelSpec has unknown field '" + fields.begin()->first + "'");
   return spec;
 }
@@ -295,6 +297,11 @@ void KernelSpec::validate() const {
     fail("eager_operand needs a 16-bit dtype and, on a GEMM, an unclustered, unsplit sm_90a wgmma tile (its transform "
          "runs in the TMA pipeline; a split consumer's two m64 blocks of fragments spill), got " + std::string(dtype_name(dtype)) + ", tile " + tile.text() + " on " +
          std::string(arch_name(arch)));
+  flag(eager_fixup, "eager_fixup", kFieldEagerFixup, "does not read dz from the eager workspace (grad_weight does)");
+  if (eager_fixup && (eager_operand || dtype == DType::FP32 || !tile.wgmma() || arch != Arch::SM90A))
+    fail("eager_fixup needs a 16-bit dtype and an sm_90a wgmma tile without eager_operand (its fix-up runs in the TMA "
+         "pipeline's producer warpgroup), got " + std::string(dtype_name(dtype)) + ", tile " + tile.text() + " on " +
+         std::string(arch_name(arch)) + (eager_operand ? " with eager_operand" : ""));
   // The lse rows' gradients are not scaled for fp16 (their size is unknown: dz_scale would not fit).
   if (lse_grad && dtype == DType::FP16) fail("lse_grad needs bf16 or fp32, got fp16");
   if (!info.gemm) return;
@@ -445,6 +452,7 @@ KernelSpec KernelSpec::normalised() const {
   if (reads & kFieldLseGrad) out.lse_grad = lse_grad;
   if (reads & kFieldShift) out.shift = shift;
   if (reads & kFieldEagerOperand) out.eager_operand = eager_operand;
+  if (reads & kFieldEagerFixup) out.eager_fixup = eager_fixup;
   return out;
 }
 

@@ -163,12 +163,17 @@ class KernelSpec {
   // way from shared memory to the wgmma (templates/eager_operand.h), in place of eager_dz's pass
   // over the [V, ld] workspace.
   bool eager_operand = false;
+  // grad_weight in eager mode's three-GEMM schedule (sm_90a, 16-bit): the producer warpgroup's
+  // spare warps rewrite the stored exponentials p̃ into dz in place (eager_dz's pass, from the
+  // constants eager_dz stored in its eager_operand form) while the consumers compute, each row
+  // block of the workspace before the tiles that read it (templates/eager_fixup.h).
+  bool eager_fixup = false;
 
   // Canonical text, e.g.
   // "lse_forward;V=128256;H=4096;chunk=0;mode=recompute;dtype=bf16;targets=i64;reduction=mean;
   //  bias=0;arch=sm_90a;tile=128x128x64/2x4/s3", then ";softcap=30", ";temperature=0.7" and
   //  ";z_loss_scale=1e-04", ";label_smoothing=0.1", ";class_weight=1", ";accumulate=1" and
-  //  ";token_scaling=1", ";entropy=1", ";argmax=1", ";logprob=1", ";lse_grad=1", ";shift=1", ";eager_operand=1" where they are not the
+  //  ";token_scaling=1", ";entropy=1", ";argmax=1", ";logprob=1", ";lse_grad=1", ";shift=1", ";eager_operand=1", ";eager_fixup=1" where they are not the
   //  defaults (none)
   std::string text() const;
   static KernelSpec parse(std::string_view text);  // throws SpecError naming the bad field
@@ -187,7 +192,7 @@ class KernelSpec {
   auto tie() const {
     return std::tie(kind, vocab, hidden, chunk, mode, dtype, targets, reduction, bias, arch, tile, softcap, temperature,
                     z_loss_scale, label_smoothing, class_weight, accumulate, token_scaling, entropy, argmax, logprob,
-                    lse_grad, shift, eager_operand);
+                    lse_grad, shift, eager_operand, eager_fixup);
   }
   bool operator==(const KernelSpec& o) const { return tie() == o.tie(); }
   bool operator!=(const KernelSpec& o) const { return !(*this == o); }

@@ -289,7 +289,10 @@ void zero_f32(void* buffer, int64_t floats, CUstream stream) {
 // eager_logits, lse_combine, eager_dz, then grad_weight, grad_bias and grad_input over the whole
 // vocabulary; loss_reduce; with several chunks grad_convert of the fp32 gradient sums. With
 // Plan::eager_operand eager_dz stores only its constants, and the two GEMMs form dz from the
-// exponentials as they load them.
+// exponentials as they load them. With Plan::eager_fixup (and a grad_weight to compute) eager_dz
+// stores only its constants too, and grad_weight's producer warpgroup rewrites the workspace into
+// dz ahead of its tiles (templates/eager_fixup.h), its work counters over eager_dz's partial
+// maxima (read by then; [ceil(V/64), ld] floats hold the 1 + ceil(V/BM) counters for any BM >= 64).
 void run_three_gemm(const Problem& problem, const Plan& plan, const lfce_forward_args& a, const Gradients& g) {
   const auto layout = plan.eager_layout();
   auto stream = static_cast<CUstream>(a.stream);
@@ -319,8 +322,9 @@ void run_three_gemm(const Problem& problem, const Plan& plan, const lfce_forward
   const KernelSpec count_spec = plan.spec(KernelKind::TokenCount);
   const KernelSpec logits = plan.spec(KernelKind::EagerLogits);
   const KernelSpec combine = plan.spec(KernelKind::LseCombine);
-  const KernelSpec dz_spec = plan.spec(KernelKind::EagerDz);
   const KernelSpec gw = plan.spec(KernelKind::GradWeight), gb = plan.spec(KernelKind::GradBias);  // (sums: accumulate)
+  // Without a grad_weight to do it, eager_dz's own pass rewrites the workspace.
+  const KernelSpec dz_spec = gw.eager_fixup && !g.weight ? plan.eager_dz_pass_spec() : plan.spec(KernelKind::EagerDz);
   const KernelSpec gx = plan.spec(KernelKind::GradInput);
   const Kernel& logits_kernel = kernel_for(a.device, logits);
   const Kernel& combine_kernel = kernel_for(a.device, combine);
@@ -345,7 +349,8 @@ void run_three_gemm(const Problem& problem, const Plan& plan, const lfce_forward
   // The operand transform reads the constants of tile v / tile_n for whole slices of the
   // vocabulary (templates/eager_operand.h): BK = 64 in grad_input, BM in grad_weight, all from v = 0.
   for (const KernelSpec* s : {&gw, &gx})
-    if (s->eager_operand && (tile_n % s->tile.bk != 0 || (s == &gw && tile_n % s->tile.bm != 0)))
+    if ((s->eager_operand && (tile_n % s->tile.bk != 0 || (s == &gw && tile_n % s->tile.bm != 0))) ||
+        (s->eager_fixup && tile_n % s->tile.bm != 0))
       throw InternalError("eager operand: eager_logits' tile width " + std::to_string(tile_n) + " splits a slice of " +
                           s->text());
   int32_t first = 1, last = 1;
@@ -381,6 +386,11 @@ void run_three_gemm(const Problem& problem, const Plan& plan, const lfce_forward
     if (gw_kernel) {  // A = dzᵀ [V, ld] K-major; B = the chunk's x [rows, H] MN-major
       std::vector<void*> gw_args = {&dz, &x, &rows, &ld, &v_begin, &v_len, &gw_out, &count, &count};
       if (gw.eager_operand) gw_args.insert(gw_args.end(), {&coef, &target_col, &target_dz, &tile_n});
+      void* ready = pmax;  // eager_fixup's counters (eager_dz has read the partial maxima)
+      if (gw.eager_fixup) {
+        zero_f32(ready, 1 + ceil_div(v_len, int64_t{gw.tile.bm}), stream);
+        gw_args.insert(gw_args.end(), {&coef, &target_col, &target_dz, &tile_n, &ready});
+      }
       launch_gemm(*gw_kernel, gw, gemm_grid(plan, gw, v, h, "grad_weight"), stream, gw_args, Operand{dz, ld, v, ld},
                   Operand{x, h, h, rows});
     }

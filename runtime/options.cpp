@@ -67,6 +67,10 @@ Options Options::from_env() {
     if (operand != "0" && operand != "1") throw SpecError("LFCE_EAGER_OPERAND = '" + operand + "' is not 0 or 1");
     o.eager_operand = operand == "1";
   }
+  if (const std::string fixup = env("LFCE_EAGER_FIXUP"); !fixup.empty()) {
+    if (fixup != "0" && fixup != "1") throw SpecError("LFCE_EAGER_FIXUP = '" + fixup + "' is not 0 or 1");
+    o.eager_fixup = fixup == "1";
+  }
   if (!o.device_arch.empty()) {
     try {
       parse_arch(o.device_arch);

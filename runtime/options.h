@@ -13,6 +13,9 @@
 //                    exponentials in registers on their way to the tensor cores
 //                    (Plan::eager_operand) — experimental: exact (the same bits) but slower on the
 //                    H200 today (docs/design.md, Next); 0 or unset: eager_dz rewrites the workspace
+//   LFCE_EAGER_FIXUP 0: eager_dz's pass rewrites the workspace as a kernel of its own; 1 or unset:
+//                    grad_weight's producer warpgroup does it while its consumers compute
+//                    (Plan::eager_fixup, the same bits)
 //
 // Read once per process: current() is what the first use (or the api layer's Session, which
 // calls set_current() on reload) read.
@@ -33,6 +36,7 @@ struct Options {
   int64_t device_sm_count = 0;    // 0: the device's own
   std::string device_arch;        // LFCE_DEVICE_ARCH, empty if unset (else a valid arch name)
   bool eager_operand = false;     // LFCE_EAGER_OPERAND=1
+  bool eager_fixup = true;        // LFCE_EAGER_FIXUP, unless 0
 
   static Options from_env();  // throws SpecError naming a malformed value
   static Options current();   // from_env() at the first call, else what set_current() set

@@ -313,6 +313,22 @@ bool Plan::eager_operand() const {
   return transformable(gw) && transformable(gx) && tile_n % 64 == 0 && tile_n % gw.bm == 0;
 }
 
+bool Plan::eager_fixup() const {
+  if (!tuning_.eager_fixup || !three_gemm_ || arch_ != Arch::SM90A || p_.dtype == DType::FP32 || eager_operand())
+    return false;
+  const int tile_n = tile(KernelKind::EagerLogits).bn;
+  const TileConfig gw = tile(KernelKind::GradWeight);
+  if (!gw.wgmma() || tile_n % gw.bm != 0) return false;
+  const int64_t ld = round_up(token_chunk_, 8, "eager token stride");
+  return ceil_div(p_.vocab, int64_t{gw.bm}) * ceil_div(ld, int64_t{256}) < (int64_t{1} << 31);
+}
+
+KernelSpec Plan::eager_dz_pass_spec() const {
+  KernelSpec s = spec(KernelKind::EagerDz);
+  s.eager_operand = false;
+  return s.normalised();
+}
+
 // Normalised: problems that differ only in fields a kernel does not read share its spec, and
 // so its compile, cache entry and tuning.
 TileConfig Plan::tile(KernelKind kind) const {
@@ -481,6 +497,10 @@ KernelSpec Plan::spec(KernelKind kind) const {
     s.accumulate = true;
   if ((kind == KernelKind::GradWeight || kind == KernelKind::GradInput || kind == KernelKind::EagerDz) && eager_operand())
     s.eager_operand = true;
+  if (eager_fixup()) {
+    if (kind == KernelKind::EagerDz) s.eager_operand = true;  // only the constants
+    if (kind == KernelKind::GradWeight) s.eager_fixup = true;
+  }
   return s.normalised();
 }
 
@@ -555,6 +575,7 @@ std::vector<KernelSpec> Plan::launched_specs() const {
   add(KernelKind::EagerLogits);
   add(KernelKind::LseCombine);
   add(KernelKind::EagerDz);
+  if (eager_fixup()) out.push_back(eager_dz_pass_spec());  // (runs where no grad_weight is asked for)
   add(KernelKind::GradWeight);  // (adding into fp32 sums with several token chunks: spec())
   if (p_.bias) add(KernelKind::GradBias);
   add(KernelKind::GradInput);

@@ -107,6 +107,16 @@ class Plan {
   // itself), unclustered and unsplit, BK = 64, with eager_logits' tile width a multiple of 64 and of
   // grad_weight's BM (a slice's rows in one tile).
   bool eager_operand() const;
+  // Whether the three-GEMM schedule's grad_weight rewrites p̃ into dz itself, in its producer
+  // warpgroup's spare warps ahead of the tiles that read it (KernelSpec::eager_fixup), eager_dz
+  // then storing only its constants (its eager_operand form): unless LFCE_EAGER_FIXUP=0
+  // (Tuning::eager_fixup) or eager_operand, on sm_90a in 16-bit with a wgmma grad_weight tile whose
+  // BM divides eager_logits' tile width, and fewer than 2^31 work items (templates/eager_fixup.h).
+  // Where no grad_weight is asked for, the run launches eager_dz's full pass instead
+  // (eager_dz_pass_spec).
+  bool eager_fixup() const;
+  // eager_dz's spec when it rewrites the workspace itself (no eager_operand).
+  KernelSpec eager_dz_pass_spec() const;
   // Every kernel spec the problem's schedule launches (a kernel that only some token counts or
   // gradients need included), in launch order: what precompilation compiles.
   std::vector<KernelSpec> launched_specs() const;

@@ -20,10 +20,14 @@ struct Tuning {
   // Eager mode's gradient GEMMs may form dz as they load p̃ (Plan::eager_operand); off unless
   // LFCE_EAGER_OPERAND=1 (runtime/options.h): exact, but slower on the H200 today.
   bool eager_operand = false;
+  // Eager's grad_weight may rewrite p̃ into dz itself (Plan::eager_fixup); on unless
+  // LFCE_EAGER_FIXUP=0.
+  bool eager_fixup = true;
 
   TileConfig tile(KernelKind kind, DType dtype) const;
   bool operator==(const Tuning& o) const {
-    return tiles == o.tiles && forward_ctas == o.forward_ctas && chunk == o.chunk && eager_operand == o.eager_operand;
+    return tiles == o.tiles && forward_ctas == o.forward_ctas && chunk == o.chunk && eager_operand == o.eager_operand &&
+           eager_fixup == o.eager_fixup;
   }
 };
 

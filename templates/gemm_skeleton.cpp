@@ -205,15 +205,16 @@ void GemmSkeleton::compute_tile(const GemmOperand& a, const GemmOperand& b, Valu
   kb_.barrier();
 }
 
-void GemmSkeleton::run_specialised(const TileSchedule& schedule, const OperandTransform* transform) {
+void GemmSkeleton::run_specialised(const TileSchedule& schedule, const OperandTransform* transform,
+                                   const ProducerWork* work) {
   if ((transform != nullptr) != transform_)
     throw InternalError("an operand transform " + std::string(transform ? "given" : "missing") + " for a kernel planned " +
                         (transform_ ? "with" : "without") + " one (tile " + tile_.text() + ")");
-  pipeline_->run(schedule, transform);
+  pipeline_->run(schedule, transform, work);
 }
 
 void GemmSkeleton::run_persistent(Value* grid_m, Value* grid_n, Value* k_tiles, const TileEpilogue& epilogue,
-                                  const OperandTransform* transform) {
+                                  const OperandTransform* transform, const ProducerWork* work) {
   auto& ir = kb_.ir();
   if (transform && tile_.cluster != 1)
     throw InternalError("an operand transform on a clustered tile (" + tile_.text() + ")");
@@ -225,7 +226,7 @@ void GemmSkeleton::run_persistent(Value* grid_m, Value* grid_n, Value* k_tiles, 
         std::tie(m0, n0) = tile_origin(pid, grid_m, grid_n);
         visit(m0, n0, k_tiles, [&](const Fragment& f) { epilogue(m0, n0, f); });
       });
-    }, transform);
+    }, transform, work);
     return;
   }
   // Clusters of C CTAs (consecutive along x) walk a grid of C x 1 tile groups (1 x C along N);
@@ -252,7 +253,7 @@ void GemmSkeleton::run_persistent(Value* grid_m, Value* grid_n, Value* k_tiles, 
       Value* n0 = ir.CreateMul(ir.CreateZExt(n_block, kb_.i64()), kb_.c64(tile_.bn));
       visit(m0, n0, k_tiles, [&](const Fragment& f) { epilogue(m0, n0, f); });
     });
-  });
+  }, transform, work);
 }
 
 FragmentPosition GemmSkeleton::fragment_position() { return pipeline_->fragment_position(); }

@@ -101,6 +101,16 @@ struct OperandTransform {
       fix;
 };
 
+// Work for the producer warpgroup beside its TMA thread (sm_90a pipeline, run() only): `helpers`
+// runs in warps 1..3 of warpgroup 0 (96 threads, `registers` each, a multiple of 8: the consumers
+// get what the producer leaves) while the TMA thread walks the schedule, and `before_tile` runs in
+// the TMA thread before it issues the first load of each tile (m0: the tile's first row, i64).
+struct ProducerWork {
+  int registers = 32;
+  std::function<void()> helpers;
+  std::function<void(llvm::Value* m0)> before_tile;
+};
+
 // The template's parameters followed by those the skeleton's mainloop needs (for wgmma tiles:
 // tma_a and tma_b, the tensor maps of operands A and B, in that order).
 std::vector<Param> gemm_params(const TileConfig& tile, std::vector<Param> params);
@@ -130,7 +140,8 @@ class GemmSkeleton {
   // tiles) and in every consumer thread (each visit runs the mainloop, then the epilogue on the
   // accumulators in registers). Nothing is staged and no CTA-wide barrier is taken, so the
   // schedule must not take one either; consumer-only state lives in the consumer's branch.
-  void run_specialised(const TileSchedule& schedule, const OperandTransform* transform = nullptr);
+  void run_specialised(const TileSchedule& schedule, const OperandTransform* transform = nullptr,
+                       const ProducerWork* work = nullptr);
   // Whether the spec's kernel transforms operand A (KernelSpec::eager_operand): run_persistent's
   // `transform` is then required.
   bool transforms() const { return transform_; }
@@ -140,9 +151,10 @@ class GemmSkeleton {
   // tiles: each cluster takes groups of `cluster` tiles adjacent along M (along N with
   // cluster_n) instead (the grid is launched in whole clusters).
   using TileEpilogue = std::function<void(llvm::Value* m0, llvm::Value* n0, const Fragment&)>;
-  // With `transform`, operand A reaches the wgmma through registers (OperandTransform).
+  // With `transform`, operand A reaches the wgmma through registers (OperandTransform); with
+  // `work`, the producer warpgroup's spare warps and its TMA thread do more (ProducerWork).
   void run_persistent(llvm::Value* grid_m, llvm::Value* grid_n, llvm::Value* k_tiles, const TileEpilogue& epilogue,
-                      const OperandTransform* transform = nullptr);
+                      const OperandTransform* transform = nullptr, const ProducerWork* work = nullptr);
   // The calling consumer thread's fragment rows and columns (wgmma tiles only).
   FragmentPosition fragment_position();
   bool specialised() const { return pipeline_ != nullptr; }
@@ -239,7 +251,7 @@ class WgmmaPipeline {
   virtual void compute_tile(llvm::Value* m0, llvm::Value* n0, llvm::Value* k_tiles,
                             const std::function<llvm::Value*(llvm::Value*, llvm::Value*)>& staged) = 0;
   // GemmSkeleton::run_specialised / fragment_position.
-  virtual void run(const TileSchedule& schedule, const OperandTransform* transform) = 0;
+  virtual void run(const TileSchedule& schedule, const OperandTransform* transform, const ProducerWork* work) = 0;
   virtual FragmentPosition fragment_position() = 0;
 };
 // Emits the mbarrier initialisation at the current insertion point (the kernel's start).

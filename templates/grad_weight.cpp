@@ -4,6 +4,7 @@
 // A = dzᵀ (K-major, rows of `ld` tokens, zero past N); B = x [N, H] (MN-major: H contiguous).
 // With spec.accumulate grad_weight is an fp32 buffer (Megatron's main_grad) and each element is
 // added to it (one read-modify-write, still once per element: deterministic).
+#include "templates/eager_fixup.h"
 #include "templates/eager_operand.h"
 #include "templates/gemm_skeleton.h"
 #include "templates/template_util.h"
@@ -21,6 +22,7 @@ KernelShape build_grad_weight(llvm::Module& module, const KernelSpec& spec) {
                                {"grad_weight", ParamType::GlobalPtr}, {"grad_loss", ParamType::GlobalPtr},
                                {"valid_count", ParamType::GlobalPtr}};
   add_eager_operand_params(spec, params);
+  add_eager_fixup_params(spec, params);
   KernelBuilder kb(module, "grad_weight", gemm_params(t, params), t.threads());
   auto& ir = kb.ir();
   llvm::Type* elem = elem_type(kb, spec.dtype);
@@ -39,7 +41,11 @@ KernelShape build_grad_weight(llvm::Module& module, const KernelSpec& spec) {
     // sm_90a: persistent CTAs over the chunk's [v_len, H] tiles (grouped order), each
     // thread storing its accumulator pairs straight from registers (wgmma rows are 16-byte
     // multiples, so H is even and every pair is whole and 4-byte aligned).
-    gemm.run_persistent(gemm.blocks_for(v_len, t.bm), gemm.blocks_for(hidden, t.bn), gemm.k_tiles_for(ld),
+    Value* grid_m = gemm.blocks_for(v_len, t.bm);
+    // eager_fixup: the producer warpgroup's spare warps turn p̃ into dz ahead of the tiles.
+    std::optional<ProducerWork> fixup;
+    if (spec.eager_fixup) fixup = eager_fixup_work(kb, spec, kb.arg("dz"), grid_m, ld, v_len);
+    gemm.run_persistent(grid_m, gemm.blocks_for(hidden, t.bn), gemm.k_tiles_for(ld),
                         [&](Value* m0, Value* n0, const Fragment& f) {
       for (int h = 0; h < f.rows(); ++h) {
         Value* v = f.row_at(kb, m0, h);
@@ -60,11 +66,12 @@ KernelShape build_grad_weight(llvm::Module& module, const KernelSpec& spec) {
           });
         }
       }
-    }, operand ? &*operand : nullptr);
+    }, operand ? &*operand : nullptr, fixup ? &*fixup : nullptr);
     kb.finish();
     return {"grad_weight", t.threads(), gemm.smem_bytes(0)};
   }
 
+  if (spec.eager_fixup) throw InternalError("eager_fixup on a tile without the TMA pipeline (" + t.text() + ")");
   Value *m0, *n0;
   std::tie(m0, n0) = gemm.tile_origin();
 

@@ -156,22 +156,30 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
     kb_.barrier();  // the staged tile is complete
   }
 
-  void run(const TileSchedule& schedule, const OperandTransform* transform) override {
+  void run(const TileSchedule& schedule, const OperandTransform* transform, const ProducerWork* work) override {
     auto& ir = kb_.ir();
     Value* tid = kb_.tid();
     Value* warpgroup = ir.CreateLShr(tid, kb_.c32(7));
+    if (work) {
+      if (work->registers % 8 != 0 || work->registers < 24 || work->registers > 128)
+        throw InternalError("producer registers " + std::to_string(work->registers) + " (a multiple of 8 in 24..128)");
+      producer_registers_ = work->registers;
+    }
     kb_.if_then_else(
         ir.CreateICmpEQ(warpgroup, kb_.c32(0)),
         [&] {
-          // The producer keeps few registers for the whole kernel; its other threads are done.
-          kb_.set_max_registers(false, kProducerRegisters);
+          // The producer keeps few registers for the whole kernel; its other threads are done
+          // (or do the template's ProducerWork::helpers).
+          kb_.set_max_registers(false, producer_registers_);
           kb_.if_then(ir.CreateICmpEQ(tid, kb_.c32(0)), [&] {
             Value* cursor = cursor_state("producer_cursor", kb_.c32(0));
             schedule(false, [&](Value* m0, Value* n0, Value* k_tiles, const FragmentEpilogue&) {
+              if (work && work->before_tile) work->before_tile(m0);
               produce(cursor, m0, n0, k_tiles);
             });
           });
           kb_.warp_sync();
+          if (work && work->helpers) kb_.if_then(ir.CreateICmpUGE(tid, kb_.c32(32)), work->helpers);
         },
         [&] {
           kb_.set_max_registers(true, consumer_registers());
@@ -265,7 +273,7 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
   // but kProducerRegisters: both multiples of 8, as setmaxnreg needs.
   int register_share() const { return std::min(255, 65536 / (t_.threads() * t_.ctas_per_sm())) / 8 * 8; }
   int consumer_registers() const {
-    const int pool = register_share() * t_.threads() - kProducerRegisters * 128;
+    const int pool = register_share() * t_.threads() - producer_registers_ * 128;
     return std::min(240, pool / (128 * t_.consumers) / 8 * 8);
   }
   // max(k_tiles, 1), in both roles (produce and mainloop): a tile with no K (never asked for today) then loads one
@@ -634,6 +642,7 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
   }
 
   KernelBuilder& kb_;
+  int producer_registers_ = kProducerRegisters;  // run(): ProducerWork::registers where given
   TileConfig t_;
   bool bf16_;
   Layout a_, b_;

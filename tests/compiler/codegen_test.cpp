@@ -314,6 +314,61 @@ TEST(Codegen, EagerOperandFormsDzInRegistersWithoutCallsOrSpills) {
       }
 }
 
+// Eager's in-kernel fix-up (KernelSpec::eager_fixup): grad_weight (bf16 and fp16, on the tiles eager
+// mode takes and an unpaired one) takes work items from a counter, rewrites rows of the workspace
+// with 16-byte loads and stores in its producer warpgroup, releases each item's block and waits
+// (acquire, then a proxy fence) before loading a tile's slices; the producer threads keep 88
+// registers, and nothing spills or calls.
+TEST(Codegen, EagerFixupRewritesTheWorkspaceInTheProducerWarpgroup) {
+  if (!testing_ptxas::have_ptxas()) GTEST_SKIP() << "ptxas not found at configure time (install the CUDA toolkit)";
+  for (DType dtype : {DType::BF16, DType::FP16})
+    for (const std::string tile : {"128x256x64/wg2/s4/c2n", "128x192x64/wg2/s4/c2n", "128x256x64/wg2/s4"}) {
+      KernelSpec plain = spec_for({KernelKind::GradWeight, dtype, Arch::SM90A, false});
+      plain.hidden = 2304;
+      plain.tile = TileConfig::parse(tile);
+      plain = plain.normalised();
+      KernelSpec fixed = plain;
+      fixed.eager_fixup = true;
+      ASSERT_NO_THROW(fixed.validate()) << fixed.text();
+      const std::string what = fixed.text();
+      const std::string ptx = generate_kernel(fixed).ptx;
+      EXPECT_NE(ptx, generate_kernel(plain).ptx) << what;
+      EXPECT_NE(ptx.find("atom.relaxed.gpu.global.add.u32"), std::string::npos) << what;
+      EXPECT_NE(ptx.find("red.release.gpu.global.add.u32"), std::string::npos) << what;
+      EXPECT_NE(ptx.find("ld.acquire.gpu.global.u32"), std::string::npos) << what;
+      EXPECT_NE(ptx.find("fence.proxy.async;"), std::string::npos) << what;
+      EXPECT_NE(ptx.find("setmaxnreg.dec.sync.aligned.u32 88"), std::string::npos) << what;
+      // p̃ read and dz written 8 tokens (16 bytes) at a time, the coefficients 8 at a time.
+      EXPECT_TRUE(std::regex_search(ptx, std::regex(R"(ld\.global(\.nc)?\.v4\.(b|u)32)"))) << what;
+      EXPECT_TRUE(std::regex_search(ptx, std::regex(R"(st\.global\.v4\.(b|u)32)"))) << what;
+      EXPECT_NE(ptx.find(dtype == DType::BF16 ? "cvt.rn.bf16" : "cvt.rn.f16"), std::string::npos) << what;
+      EXPECT_FALSE(std::regex_search(ptx, std::regex(R"(\bcall(\.uni)?\b)"))) << what;
+      EXPECT_EQ(ptx.find(".local"), std::string::npos) << what;
+      testing_ptxas::expect_assembles_without_spills(ptx, Arch::SM90A);
+    }
+  // Rejected where it cannot run: fp32, an mma.sync tile, with the operand transform, other kinds.
+  KernelSpec s = spec_for({KernelKind::GradWeight, DType::BF16, Arch::SM90A, false});
+  s.hidden = 2304;
+  s.tile = TileConfig::parse("128x256x64/wg2/s4/c2n");
+  s.eager_fixup = true;
+  KernelSpec with_operand = s;
+  with_operand.tile = TileConfig::parse("128x256x64/wg2/s4");
+  with_operand.eager_operand = true;
+  KernelSpec mma = s;
+  mma.tile = TileConfig::parse("128x128x32/2x4/s3");
+  KernelSpec input = s;
+  input.kind = KernelKind::GradInput;
+  for (const auto& [bad, message] : {std::pair{with_operand, "without eager_operand"}, std::pair{mma, "wgmma tile"},
+                                     std::pair{input, "eager_fixup is set on a kernel that"}}) {
+    try {
+      bad.validate();
+      ADD_FAILURE() << bad.text() << " validated";
+    } catch (const SpecError& e) {
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(Codegen, RejectsTileOverSharedMemoryLimit) {
   KernelSpec s = spec_for({KernelKind::LseForward, DType::BF16, Arch::SM80, false});
   s.tile = TileConfig{256, 256, 64, 2, 4, 4};

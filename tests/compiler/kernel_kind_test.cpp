@@ -51,6 +51,7 @@ const std::vector<FieldChange>& field_changes() {
       {kFieldLseGrad, "lse_grad", [](KernelSpec& s) { s.lse_grad = true; }},
       {kFieldShift, "shift", [](KernelSpec& s) { s.shift = true; }},
       {kFieldEagerOperand, "eager_operand", [](KernelSpec& s) { s.eager_operand = true; }},
+      {kFieldEagerFixup, "eager_fixup", [](KernelSpec& s) { s.eager_fixup = true; }},
   };
   return changes;
 }
@@ -98,7 +99,8 @@ TEST_P(KindFields, UnreadFieldsLeaveThePtxAndKeyAloneAndReadOnesChangeBoth) {
     KernelSpec changed = base;
     f.change(changed);
     ASSERT_NE(changed, base);
-    if ((reads & f.field) && f.field == kFieldEagerOperand && (b.dtype == DType::FP32 || kind_info(b.kind).gemm)) {
+    if ((reads & f.field) && ((f.field == kFieldEagerOperand && (b.dtype == DType::FP32 || kind_info(b.kind).gemm)) ||
+                              f.field == kFieldEagerFixup)) {
       // The GEMMs' operand transform runs in the sm_90a pipeline only (these bases are sm_80 mma.sync
       // tiles): rejected, naming it (templates/eager_operand.h; its code: codegen_test.cpp).
       EXPECT_THROW(generate_kernel(changed), SpecError) << f.name << " on an sm_80 tile";
@@ -106,7 +108,8 @@ TEST_P(KindFields, UnreadFieldsLeaveThePtxAndKeyAloneAndReadOnesChangeBoth) {
       EXPECT_NE(generate_kernel(changed).ptx, base_ptx) << f.name << " is marked read but does not change the code";
       EXPECT_NE(changed.normalised().text(), base.normalised().text()) << "normalised() drops " << f.name;
     } else if (f.field & (kLogitMapFields | kFieldZLoss | kTargetTermFields | kFieldAccumulate | kFieldTokenScaling |
-                          kOutputFields | kFieldArgmax | kFieldLseGrad | kFieldShift | kFieldEagerOperand)) {
+                          kOutputFields | kFieldArgmax | kFieldLseGrad | kFieldShift | kFieldEagerOperand |
+                          kFieldEagerFixup)) {
       EXPECT_THROW(generate_kernel(changed), SpecError) << f.name << " set on a kind that does not read it";
       EXPECT_EQ(changed.normalised(), base.normalised());
     } else {

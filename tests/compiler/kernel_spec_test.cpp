@@ -378,7 +378,7 @@ TEST(KernelSpec, ValidateNamesWhatAWgmmaTileNeeds) {
 
 TEST(KernelSpec, EveryFieldChangesTheKey) {
   KernelSpec base = sample();
-  std::vector<KernelSpec> variants(28, base);
+  std::vector<KernelSpec> variants(29, base);
   variants[0].kind = KernelKind::GradInput;
   variants[1].vocab += 1;
   variants[2].hidden += 8;
@@ -407,7 +407,8 @@ TEST(KernelSpec, EveryFieldChangesTheKey) {
   variants[25].shift = true;
   variants[26].eager_operand = true;
   variants[27].tile.cluster = 2;
-  variants[27].tile.cluster_n = true;
+  variants[27].tile.cluster_n = true;  // (against variants[12]: only the "n" differs)
+  variants[28].eager_fixup = true;
   std::set<std::string> texts{base.text()};
   for (const KernelSpec& v : variants) {
     EXPECT_NE(v, base);

@@ -254,3 +254,51 @@ def test_eager_backward_scales_in_place_once_and_refuses_a_second_backward():
     unit.backward()  # an upstream gradient of 1: the held gradients are returned as they are
     for name, scaled, plain in (("grad_hidden", first[0], x.grad), ("grad_weight", first[1], w.grad)):
         assert_bitwise_equal(name, scaled, (plain.float() * grad).to(plain.dtype))
+
+
+FIXUP_CASES = {
+    "bf16_one_chunk": (torch.bfloat16, False, {}),
+    "bf16_bias_chunks_of_256": (torch.bfloat16, True, {"chunk_size": 256}),
+    "fp16_one_chunk": (torch.float16, False, {}),
+}
+
+
+@pytest.mark.parametrize("case", list(FIXUP_CASES), ids=list(FIXUP_CASES))
+def test_eager_fixup_in_grad_weight_gives_the_bits_of_eager_dz_pass(monkeypatch, case):
+    """On sm_90a in 16-bit, grad_weight's producer warpgroup rewrites p̃ into dz ahead of its tiles
+    (Plan::eager_fixup, the default) with eager_dz's own operations: every output bit-identical to
+    LFCE_EAGER_FIXUP=0's separate pass, over a vocabulary and a token count that end inside a row
+    block and a work item, with ignored targets, a bias, token chunks, and a frozen weight (no
+    grad_weight: eager_dz's pass then runs)."""
+    dtype, bias, options = FIXUP_CASES[case]
+    x, w, b, y = make_inputs(N, H, V, dtype, bias=bias)
+    grad = torch.ones((), device="cuda", dtype=dtype)
+
+    def run(fixup, frozen_weight=False):
+        monkeypatch.setenv("LFCE_EAGER_FIXUP", fixup)
+        lfce.reload_options()
+        if frozen_weight:
+            xl = x.detach().clone().requires_grad_()
+            loss = lfce.linear_cross_entropy(xl, w, y, b, reduction="mean", mode="eager", **options)
+            loss.backward(grad)
+            result = (loss.detach(), xl.grad)
+        else:
+            result = run_lfce(x, w, b, y, "mean", grad, mode="eager", **options)
+        specs = [k["spec"] for k in lfce.kernel_load_stats() if f";H={H};" in k["spec"] or k["spec"].startswith("eager_dz")]
+        return result, specs
+
+    try:
+        passed, _ = run("0")
+        fused, specs = run("1")
+        if torch.cuda.get_device_capability() == (9, 0):
+            assert any(s.startswith("grad_weight") and "eager_fixup=1" in s for s in specs), specs
+        for name, a, e in zip(("loss", "grad_hidden", "grad_weight", "grad_bias"), fused, passed):
+            assert_bitwise_equal(name, a, e)
+        frozen_pass, _ = run("0", frozen_weight=True)
+        frozen_fused, _ = run("1", frozen_weight=True)
+        for name, a, e in zip(("loss", "grad_hidden"), frozen_fused, frozen_pass):
+            assert_bitwise_equal(name + " (frozen weight)", a, e)
+        assert_bitwise_equal("grad_hidden (frozen weight against trained)", frozen_fused[1], fused[1])
+    finally:
+        monkeypatch.delenv("LFCE_EAGER_FIXUP")
+        lfce.reload_options()

@@ -1,5 +1,6 @@
 #include "runtime/plan.h"
 
+#include <algorithm>
 #include <gtest/gtest.h>
 
 #include <limits>
@@ -635,8 +636,10 @@ TEST(EagerPlan, TakesEveryTokenInOneChunkByDefault) {
   EXPECT_EQ(plan.token_chunks(), 1);
   std::vector<std::string> kinds;
   for (const KernelSpec& s : plan.launched_specs()) kinds.emplace_back(kind_name(s.kind));
-  EXPECT_EQ(kinds, (std::vector<std::string>{"token_count", "eager_logits", "lse_combine", "eager_dz", "grad_weight",
-                                             "grad_input", "loss_reduce", "grad_scale"}));
+  // (eager_dz twice: its constants for grad_weight's fix-up, Plan::eager_fixup, and its own pass
+  // for a run without grad_weight.)
+  EXPECT_EQ(kinds, (std::vector<std::string>{"token_count", "eager_logits", "lse_combine", "eager_dz", "eager_dz",
+                                             "grad_weight", "grad_input", "loss_reduce", "grad_scale"}));
   for (const KernelSpec& s : plan.launched_specs()) {
     EXPECT_NO_THROW(s.validate()) << s.text();
     EXPECT_FALSE(s.accumulate) << s.text();  // one chunk: grad_weight written once, in the dtype
@@ -717,6 +720,7 @@ TEST(EagerPlan, GemmsFormDzFromTheExponentialsOnHopperIn16BitWhenAskedTo) {
   EXPECT_FALSE(Plan(problem(c), Arch::SM90A).eager_operand());  // off by default
   auto operand = [](const lfce_problem& p, Arch arch, Tuning tuning = {}) {
     tuning.eager_operand = true;
+    tuning.eager_fixup = false;  // (which eager_dz's constants also serve: the test below)
     const Plan plan(problem(p), arch, tuning);
     bool any = false;
     for (KernelKind kind : {KernelKind::EagerDz, KernelKind::GradWeight, KernelKind::GradInput}) {
@@ -827,6 +831,58 @@ TEST(KernelCache, EveryKernelThatMovesRegistersIsCompiledWhole) {
       }
     }
   EXPECT_GE(whole, 12);  // the four GEMMs of the three 16-bit, 16-byte-row problems on sm_90a
+}
+
+
+// By default on sm_90a in 16-bit, eager's grad_weight rewrites p̃ into dz itself (eager_fixup) and
+// eager_dz stores only its constants, its full pass still compiled for a run without grad_weight;
+// LFCE_EAGER_FIXUP=0 (Tuning::eager_fixup), the operand transform, fp32, sm_80, recompute mode and
+// eager_logits tiles that a grad_weight row block would straddle keep eager_dz's pass.
+TEST(EagerPlan, GradWeightRewritesTheWorkspaceItselfOnHopperIn16Bit) {
+  lfce_problem c = llama3(8192);
+  c.mode = LFCE_MODE_EAGER;
+  auto fixup = [](const lfce_problem& p, Arch arch, Tuning tuning = {}) {
+    const Plan plan(problem(p), arch, tuning);
+    const bool on = plan.eager_fixup();
+    EXPECT_EQ(plan.spec(KernelKind::GradWeight).eager_fixup, on);
+    EXPECT_EQ(plan.spec(KernelKind::GradInput).eager_fixup, false);
+    EXPECT_EQ(plan.spec(KernelKind::EagerDz).eager_operand, on || plan.eager_operand());
+    EXPECT_FALSE(plan.eager_dz_pass_spec().eager_operand);
+    for (KernelKind kind : {KernelKind::EagerDz, KernelKind::GradWeight, KernelKind::GradInput})
+      EXPECT_NO_THROW(plan.spec(kind).validate()) << plan.spec(kind).text();
+    if (plan.three_gemm() && !plan.eager_operand()) {
+      const std::vector<KernelSpec> specs = plan.launched_specs();
+      const bool has_pass = std::find(specs.begin(), specs.end(), plan.eager_dz_pass_spec()) != specs.end();
+      EXPECT_TRUE(has_pass) << "eager_dz's pass is launched where no grad_weight is asked for";
+    }
+    return on;
+  };
+  EXPECT_TRUE(fixup(c, Arch::SM90A));
+  lfce_problem fp16 = c;
+  fp16.dtype = LFCE_DTYPE_FP16;
+  EXPECT_TRUE(fixup(fp16, Arch::SM90A));
+  lfce_problem bias = c;  // grad_bias runs after grad_weight, on the rewritten workspace
+  bias.has_bias = 1;
+  EXPECT_TRUE(fixup(bias, Arch::SM90A));
+  lfce_problem chunked = c;
+  chunked.chunk_size = 2048;
+  EXPECT_TRUE(fixup(chunked, Arch::SM90A));
+  EXPECT_FALSE(fixup(c, Arch::SM80));
+  lfce_problem fp32 = c;
+  fp32.dtype = LFCE_DTYPE_FP32;
+  EXPECT_FALSE(fixup(fp32, Arch::SM90A));
+  lfce_problem recompute = c;
+  recompute.mode = LFCE_MODE_RECOMPUTE;
+  EXPECT_FALSE(fixup(recompute, Arch::SM90A));
+  Tuning off;
+  off.eager_fixup = false;
+  EXPECT_FALSE(fixup(c, Arch::SM90A, off));
+  Tuning operand;
+  operand.eager_operand = true;
+  EXPECT_FALSE(fixup(c, Arch::SM90A, operand));
+  Tuning narrow_logits;  // 64-wide eager_logits tiles: a 128-row block would need two tiles' constants
+  narrow_logits.tiles[KernelKind::DlogitsBackward] = TileConfig::parse("128x64x64/wg2/s4");
+  EXPECT_FALSE(fixup(c, Arch::SM90A, narrow_logits));
 }
 
 }  // namespace
