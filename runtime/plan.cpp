@@ -399,7 +399,9 @@ TileConfig Plan::tile(KernelKind kind) const {
     KernelSpec shared = problem_spec(kind, p_, arch_);
     shared.tile = pick;
     const int64_t limit = limits_.smem_per_block > 0 ? limits_.smem_per_block : arch_info(arch_).smem_per_block_optin;
-    if (kernel_smem_bytes(shared) <= limit) return pick;
+    // A pair needs two column blocks: with H <= BN its second CTA would compute a tile wholly past
+    // H (grad_weight about 2x slower at H <= 192, session 17's review).
+    if (ceil_div(p_.hidden, int64_t{pick.bn}) >= 2 && kernel_smem_bytes(shared) <= limit) return pick;
   }
   if (three_gemm_ && t.wgmma() && t.pingpong && t.bm == 64 && t.bn == 256 && kind == KernelKind::GradInput) {
     // Eager's grad_input is one GEMM over K = V into [token chunk, H]: two consumers sharing a

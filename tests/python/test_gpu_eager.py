@@ -293,7 +293,8 @@ def test_eager_fixup_in_grad_weight_gives_the_bits_of_eager_dz_pass(monkeypatch,
         if torch.cuda.get_device_capability() == (9, 0):
             assert any(s.startswith("grad_weight") and "eager_fixup=1" in s for s in specs), specs
         for name, a, e in zip(("loss", "grad_hidden", "grad_weight", "grad_bias"), fused, passed):
-            assert_bitwise_equal(name, a, e)
+            if name != "grad_bias" or bias:
+                assert_bitwise_equal(name, a, e)
         frozen_pass, _ = run("0", frozen_weight=True)
         frozen_fused, _ = run("1", frozen_weight=True)
         for name, a, e in zip(("loss", "grad_hidden"), frozen_fused, frozen_pass):

@@ -77,6 +77,13 @@ TEST(Plan, EagerGradientGemmsTakeCtaPairsAlongNOfTheBusierWidth) {
     EXPECT_EQ(Plan(problem(llama), Arch::SM90A).spec(kind).tile, wide);
     llama.hidden = 8192;
     EXPECT_EQ(Plan(problem(llama), Arch::SM90A).spec(kind).tile, wide);
+    // No pair where H fits one column block (its second CTA would compute a tile past H).
+    for (int64_t h : {128, 192}) {
+      llama.hidden = h;
+      EXPECT_EQ(Plan(problem(llama), Arch::SM90A).spec(kind).tile.cluster, 1) << "H = " << h;
+    }
+    llama.hidden = 264;  // two column blocks of 192 (the busier width here)
+    EXPECT_EQ(Plan(problem(llama), Arch::SM90A).spec(kind).tile.cluster, 2);
   }
   lfce_problem llama = llama3(8192);
   EXPECT_EQ(Plan(problem(llama), Arch::SM90A).spec(KernelKind::GradInput).tile, pingpong);
