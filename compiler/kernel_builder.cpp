@@ -374,6 +374,21 @@ Value* KernelBuilder::load_acquire_i32(Value* global_ptr) {
   return ptx(i32(), "ld.acquire.gpu.global.u32 $0, [$1];", "=r,l,~{memory}", {ir_.CreatePtrToInt(global_ptr, i64())});
 }
 
+Value* KernelBuilder::load_streaming_v4(Value* global_ptr) {
+  auto* i32x4 = llvm::StructType::get(ctx(), {i32(), i32(), i32(), i32()});
+  Value* s = ptx(i32x4, "ld.global.cs.v4.b32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l,~{memory}",
+                 {ir_.CreatePtrToInt(global_ptr, i64())});
+  Value* v = llvm::PoisonValue::get(llvm::FixedVectorType::get(i32(), 4));
+  for (unsigned i = 0; i < 4; ++i) v = ir_.CreateInsertElement(v, ir_.CreateExtractValue(s, {i}), uint64_t(i));
+  return v;
+}
+
+void KernelBuilder::store_streaming_v4(Value* global_ptr, Value* value) {
+  std::vector<Value*> args = {ir_.CreatePtrToInt(global_ptr, i64())};
+  for (unsigned i = 0; i < 4; ++i) args.push_back(ir_.CreateExtractElement(value, uint64_t(i)));
+  ptx(ir_.getVoidTy(), "st.global.cs.v4.b32 [$0], {$1, $2, $3, $4};", "l,r,r,r,r,~{memory}", args);
+}
+
 void KernelBuilder::fence_proxy_async_all() { ptx(ir_.getVoidTy(), "fence.proxy.async;", "~{memory}", {}); }
 
 void KernelBuilder::nanosleep(int nanoseconds) {

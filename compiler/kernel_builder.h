@@ -161,6 +161,10 @@ class KernelBuilder {
   // fence.proxy.async (every state space): this thread's generic-proxy accesses are ordered
   // with its async-proxy (TMA) ones, e.g. global data it saw written before a TMA load of it.
   void fence_proxy_async_all();
+  // 16 bytes (<4 x i32>) at a 16-byte aligned global pointer, cache-streaming (ld/st.global.cs:
+  // evict-first in L2, for data touched once while a GEMM keeps its operands there).
+  llvm::Value* load_streaming_v4(llvm::Value* global_ptr);
+  void store_streaming_v4(llvm::Value* global_ptr, llvm::Value* value);
   void nanosleep(int nanoseconds);
   llvm::Value* shfl_idx_i32(llvm::Value* value, int lane);  // lane `lane`'s value in every lane
   // wgmma.mma_async m64nNk16 (f32 accumulate) from shared-memory descriptors a, b (i64):
