@@ -319,6 +319,13 @@ bool Plan::eager_fixup() const {
   const int tile_n = tile(KernelKind::EagerLogits).bn;
   const TileConfig gw = tile(KernelKind::GradWeight);
   if (!gw.wgmma() || tile_n % gw.bm != 0) return false;
+  // Measured (H200, power-settled A/B in alternating processes, test-results/2026-12-02-h200-
+  // session18-run1, -run3, -run4): eager / cuBLAS at N = 8192 gemma2-2b 1.118 -> 1.088 and 1.169 ->
+  // 1.132, llama3-8b 1.07 -> 1.06 and 1.092 -> 1.076, llama3-70b 1.067 -> 1.060; at llama3-8b
+  // N = 16384 0.8% slower than eager_dz's pass (2.8% before the fix-up streamed its rows past L2).
+  // So chunks of up to 8192 tokens, until that is understood.
+  constexpr int64_t kMaxFixupTokens = 8192;
+  if (token_chunk_ > kMaxFixupTokens) return false;
   const int64_t ld = round_up(token_chunk_, 8, "eager token stride");
   return ceil_div(p_.vocab, int64_t{gw.bm}) * ceil_div(ld, int64_t{256}) < (int64_t{1} << 31);
 }

@@ -874,6 +874,11 @@ TEST(EagerPlan, GradWeightRewritesTheWorkspaceItselfOnHopperIn16Bit) {
   lfce_problem chunked = c;
   chunked.chunk_size = 2048;
   EXPECT_TRUE(fixup(chunked, Arch::SM90A));
+  lfce_problem long_chunk = llama3(16384);  // measured slower there (Plan::eager_fixup)
+  long_chunk.mode = LFCE_MODE_EAGER;
+  EXPECT_FALSE(fixup(long_chunk, Arch::SM90A));
+  long_chunk.chunk_size = 8192;
+  EXPECT_TRUE(fixup(long_chunk, Arch::SM90A));
   EXPECT_FALSE(fixup(c, Arch::SM80));
   lfce_problem fp32 = c;
   fp32.dtype = LFCE_DTYPE_FP32;
