@@ -245,7 +245,8 @@ void TileConfig::check_range() const {
   if (consumers < 0 || consumers > kMaxConsumers)
     throw SpecError("tile consumers = " + std::to_string(consumers) + " is outside 0.." + std::to_string(kMaxConsumers));
   in_range(cluster, "cluster", kMaxCluster);
-  if (cluster_n && cluster == 1) throw SpecError("tile " + text() + ": cluster_n needs a cluster of 2 or more CTAs");
+  if (cluster_n && cluster == 1)
+    throw SpecError("tile " + text() + " with cluster_n (\"/c1n\"): pairing along N needs a cluster of 2 or more CTAs");
 }
 
 void KernelSpec::validate() const {

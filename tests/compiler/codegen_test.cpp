@@ -464,8 +464,8 @@ std::vector<WgmmaCase> wgmma_cases() {
       if (!(kind == KernelKind::DlogitsBackward && tile == pingpong))  // dlogits' default: above
         cases.push_back({kind, DType::BF16, kind == KernelKind::DlogitsBackward, Reduction::Mean, tile});
   }
-  // CTA pairs along N (sharing A) for the two gradient GEMMs, both operand layouts of A (MN-major
-  // dz^T in grad_weight, K-major dz in grad_input).
+  // CTA pairs along N (sharing A) for the two gradient GEMMs, both operand layouts of A (dzᵀ read
+  // K-major in grad_weight, MN-major in grad_input).
   TileConfig pair_n{128, 192, 64, 1, 1, 4, 2, 2}, pair_n_wide{128, 256, 64, 1, 1, 4, 2, 2};
   pair_n.cluster_n = pair_n_wide.cluster_n = true;
   for (const TileConfig& tile : {pair_n, pair_n_wide})

@@ -281,7 +281,7 @@ TEST(KernelSpec, ClusterAndPingPongTileTextsRoundTrip) {
                           "128x256x64/wg2/s4/c2m", "128x256x64/wg2/s4/cn", "128x256x64/wg2/s4/c2nn", "128x256x64/wg2/s4/n"})
     EXPECT_NE(spec_error([&] { TileConfig::parse(bad); }).find(bad), std::string::npos) << bad;
   // A cluster of one CTA has no direction.
-  EXPECT_NE(spec_error([&] { TileConfig::parse("128x256x64/wg2/s4/c1n").check_range(); }).find("cluster_n needs a cluster"),
+  EXPECT_NE(spec_error([&] { TileConfig::parse("128x256x64/wg2/s4/c1n").check_range(); }).find("with cluster_n (\"/c1n\"): pairing along N needs a cluster"),
             std::string::npos);
 }
 
