@@ -351,8 +351,10 @@ void run_three_gemm(const Problem& problem, const Plan& plan, const lfce_forward
   for (const KernelSpec* s : {&gw, &gx})
     if ((s->eager_operand && (tile_n % s->tile.bk != 0 || (s == &gw && tile_n % s->tile.bm != 0))) ||
         (s->eager_fixup && tile_n % s->tile.bm != 0))
-      throw InternalError("eager operand: eager_logits' tile width " + std::to_string(tile_n) + " splits a slice of " +
+      throw InternalError("eager constants: eager_logits' tile width " + std::to_string(tile_n) + " splits a slice of " +
                           s->text());
+  // eager_dz's constants as the operand transform and the fix-up take them (add_eager_constant_params).
+  const std::vector<void*> constants = {&coef, &target_col, &target_dz, &tile_n};
   int32_t first = 1, last = 1;
   for (int64_t c = 0; c < chunks; ++c) {
     const int64_t r0 = c * plan.token_chunk();
@@ -385,11 +387,11 @@ void run_three_gemm(const Problem& problem, const Plan& plan, const lfce_forward
 
     if (gw_kernel) {  // A = dzᵀ [V, ld] K-major; B = the chunk's x [rows, H] MN-major
       std::vector<void*> gw_args = {&dz, &x, &rows, &ld, &v_begin, &v_len, &gw_out, &count, &count};
-      if (gw.eager_operand) gw_args.insert(gw_args.end(), {&coef, &target_col, &target_dz, &tile_n});
+      if (gw.eager_operand || gw.eager_fixup) gw_args.insert(gw_args.end(), constants.begin(), constants.end());
       void* ready = pmax;  // eager_fixup's counters (eager_dz has read the partial maxima)
       if (gw.eager_fixup) {
         zero_f32(ready, 1 + ceil_div(v_len, int64_t{gw.tile.bm}), stream);
-        gw_args.insert(gw_args.end(), {&coef, &target_col, &target_dz, &tile_n, &ready});
+        gw_args.push_back(&ready);
       }
       launch_gemm(*gw_kernel, gw, gemm_grid(plan, gw, v, h, "grad_weight"), stream, gw_args, Operand{dz, ld, v, ld},
                   Operand{x, h, h, rows});
@@ -402,7 +404,7 @@ void run_three_gemm(const Problem& problem, const Plan& plan, const lfce_forward
       std::vector<void*> gx_args = {&dz,   &w,    &rows,  &ld,    &v_begin, &v_len, &grad_hidden,
                                     &grad_hidden, &first, &last, &count, &count, &y,      &residual};
       if (gx.shift) gx_args.push_back(&sequence_length);
-      if (gx.eager_operand) gx_args.insert(gx_args.end(), {&coef, &target_col, &target_dz, &tile_n});
+      if (gx.eager_operand) gx_args.insert(gx_args.end(), constants.begin(), constants.end());
       launch_gemm(*gx_kernel, gx, gemm_grid(plan, gx, rows, h, "grad_input"), stream, gx_args,
                   Operand{dz, ld, rows, v}, Operand{w, h, h, v});
     }

@@ -151,10 +151,10 @@ KernelShape build_eager_dz(llvm::Module& module, const KernelSpec& normalised) {
       for (int i = 0; i < kRows; ++i) {
         Value* out = llvm::PoisonValue::get(vec);
         for (int j = 0; j < kTokens; ++j) {
-          Value* p = kb.to_f32(ir.CreateExtractElement(stored[i], uint64_t(j)));
+          Value* p = ir.CreateExtractElement(stored[i], uint64_t(j));
           Value* is_target = ir.CreateICmpEQ(target_row[j], ir.CreateAdd(offset, kb.c32(i)));
           out = ir.CreateInsertElement(
-              out, ir.CreateSelect(is_target, target_dz[j], kb.from_f32(ir.CreateFMul(coef[j], p), elem)), uint64_t(j));
+              out, ir.CreateSelect(is_target, target_dz[j], eager_dz_element(kb, coef[j], p, elem)), uint64_t(j));
         }
         kb.if_then(ir.CreateICmpSLT(ir.CreateAdd(v0, kb.c64(i)), tile_end), [&] { kb.store(out, ptrs[i]); });
       }

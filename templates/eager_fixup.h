@@ -32,12 +32,10 @@
 
 namespace lfce {
 
+// eager_dz's constants (add_eager_constant_params), then the work counters.
 inline void add_eager_fixup_params(const KernelSpec& spec, std::vector<Param>& params) {
   if (!spec.eager_fixup) return;
-  params.push_back({"coef", ParamType::GlobalPtr});
-  params.push_back({"target_col", ParamType::GlobalPtr});
-  params.push_back({"target_dz", ParamType::GlobalPtr});
-  params.push_back({"tile_n", ParamType::I64});
+  add_eager_constant_params(params);
   params.push_back({"ready", ParamType::GlobalPtr});
 }
 
@@ -102,9 +100,8 @@ inline ProducerWork eager_fixup_work(KernelBuilder& kb, const KernelSpec& spec, 
         auto fix = [&](Value* p) {
           Value* out = llvm::PoisonValue::get(vec);
           for (int e = 0; e < kTokens; ++e)
-            out = ir.CreateInsertElement(
-                out, kb.from_f32(ir.CreateFMul(coef[e], kb.to_f32(ir.CreateExtractElement(p, uint64_t(e)))), elem),
-                uint64_t(e));
+            out = ir.CreateInsertElement(out, eager_dz_element(kb, coef[e], ir.CreateExtractElement(p, uint64_t(e)), elem),
+                                         uint64_t(e));
           return out;
         };
         // Cache-streaming (evict-first) loads and stores: the rows are touched once here, and the

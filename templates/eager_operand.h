@@ -28,13 +28,18 @@
 
 namespace lfce {
 
-// The transform's kernel parameters, after the template's own.
-inline void add_eager_operand_params(const KernelSpec& spec, std::vector<Param>& params) {
-  if (!spec.eager_operand) return;
+// eager_dz's constants in its eager_operand form, as kernel parameters (the transform's, and
+// grad_weight's fix-up's first ones: runtime/launch.cpp passes them in this order).
+inline void add_eager_constant_params(std::vector<Param>& params) {
   params.push_back({"coef", ParamType::GlobalPtr});
   params.push_back({"target_col", ParamType::GlobalPtr});
   params.push_back({"target_dz", ParamType::GlobalPtr});
   params.push_back({"tile_n", ParamType::I64});
+}
+
+// The transform's kernel parameters, after the template's own.
+inline void add_eager_operand_params(const KernelSpec& spec, std::vector<Param>& params) {
+  if (spec.eager_operand) add_eager_constant_params(params);
 }
 
 namespace eager_operand_detail {

@@ -23,6 +23,13 @@ inline llvm::Type* eager_exponential_type(KernelBuilder& kb, DType dtype) {
   return dtype == DType::FP32 ? kb.f32() : kb.ir().getHalfTy();
 }
 
+// A non-target element of eager's dz from its stored exponential p̃ and its row constant: coef·p̃ in
+// fp32, rounded once to `elem`. eager_dz's pass and grad_weight's fix-up (templates/eager_fixup.h)
+// both form it here, so they write the same bits.
+inline llvm::Value* eager_dz_element(KernelBuilder& kb, llvm::Value* coef, llvm::Value* stored, llvm::Type* elem) {
+  return kb.from_f32(kb.ir().CreateFMul(coef, kb.to_f32(stored)), elem);
+}
+
 // The run-time argument load_target reads with a causal shift: push it last onto a kernel's
 // parameters (the runtime appends the sequence length last to the same kernels' arguments).
 inline void add_shift_param(const KernelSpec& spec, std::vector<Param>& params) {
