@@ -13,7 +13,7 @@ grep -E "Error|error:|assert" $R/eager.log | head -5 | cut -c1-300
 for round in 1 2; do
   for model in gemma2-2b llama3-8b; do
     for fix in 1 0; do
-      LFCE_EAGER_FIXUP=$fix timeout 30 python3 $D/ab.py $model fixup=$fix 2>&1 | tail -1
+      LFCE_EAGER_FIXUP=$fix timeout 30 python3 test-results/2026-12-02-h200-session17-run4/ab.py $model fixup=$fix 2>&1 | tail -1
     done
   done
 done
