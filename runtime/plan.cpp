@@ -379,16 +379,20 @@ TileConfig Plan::tile(KernelKind kind) const {
   if (heavy_epilogue && t.wgmma() && t.accumulators() > 64) return TileConfig{128, 128, 64, 1, 1, 4, 2};
   if (three_gemm_ && t.wgmma() && !tuning_.eager_operand &&
       (kind == KernelKind::GradInput || kind == KernelKind::GradWeight)) {
-    // Eager's gradient GEMMs stream the [tokens, V] dz (K = V for grad_input, the M side for
-    // grad_weight): CTA pairs along N share its tile, each loading half and multicasting it, as
-    // cuBLAS's 1x2 clusters do. Under ncu at gemma2-2b (H200, test-results/2026-12-02-h200-
-    // session17-run3) that halved the DRAM bytes read (grad_weight 33.2 -> 16.0 GB, grad_input
-    // 43.6 -> 24.0; cuBLAS's 13.2 and 13.4) and ran 1.3% and 2.9% faster at ncu's locked clock;
-    // under the power cap, where eager's steps took 12% more energy than cuBLAS's three GEMMs
-    // (32.7 against 29.3 J at 690 W, 1393 against 1450 MHz), energy is time. 128 x 256 or
-    // 128 x 192, whichever leaves fewer idle slots (a pair's odd column block past H counts as
-    // idle), 128 x 192 discounted as in the rule below. (Not with the operand transform, which
-    // needs unclustered tiles.)
+    // Eager's gradient GEMMs take CTA pairs, two consumers sharing 128-row tiles, 128 x 256 or
+    // 128 x 192: whichever leaves fewer idle slots with the pair along N (its odd column block
+    // past H counts as idle; session 17's measured rule), 128 x 192 discounted as in the rule
+    // below. 128 x 256 then pairs along M instead, sharing the B tile (x in grad_weight, W in
+    // grad_input), each CTA loading half and multicasting it: a CTA reads 7.8 KB from L2 per
+    // MFLOP, cuBLAS's figure for its 192 x 192 pairs, against 9.8 with the pair along N sharing dz
+    // (session 17's default, which halved the DRAM bytes but not the energy). Under the power cap,
+    // where eager's steps take 5-13% more energy than cuBLAS's three GEMMs at the same 690 W,
+    // energy is time: A/B in alternating processes (H200, test-results/2026-12-02-h200-session19-
+    // run3), eager / cuBLAS, along N -> along M: llama3-70b 1.059 -> 1.053 and 1.062 -> 1.052,
+    // qwen2.5-7b 1.088 -> 1.079, llama3-8b 1.069 -> 1.066 and at N = 16384 1.077 -> 1.061.
+    // 128 x 192 (gemma2-2b's H = 2304) stays along N, sharing dz's tile: half of an MN-major B's
+    // 192 columns is not whole 64-column boxes (and 128 x 256 along M ran 1.139-1.140 there
+    // against 1.129-1.133). (Not with the operand transform, which needs unclustered tiles.)
     const int64_t rows = kind == KernelKind::GradInput ? token_chunk_ : p_.vocab;  // grad_weight: [V, H] at once
     auto pair = [](int bn) {
       TileConfig c{128, bn, 64, 1, 1, 4, 2, 2};
@@ -402,13 +406,16 @@ TileConfig Plan::tile(KernelKind kind) const {
              (static_cast<double>(ceil_div(tiles, slots) * slots) * c.bm * c.bn);
     };
     const TileConfig wide = pair(256), narrow = pair(192);
-    const TileConfig pick = busy(narrow) * 0.977 > busy(wide) ? narrow : wide;
+    TileConfig pick = busy(narrow) * 0.977 > busy(wide) ? narrow : wide;
+    pick.cluster_n = pick.bn % 128 != 0;
     KernelSpec shared = problem_spec(kind, p_, arch_);
     shared.tile = pick;
     const int64_t limit = limits_.smem_per_block > 0 ? limits_.smem_per_block : arch_info(arch_).smem_per_block_optin;
-    // A pair needs two column blocks: with H <= BN its second CTA would compute a tile wholly past
-    // H (grad_weight about 2x slower at H <= 192, session 17's review).
-    if (ceil_div(p_.hidden, int64_t{pick.bn}) >= 2 && kernel_smem_bytes(shared) <= limit) return pick;
+    // A pair needs two blocks along its direction: with one (H <= BN along N; M <= 128, a chunk
+    // of at most 128 tokens or a vocabulary that small, along M) its second CTA would compute a
+    // tile wholly past the output (grad_weight about 2x slower at H <= 192, session 17's review).
+    const int64_t along = pick.cluster_n ? ceil_div(p_.hidden, int64_t{pick.bn}) : ceil_div(rows, int64_t{pick.bm});
+    if (along >= 2 && kernel_smem_bytes(shared) <= limit) return pick;
   }
   if (three_gemm_ && t.wgmma() && t.pingpong && t.bm == 64 && t.bn == 256 && kind == KernelKind::GradInput) {
     // Eager's grad_input is one GEMM over K = V into [token chunk, H]: two consumers sharing a

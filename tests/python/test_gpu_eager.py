@@ -85,6 +85,27 @@ def test_eager_three_gemms_match_fp64(dtype, reduction, bias, chunks, record_err
     assert "eager_logits" in kinds and "dlogits_backward" not in kinds and "lse_forward" not in kinds, kinds
 
 
+# N = 2900, H = 2040 (in no other GPU test): eager's grad_weight and grad_input default to 128 x 256
+# tiles on CTA pairs along M (Plan::tile, sharing B's tile), whose row blocks (23 of tokens, 393 of
+# the vocabulary) and column blocks (8, the last 248 wide) all end inside the output: the pair's
+# second CTA computes a tile wholly past M at the end.
+PAIR_N, PAIR_H = 2900, 2040
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=dtype_id)
+def test_eager_gradient_gemms_on_cta_pairs_along_m_match_fp64(dtype, record_error):
+    assert_three_gemm(PAIR_N, PAIR_H, V, dtype, 1)
+    x, w, b, y = make_inputs(PAIR_N, PAIR_H, V, dtype, bias=False)
+    grad = upstream("mean", (), dtype)
+    ours = run_lfce(x, w, b, y, "mean", grad, mode="eager")
+    assert_gradients_match(ours, reference(x, w, b, y, "mean", grad), dtype, "mean", record_error)
+    if torch.cuda.get_device_capability() == (9, 0):
+        specs = [k["spec"] for k in lfce.kernel_load_stats() if f";H={PAIR_H};" in k["spec"]]
+        for kind in ("grad_weight", "grad_input"):
+            assert any(s.startswith(kind + ";") and "tile=128x256x64/wg2/s4/c2;" in s + ";" for s in specs), specs
+        assert any(s.startswith("grad_weight;") and "eager_fixup=1" in s for s in specs), specs
+
+
 def test_eager_reduction_none_runs_recompute_with_a_per_token_gradient(record_error):
     """A per-token upstream gradient cannot scale a grad_weight summed over tokens in the forward:
     reduction "none" in eager mode runs recompute (non-uniform upstream gradient here)."""

@@ -51,18 +51,20 @@ TEST(Plan, ChunkWorkspaceStaysWithinDefaultBudget) {
   }
 }
 
-TEST(Plan, EagerGradientGemmsTakeCtaPairsAlongNOfTheBusierWidth) {
+TEST(Plan, EagerGradientGemmsTakeCtaPairsAlongMOfTheBusierWidth) {
   // Eager's grad_input (one GEMM over K = V) and grad_weight ([V, H] over K = N) take two
-  // consumers sharing 128-row tiles, the CTAs paired along N (sharing dz's tile): 128 x 192 at
-  // gemma2-2b (H = 2304: 12 column blocks, 6 pairs; 128 x 256's 9 leave a pair half past H),
-  // 128 x 256 at llama3-8b and llama3-70b (H = 4096 and 8192: 128 x 192 pads them to 22 and
-  // 44 column blocks). Recompute mode keeps its tiles (ping-pong grad_input, unpaired grad_weight).
+  // consumers sharing 128-row tiles on CTA pairs: 128 x 256 at llama3-8b and llama3-70b (H = 4096
+  // and 8192: 128 x 192 pads them to 22 and 44 column blocks) paired along M (sharing B's tile),
+  // 128 x 192 at gemma2-2b (H = 2304: 12 column blocks, 6 pairs; 128 x 256's 9 leave a pair half
+  // past H) paired along N (sharing dz's tile: half of B's 192 columns is not whole 64-column
+  // boxes). Recompute mode keeps its tiles (ping-pong grad_input, unpaired grad_weight).
   const TileConfig pingpong = default_tile(KernelKind::GradInput, DType::BF16, Arch::SM90A);
   ASSERT_TRUE(pingpong.pingpong && pingpong.bm == 64 && pingpong.bn == 256);
   const TileConfig unpaired = default_tile(KernelKind::GradWeight, DType::BF16, Arch::SM90A);
   ASSERT_EQ(unpaired.cluster, 1);
-  TileConfig narrow{128, 192, 64, 1, 1, 4, 2, 2}, wide{128, 256, 64, 1, 1, 4, 2, 2};
-  narrow.cluster_n = wide.cluster_n = true;
+  TileConfig narrow{128, 192, 64, 1, 1, 4, 2, 2};
+  narrow.cluster_n = true;
+  const TileConfig wide{128, 256, 64, 1, 1, 4, 2, 2};
   lfce_problem gemma = llama3(8192);
   gemma.hidden = 2304;
   gemma.vocab = 256000;
@@ -77,14 +79,29 @@ TEST(Plan, EagerGradientGemmsTakeCtaPairsAlongNOfTheBusierWidth) {
     EXPECT_EQ(Plan(problem(llama), Arch::SM90A).spec(kind).tile, wide);
     llama.hidden = 8192;
     EXPECT_EQ(Plan(problem(llama), Arch::SM90A).spec(kind).tile, wide);
-    // No pair where H fits one column block (its second CTA would compute a tile past H).
+    // No pair where H fits one column block of the busier width (192 there, paired along N:
+    // the second CTA would compute a tile past H).
     for (int64_t h : {128, 192}) {
       llama.hidden = h;
       EXPECT_EQ(Plan(problem(llama), Arch::SM90A).spec(kind).tile.cluster, 1) << "H = " << h;
     }
-    llama.hidden = 264;  // two column blocks of 192 (the busier width here)
-    EXPECT_EQ(Plan(problem(llama), Arch::SM90A).spec(kind).tile.cluster, 2);
+    llama.hidden = 264;  // two column blocks of 192 (the busier width here), paired along N
+    EXPECT_EQ(Plan(problem(llama), Arch::SM90A).spec(kind).tile, narrow) << "H = 264";
   }
+  // Nor a pair along M where M fits one row block: grad_input's M is the token chunk,
+  // grad_weight's the vocabulary.
+  auto paired_along_m = [](const TileConfig& t) { return t.cluster == 2 && !t.cluster_n; };
+  for (int64_t tokens : {64, 128}) {
+    lfce_problem few = llama3(tokens);
+    few.mode = LFCE_MODE_EAGER;
+    EXPECT_FALSE(paired_along_m(Plan(problem(few), Arch::SM90A).spec(KernelKind::GradInput).tile)) << "N = " << tokens;
+    EXPECT_EQ(Plan(problem(few), Arch::SM90A).spec(KernelKind::GradWeight).tile, wide) << "N = " << tokens;
+  }
+  lfce_problem small_vocab = llama3(8192);
+  small_vocab.mode = LFCE_MODE_EAGER;
+  small_vocab.vocab = 100;
+  EXPECT_FALSE(paired_along_m(Plan(problem(small_vocab), Arch::SM90A).spec(KernelKind::GradWeight).tile));
+  EXPECT_EQ(Plan(problem(small_vocab), Arch::SM90A).spec(KernelKind::GradInput).tile, wide);
   lfce_problem llama = llama3(8192);
   EXPECT_EQ(Plan(problem(llama), Arch::SM90A).spec(KernelKind::GradInput).tile, pingpong);
   // With the operand transform (unclustered tiles only), eager's grad_input keeps the shared
