@@ -14,7 +14,7 @@ from conftest import missing_dependency
 
 import lfce
 from lfce import bench
-from lfce.bench import gemm_profile, impls, options, plot
+from lfce.bench import ab, gemm_profile, impls, options, plot
 
 FAKE_GPU = {"gpu": "NVIDIA H200", "driver_version": "570.86.15", "driver_cuda_version": "12.8",
             "torch": "2.5.1", "torch_cuda": "12.4"}
@@ -586,3 +586,90 @@ def test_interleaved_times_every_implementation_in_turn_after_its_first_step_alo
     assert rows["a"] == {"forward_ms": 5.0, "backward_ms": 5.0, "total_ms": 10.0, "min_ms": 10.0, "max_ms": 10.0,
                          "first_call_s": 0.5}
     assert rows["b"]["backward_ms"] == 15.0 and rows["b"]["first_call_s"] == 0.5
+
+
+# ---- ab: eager against cuBLAS's three GEMMs, power-settled, tiles pinned ---------------------------
+
+def ab_usage_error(capsys, argv):
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["ab", *argv])
+    assert exit_info.value.code == 2
+    return capsys.readouterr().err
+
+
+@pytest.mark.parametrize("force, message", [
+    ("grad_weight", "expected KIND=CANDIDATE"),
+    ("grad_weight=", "expected KIND=CANDIDATE"),
+    ("lse_forward=128x256x64/wg2/s4", "kind 'lse_forward' is not one of eager's GEMMs"),
+    ("grad_input=128x256x64/wg2/s4;chunk=16384", "a grad_input candidate is a tile alone"),
+    ("dlogits_backward=128x256x64/wg2/s4;ctas=132", "only a dlogits_backward candidate has a ';chunk=N'"),
+])
+def test_ab_rejects_a_bad_force_naming_it(capsys, force, message):
+    err = ab_usage_error(capsys, ["--model", "llama3-8b", "--force", force])
+    assert message in err and repr(force) in err
+
+
+def test_ab_rejects_bad_counts_and_a_kind_forced_twice(capsys):
+    assert "--steps must be at least 1, got 0" in ab_usage_error(capsys, ["--model", "llama3-8b", "--steps", "0"])
+    assert "--settle must be at least 0, got -1" in ab_usage_error(capsys, ["--model", "llama3-8b", "--settle", "-1"])
+    twice = ["--model", "llama3-8b", "--force", "grad_weight=128x256x64/wg2/s4", "--force", "grad_weight=x"]
+    assert "--force names a kind twice" in ab_usage_error(capsys, twice)
+
+
+def test_ab_adds_the_plans_chunk_to_dlogits_candidates_only():
+    assert ab.with_chunk("dlogits_backward", "128x256x64/wg2/s4", 16384) == "128x256x64/wg2/s4;chunk=16384"
+    assert ab.with_chunk("dlogits_backward", "128x256x64/wg2/s4;chunk=4096", 16384) == "128x256x64/wg2/s4;chunk=4096"
+    assert ab.with_chunk("grad_weight", "128x256x64/wg2/s4/c2", 16384) == "128x256x64/wg2/s4/c2"
+
+
+def test_ab_tuning_entries_are_what_the_library_plans_with(tmp_path):
+    """The entries --force writes (ab.tuning_entry) are read by the library: an offline precompile
+    for an H200's limits in eager mode builds each forced kernel with the forced tile, and
+    ab.unapplied finds nothing missing; without them the defaults, and unapplied names each."""
+    vocab, hidden, tokens, limits = 50257, 2040, 8192, {"sm_count": 132, "smem_per_block": 232448}
+    forced = [("dlogits_backward", "128x256x64/wg2/s4/c2;chunk=16384"), ("grad_weight", "128x128x64/wg2/s4"),
+              ("grad_input", "128x256x64/wg2/s4")]
+    before = lfce.cache_dir()
+    try:
+        lfce.set_cache_dir(tmp_path / "plain")
+        plain = lfce.precompile(vocab=vocab, hidden=hidden, archs=("sm_90a",), mode="eager", tokens=tokens, **limits)
+        assert len(ab.unapplied(forced, plain, hidden)) == 3, [r["spec"] for r in plain]
+        (tmp_path / "forced" / "tuning").mkdir(parents=True)
+        for kind, candidate in forced:
+            for mode in ("recompute", "eager"):
+                name, entry = ab.tuning_entry(kind, candidate, vocab, hidden, tokens, mode, "sm_90a", **limits)
+                (tmp_path / "forced" / "tuning" / name).write_text(json.dumps(entry))
+        lfce.set_cache_dir(tmp_path / "forced")
+        rows = lfce.precompile(vocab=vocab, hidden=hidden, archs=("sm_90a",), mode="eager", tokens=tokens, **limits)
+    finally:
+        lfce.set_cache_dir(before)
+    assert ab.unapplied(forced, rows, hidden) == [], [r["spec"] for r in rows]
+    tiles = {r["spec"].split(";")[0]: ab.tile_of(r["spec"]) for r in rows if f";H={hidden};" in r["spec"]}
+    assert (tiles["eager_logits"], tiles["grad_weight"], tiles["grad_input"]) == (
+        "128x256x64/wg2/s4/c2", "128x128x64/wg2/s4", "128x256x64/wg2/s4")
+    # A dlogits_backward candidate without its chunk is not one (the library warns and ignores it).
+    assert ab.unapplied([("dlogits_backward", "128x256x64/wg2/s4/c2")], plain, hidden)
+
+
+def test_ab_summarises_each_side_over_its_phases_samples():
+    t0 = ab.datetime.datetime(2026, 12, 2, 12, 0, 0)
+
+    def at(seconds):
+        return t0 + ab.datetime.timedelta(seconds=seconds)
+    text = "\n".join([
+        "timestamp, power.draw.instant [W], clocks.sm [MHz]",  # a header: skipped
+        f"{at(0.1).strftime(ab.SMI_TIME)}, 100.0, 1900",       # inside eager's first 0.2 s: dropped
+        f"{at(0.5).strftime(ab.SMI_TIME)}, 690.0, 1400",
+        f"{at(0.9).strftime(ab.SMI_TIME)}, 700.0, 1380",
+        f"{at(1.2).strftime(ab.SMI_TIME)}, [N/A], 1500",       # unparseable: skipped
+        f"{at(1.5).strftime(ab.SMI_TIME)}, 680.0, 1450",
+    ])
+    samples = ab.parse_smi(text)
+    assert len(samples) == 4
+    phases = [("eager", at(0), at(1), 80.0), ("cublas", at(1), at(2), 76.0)]
+    s = ab.summarise(phases, samples)
+    assert s["eager"]["watts"] == pytest.approx(695.0) and s["eager"]["mhz"] == pytest.approx(1390.0)
+    assert s["eager"]["joules"] == pytest.approx(695.0 * 0.080)
+    assert s["cublas"]["watts"] == pytest.approx(680.0) and s["ratio"] == pytest.approx(80.0 / 76.0)
+    line = ab.format_summary("llama3-70b", 8192, "defaults", s)
+    assert "eager  80.00 ms   695 W  1390 MHz" in line and line.endswith("ratio 1.053")

@@ -4,6 +4,8 @@
     python3 -m lfce.bench --gemm-only --models llama3-8b,gemma2-2b --tokens 8192 --out DIR
     python3 -m lfce.bench --plot-from DIR/bench-<date>-<commit>.json --out DIR   # the plot, no GPU
     python3 -m lfce.bench options --model llama3-8b --tokens 8192   # each loss option's cost (options.py)
+    python3 -m lfce.bench ab --model llama3-70b --force grad_weight=128x256x64/wg2/s4/c2   # eager vs cuBLAS
+                                                        # power-settled, tiles pinned (ab.py)
     python3 -m lfce --model llama3-8b                   # one model and mode (uses run())
 
 Implementations (impls.py), each forward + backward w.r.t. hidden and weight, bf16 by default, mean
@@ -185,6 +187,10 @@ def main(argv=None):
         from . import options
 
         return options.main(argv[1:])
+    if argv[:1] == ["ab"]:
+        from . import ab
+
+        return ab.main(argv[1:])
     parser, args = parse_args(argv)
     if args.plot_from:
         return _plot_from(args.plot_from, args.out)
