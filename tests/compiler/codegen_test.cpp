@@ -477,6 +477,16 @@ std::vector<WgmmaCase> wgmma_cases() {
     for (Reduction reduction : {Reduction::Mean, Reduction::None})
       for (KernelKind kind : {KernelKind::DlogitsBackward, KernelKind::GradWeight, KernelKind::GradInput})
         cases.push_back({kind, dtype, kind == KernelKind::DlogitsBackward, reduction, pingpong_tall});
+  // eager_logits (dlogits_backward's tile in eager mode): its default ping-pong, 128 x 256 with two
+  // cooperative consumers, alone and on a CTA pair along M (sharing W's tile); with a bias the
+  // cooperative one (a bias takes neither ping-pong nor clusters: Plan::tile).
+  TileConfig logits_pair = wide4;
+  logits_pair.cluster = 2;
+  for (DType dtype : {DType::BF16, DType::FP16}) {
+    for (const TileConfig& tile : {pingpong, wide4, logits_pair})
+      cases.push_back({KernelKind::EagerLogits, dtype, false, Reduction::Mean, tile});
+    cases.push_back({KernelKind::EagerLogits, dtype, true, Reduction::Mean, wide4});
+  }
   // Split along N, 128 x 256 (each consumer 128 x 128): every backward GEMM, dlogits with and
   // without a bias (two epilogues).
   TileConfig split_wide{128, 256, 64, 1, 1, 4, 2};
