@@ -561,6 +561,25 @@ def test_options_times_every_option_against_plain(tmp_path):
         assert row["total_ms"] > row["forward_ms"] > 0 and row["vs_plain"] > 0, (name, row)
 
 
+@pytest.mark.gpu
+def test_ab_runs_the_forced_tile_and_samples_both_sides(tmp_path):
+    """lfce.bench ab end to end: a forced grad_weight tile runs (its check passes), both sides get
+    nvidia-smi samples (half a second or more of steps a phase), and the JSON has the summary."""
+    argv = ["ab", "--model", "llama3-8b", "--tokens", "2048", "--steps", "60", "--settle", "2", "--rounds", "1",
+            "--force", "grad_weight=128x128x64/wg2/s4", "--label", "test", "--out", str(tmp_path)]
+    assert bench.main(argv) == 0
+    [path] = list(tmp_path.iterdir())
+    assert path.name.startswith("ab-test-")
+    result = json.loads(path.read_text())
+    assert result["settings"]["forced"] == ["grad_weight=128x128x64/wg2/s4"] and result["gpu"]
+    for side in ("eager", "cublas"):
+        row = result["summary"][side]
+        assert row["ms"] > 0 and row["watts"] > 0 and row["mhz"] > 0 and row["phases"] == 1, (side, row)
+    assert result["summary"]["ratio"] == pytest.approx(result["summary"]["eager"]["ms"] / result["summary"]["cublas"]["ms"])
+    # A candidate the library rejects (a pair along M cannot split B's 192 columns) is reported.
+    assert bench.main(argv[:-4] + ["--force", "grad_input=128x192x64/wg2/s4/c2"]) == 1
+
+
 def test_interleaved_times_every_implementation_in_turn_after_its_first_step_alone(monkeypatch):
     """measure._interleaved: each implementation's first step alone (first_call_s), one that fails
     there gets its error and no rounds, the others warmup - 1 + iters rotated rounds; backward_ms is
@@ -602,18 +621,36 @@ def ab_usage_error(capsys, argv):
     ("grad_weight=", "expected KIND=CANDIDATE"),
     ("lse_forward=128x256x64/wg2/s4", "kind 'lse_forward' is not one of eager's GEMMs"),
     ("grad_input=128x256x64/wg2/s4;chunk=16384", "a grad_input candidate is a tile alone"),
-    ("dlogits_backward=128x256x64/wg2/s4;ctas=132", "only a dlogits_backward candidate has a ';chunk=N'"),
+    ("dlogits_backward=128x256x64/wg2/s4;ctas=132", "a dlogits_backward candidate ends in ';chunk=N'"),
+    ("dlogits_backward=128x256x64/wg2/s4;chunk=0", "N a positive vocabulary chunk, got ';chunk=0'"),
+    ("dlogits_backward=;chunk=16384", "the candidate has no tile"),
+    ("lse_forward=128x256x64/wg2/s4;ctas=132", "kind 'lse_forward' is not one of eager's GEMMs"),
 ])
 def test_ab_rejects_a_bad_force_naming_it(capsys, force, message):
     err = ab_usage_error(capsys, ["--model", "llama3-8b", "--force", force])
     assert message in err and repr(force) in err
 
 
-def test_ab_rejects_bad_counts_and_a_kind_forced_twice(capsys):
+def test_ab_rejects_bad_counts_a_kind_forced_twice_an_unknown_model_and_a_bad_out(capsys, tmp_path):
     assert "--steps must be at least 1, got 0" in ab_usage_error(capsys, ["--model", "llama3-8b", "--steps", "0"])
     assert "--settle must be at least 0, got -1" in ab_usage_error(capsys, ["--model", "llama3-8b", "--settle", "-1"])
-    twice = ["--model", "llama3-8b", "--force", "grad_weight=128x256x64/wg2/s4", "--force", "grad_weight=x"]
-    assert "--force names a kind twice" in ab_usage_error(capsys, twice)
+    twice = ["--model", "llama3-8b", "--force", "grad_weight=128x256x64/wg2/s4", "--force", " grad_weight = x"]
+    assert "--force names grad_weight twice" in ab_usage_error(capsys, twice)
+    assert "--model: unknown model 'llama9'" in ab_usage_error(capsys, ["--model", "llama9"])
+    (tmp_path / "file").write_text("")
+    assert f"--out {str(tmp_path / 'file')!r}" in ab_usage_error(capsys, ["--model", "llama3-8b", "--out",
+                                                                          str(tmp_path / "file")])
+
+
+def test_ab_tuning_key_limits_follow_the_device_and_lfces_overrides():
+    h200 = ((9, 0), 232448, 132)
+    assert ab.device_limits(*h200, {}) == ("sm_90a", 232448, 132)
+    # The arch table caps the device's opt-in limit; LFCE_DEVICE_* override the device's figures.
+    assert ab.device_limits((9, 0), 300000, 132, {}) == ("sm_90a", 232448, 132)
+    env = {"LFCE_DEVICE_SMEM_LIMIT": "100000", "LFCE_DEVICE_SM_COUNT": "64"}
+    assert ab.device_limits(*h200, env) == ("sm_90a", 100000, 64)
+    assert ab.device_limits(*h200, {"LFCE_DEVICE_ARCH": "sm_80"}) == ("sm_80", 166912, 132)
+    assert ab.device_limits((8, 0), 166912, 108, {}) == ("sm_80", 166912, 108)
 
 
 def test_ab_adds_the_plans_chunk_to_dlogits_candidates_only():
@@ -647,8 +684,18 @@ def test_ab_tuning_entries_are_what_the_library_plans_with(tmp_path):
     tiles = {r["spec"].split(";")[0]: ab.tile_of(r["spec"]) for r in rows if f";H={hidden};" in r["spec"]}
     assert (tiles["eager_logits"], tiles["grad_weight"], tiles["grad_input"]) == (
         "128x256x64/wg2/s4/c2", "128x128x64/wg2/s4", "128x256x64/wg2/s4")
-    # A dlogits_backward candidate without its chunk is not one (the library warns and ignores it).
-    assert ab.unapplied([("dlogits_backward", "128x256x64/wg2/s4/c2")], plain, hidden)
+    # A dlogits_backward candidate without its chunk is not one: the library warns and ignores it.
+    chunkless = [("dlogits_backward", "128x256x64/wg2/s4/c2")]
+    (tmp_path / "chunkless" / "tuning").mkdir(parents=True)
+    for mode in ("recompute", "eager"):
+        name, entry = ab.tuning_entry(*chunkless[0], vocab, hidden, tokens, mode, "sm_90a", **limits)
+        (tmp_path / "chunkless" / "tuning" / name).write_text(json.dumps(entry))
+    try:
+        lfce.set_cache_dir(tmp_path / "chunkless")
+        ignored = lfce.precompile(vocab=vocab, hidden=hidden, archs=("sm_90a",), mode="eager", tokens=tokens, **limits)
+    finally:
+        lfce.set_cache_dir(before)
+    assert ab.unapplied(chunkless, ignored, hidden)
 
 
 def test_ab_summarises_each_side_over_its_phases_samples():

@@ -10,6 +10,7 @@ its hidden size (a size no other test file uses). With LFCE_DEVICE_ARCH=sm_80 th
 run the mma.sync kernels (the staged epilogues).
 """
 
+import os
 from dataclasses import replace
 
 import pytest
@@ -64,6 +65,17 @@ def loaded_kinds(h):
     return {k["spec"].split(";")[0] for k in lfce.kernel_load_stats() if f";H={h};" in k["spec"]}
 
 
+def runs_hopper_kernels():
+    """Whether this process runs the sm_90a kernels (an H100/H200 without LFCE_DEVICE_ARCH=sm_80)."""
+    return torch.cuda.get_device_capability() == (9, 0) and os.environ.get("LFCE_DEVICE_ARCH", "") != "sm_80"
+
+
+def loaded_specs(h, dtype):
+    """The specs of the kernels this process loaded for hidden size h in ``dtype``."""
+    name = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dtype]
+    return [k["spec"] for k in lfce.kernel_load_stats() if f";H={h};" in k["spec"] and f";dtype={name};" in k["spec"]]
+
+
 def assert_three_gemm(n, h, v, dtype, chunks, **options):
     three_gemm, chunk = schedule(n, h, v, dtype, **options)
     assert three_gemm, f"N={n} H={h} V={v} {options} does not take the three-GEMM schedule"
@@ -99,8 +111,8 @@ def test_eager_gradient_gemms_on_cta_pairs_along_m_match_fp64(dtype, record_erro
     grad = upstream("mean", (), dtype)
     ours = run_lfce(x, w, b, y, "mean", grad, mode="eager")
     assert_gradients_match(ours, reference(x, w, b, y, "mean", grad), dtype, "mean", record_error)
-    if torch.cuda.get_device_capability() == (9, 0):
-        specs = [k["spec"] for k in lfce.kernel_load_stats() if f";H={PAIR_H};" in k["spec"]]
+    if runs_hopper_kernels():
+        specs = loaded_specs(PAIR_H, dtype)
         for kind in ("grad_weight", "grad_input"):
             assert any(s.startswith(kind + ";") and "tile=128x256x64/wg2/s4/c2;" in s + ";" for s in specs), specs
         assert any(s.startswith("grad_weight;") and "eager_fixup=1" in s for s in specs), specs
@@ -305,13 +317,13 @@ def test_eager_fixup_in_grad_weight_gives_the_bits_of_eager_dz_pass(monkeypatch,
             result = (loss.detach(), xl.grad)
         else:
             result = run_lfce(x, w, b, y, "mean", grad, mode="eager", **options)
-        specs = [k["spec"] for k in lfce.kernel_load_stats() if f";H={H};" in k["spec"] or k["spec"].startswith("eager_dz")]
+        specs = loaded_specs(H, dtype)
         return result, specs
 
     try:
         passed, _ = run("0")
         fused, specs = run("1")
-        if torch.cuda.get_device_capability() == (9, 0):
+        if runs_hopper_kernels():
             assert any(s.startswith("grad_weight") and "eager_fixup=1" in s for s in specs), specs
         for name, a, e in zip(("loss", "grad_hidden", "grad_weight", "grad_bias"), fused, passed):
             if name != "grad_bias" or bias:

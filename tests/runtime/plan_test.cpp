@@ -88,20 +88,23 @@ TEST(Plan, EagerGradientGemmsTakeCtaPairsAlongMOfTheBusierWidth) {
     llama.hidden = 264;  // two column blocks of 192 (the busier width here), paired along N
     EXPECT_EQ(Plan(problem(llama), Arch::SM90A).spec(kind).tile, narrow) << "H = 264";
   }
-  // Nor a pair along M where M fits one row block: grad_input's M is the token chunk,
-  // grad_weight's the vocabulary.
-  auto paired_along_m = [](const TileConfig& t) { return t.cluster == 2 && !t.cluster_n; };
-  for (int64_t tokens : {64, 128}) {
-    lfce_problem few = llama3(tokens);
-    few.mode = LFCE_MODE_EAGER;
-    EXPECT_FALSE(paired_along_m(Plan(problem(few), Arch::SM90A).spec(KernelKind::GradInput).tile)) << "N = " << tokens;
-    EXPECT_EQ(Plan(problem(few), Arch::SM90A).spec(KernelKind::GradWeight).tile, wide) << "N = " << tokens;
-  }
+  // Nor a pair along M where M fits one row block (its second CTA would compute a tile past M):
+  // grad_input's M is the token chunk, grad_weight's the vocabulary. On two SMs the wide width
+  // fills the waves at H = 4096 (16 column blocks, 8 waves; 128 x 192's 22 leave one slot idle),
+  // so these pick 128 x 256 and, with one row block, keep it unpaired.
+  const DeviceLimits two_sms{232448, 2};
+  const TileConfig unpaired_wide{128, 256, 64, 1, 1, 4, 2};
+  lfce_problem few = llama3(128);
+  few.mode = LFCE_MODE_EAGER;
+  EXPECT_EQ(Plan(problem(few), Arch::SM90A, Tuning{}, two_sms).spec(KernelKind::GradInput).tile, unpaired_wide);
+  few.tokens = 129;  // two row blocks: the pair
+  EXPECT_EQ(Plan(problem(few), Arch::SM90A, Tuning{}, two_sms).spec(KernelKind::GradInput).tile, wide);
   lfce_problem small_vocab = llama3(8192);
   small_vocab.mode = LFCE_MODE_EAGER;
-  small_vocab.vocab = 100;
-  EXPECT_FALSE(paired_along_m(Plan(problem(small_vocab), Arch::SM90A).spec(KernelKind::GradWeight).tile));
-  EXPECT_EQ(Plan(problem(small_vocab), Arch::SM90A).spec(KernelKind::GradInput).tile, wide);
+  small_vocab.vocab = 128;
+  EXPECT_EQ(Plan(problem(small_vocab), Arch::SM90A, Tuning{}, two_sms).spec(KernelKind::GradWeight).tile.cluster, 1);
+  small_vocab.vocab = 129;
+  EXPECT_EQ(Plan(problem(small_vocab), Arch::SM90A, Tuning{}, two_sms).spec(KernelKind::GradWeight).tile, wide);
   lfce_problem llama = llama3(8192);
   EXPECT_EQ(Plan(problem(llama), Arch::SM90A).spec(KernelKind::GradInput).tile, pingpong);
   // With the operand transform (unclustered tiles only), eager's grad_input keeps the shared

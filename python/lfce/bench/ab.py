@@ -22,14 +22,18 @@ dlogits_backward candidate carries ``;chunk=N``, the plan's own chunk when left 
 step each forced kernel's loaded tile is checked: a candidate the library rejects (it warns why) would
 otherwise run the default without a word.
 
---out DIR writes ab-<date>-<commit>.json there (meta.metadata(), the settings, each phase and the
-summary).
+Each process uses a fresh cache directory (removed at exit), so a run without --force runs the
+defaults whatever the user's cache has tuned. --out DIR writes ab-<label>-<time>-<date>-<commit>.json
+there (meta.metadata(), the settings, each phase and the summary); the exit status is 1 where a forced
+tile did not run or nvidia-smi gave no samples.
 """
 
 import argparse
+import atexit
 import datetime
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -46,16 +50,24 @@ SKIP_SECONDS = 0.2  # samples this soon after a phase starts still show the prev
 
 
 def parse_force(text):
-    """(kind, candidate) of a --force value "KIND=CANDIDATE"; ValueError naming what is wrong."""
+    """(kind, candidate) of a --force value "KIND=CANDIDATE"; ValueError naming what is wrong. The
+    tile itself is the library's to check (a candidate it rejects is reported after the first step)."""
     kind, sep, candidate = text.partition("=")
-    if not sep or not candidate.strip():
+    kind, candidate = kind.strip(), candidate.strip()
+    if not sep or not candidate:
         raise ValueError(f"--force {text!r}: expected KIND=CANDIDATE, e.g. grad_weight=128x256x64/wg2/s4/c2")
     if kind not in FORCEABLE:
         raise ValueError(f"--force {text!r}: kind {kind!r} is not one of eager's GEMMs ({', '.join(FORCEABLE)})")
-    if ";" in candidate and not candidate.split(";", 1)[1].startswith("chunk="):
-        raise ValueError(f"--force {text!r}: only a dlogits_backward candidate has a ';chunk=N' suffix")
-    if ";" in candidate and kind != "dlogits_backward":
-        raise ValueError(f"--force {text!r}: a {kind} candidate is a tile alone (no ';chunk=')")
+    tile, semicolon, extra = candidate.partition(";")
+    if semicolon and kind != "dlogits_backward":
+        raise ValueError(f"--force {text!r}: a {kind} candidate is a tile alone (no ';...')")
+    if semicolon:
+        chunk = extra[len("chunk="):] if extra.startswith("chunk=") else None
+        if chunk is None or not chunk.isdigit() or int(chunk) < 1:
+            raise ValueError(f"--force {text!r}: a dlogits_backward candidate ends in ';chunk=N', N a positive "
+                             f"vocabulary chunk, got {';' + extra!r}")
+    if not tile:
+        raise ValueError(f"--force {text!r}: the candidate has no tile")
     return kind, candidate
 
 
@@ -104,7 +116,8 @@ def unapplied(forced, load_stats, hidden):
         got = tiles.get(kernel, set())
         if want not in got:
             problems.append(f"{kind}={candidate}: {kernel} ran {', '.join(sorted(t for t in got if t)) or 'nothing'}"
-                            f" (the library rejected the candidate: see its warning)")
+                            " (the tuning was not used: the library rejected the candidate, with a warning, or"
+                            " found no tuning file for this problem and device)")
     return problems
 
 
@@ -170,17 +183,73 @@ def parse_args(argv):
         args.force = [parse_force(text) for text in args.force]
     except ValueError as error:
         parser.error(str(error))
-    if len({kind for kind, _ in args.force}) < len(args.force):
-        parser.error("--force names a kind twice")
+    from .. import presets
+
+    known = presets.table()
+    if args.model not in known:
+        parser.error(f"--model: unknown model {args.model!r}; known: {', '.join(sorted(known))}")
+    kinds = [kind for kind, _ in args.force]
+    for kind in kinds:
+        if kinds.count(kind) > 1:
+            parser.error(f"--force names {kind} twice")
+    if args.out:
+        try:
+            os.makedirs(args.out, exist_ok=True)
+        except OSError as error:
+            parser.error(f"--out {args.out!r}: {error.strerror}")
+        if not os.access(args.out, os.W_OK):
+            parser.error(f"--out {args.out!r}: not writable")
     return parser, args
 
 
-def _device_limits(torch):
-    props = torch.cuda.get_device_properties(0)
-    hopper = (props.major, props.minor) == (9, 0)
-    # The opt-in shared memory per block (the tuning key's limit; 227 KB on the H100 and H200).
-    smem = getattr(props, "shared_memory_per_block_optin", 232448 if hopper else 166912)
-    return ("sm_90a" if hopper else "sm_80"), smem, props.multi_processor_count
+# The opt-in shared memory per block of each arch's table (runtime/arch.cpp): the tuning key holds the
+# device's limit capped by it (runtime/tuning_store.cpp, effective_limits).
+ARCH_SMEM = {"sm_90a": 232448, "sm_80": 166912}
+
+
+def device_limits(capability, smem_optin, sm_count, environ):
+    """(arch, smem_per_block, sm_count) of the tuning key lfce uses for a device of ``capability``
+    with these limits, after the environment's overrides (LFCE_DEVICE_ARCH=sm_80,
+    LFCE_DEVICE_SMEM_LIMIT, LFCE_DEVICE_SM_COUNT: runtime/options.h)."""
+    arch = "sm_90a" if tuple(capability) == (9, 0) and environ.get("LFCE_DEVICE_ARCH", "") != "sm_80" else "sm_80"
+    smem = int(environ.get("LFCE_DEVICE_SMEM_LIMIT") or smem_optin)
+    sms = int(environ.get("LFCE_DEVICE_SM_COUNT") or sm_count)
+    return arch, min(smem, ARCH_SMEM[arch]), sms
+
+
+def _smi_gpu(props):
+    """nvidia-smi's id of the GPU torch calls device 0 (its UUID), or None where torch lacks it."""
+    uuid = getattr(props, "uuid", None)
+    return f"GPU-{uuid}" if uuid else None
+
+
+def _measure(torch, steps, args, gpu):
+    """(phases [(side, start, end, ms a step)], nvidia-smi's output, its exit status): --rounds of
+    each side's --settle untimed then --steps timed steps, alternating, sampled throughout."""
+    # Sampled into a file, not a pipe, which would fill (about 1 KB a second) and stall nvidia-smi.
+    with tempfile.TemporaryFile(mode="w+") as samples:
+        smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={SMI_QUERY}", "--format=csv,noheader,nounits", "-lms", "50",
+                                *(["-i", gpu] if gpu else [])], stdout=samples, stderr=subprocess.DEVNULL)
+        phases = []
+        try:
+            for _ in range(args.rounds):
+                for side in SIDES:
+                    for _ in range(args.settle):
+                        steps[side]()
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    torch.cuda.synchronize()
+                    began = datetime.datetime.now()
+                    start.record()
+                    for _ in range(args.steps):
+                        steps[side]()
+                    end.record()
+                    torch.cuda.synchronize()
+                    phases.append((side, began, datetime.datetime.now(), start.elapsed_time(end) / args.steps))
+        finally:
+            smi.terminate()
+            smi.wait()
+        samples.seek(0)
+        return phases, samples.read(), smi.returncode
 
 
 def main(argv=None):
@@ -192,16 +261,19 @@ def main(argv=None):
     from .. import _lib, cache, presets
     from . import impls
 
-    known = presets.table()
-    if args.model not in known:
-        parser.error(f"--model: unknown model {args.model!r}; known: {', '.join(sorted(known))}")
-    hidden, vocab = known[args.model]
+    hidden, vocab = presets.table()[args.model]
+    props = torch.cuda.get_device_properties(0)
+    # Always a fresh cache directory (removed at exit): a variant runs its forced tiles, the
+    # defaults run the defaults, whatever tunings the user's cache holds.
+    folder = tempfile.mkdtemp(prefix="lfce-bench-ab-")
+    atexit.register(shutil.rmtree, folder, True)
+    os.makedirs(os.path.join(folder, "tuning"))
     forced = []
     if args.force:
-        arch, smem, sms = _device_limits(torch)
+        arch, smem, sms = device_limits((props.major, props.minor),
+                                        getattr(props, "shared_memory_per_block_optin", ARCH_SMEM["sm_90a"]),
+                                        props.multi_processor_count, os.environ)
         chunk = _lib.backward_chunk_size(_lib.make_problem(args.tokens, hidden, vocab, _lib.DTYPE_BF16))
-        folder = tempfile.mkdtemp(prefix="lfce-bench-ab-")
-        os.makedirs(os.path.join(folder, "tuning"))
         for kind, candidate in args.force:
             candidate = with_chunk(kind, candidate, chunk)
             forced.append((kind, candidate))
@@ -209,7 +281,7 @@ def main(argv=None):
                 name, entry = tuning_entry(kind, candidate, vocab, hidden, args.tokens, mode, arch, smem, sms)
                 with open(os.path.join(folder, "tuning", name), "w") as f:
                     json.dump(entry, f)
-        cache.set_cache_dir(folder)
+    cache.set_cache_dir(folder)
     x, w, y = impls.make_inputs(args.tokens, hidden, vocab, torch.bfloat16)
     steps = {}
     for side, name in zip(SIDES, ("lfce_eager", "cublas_3gemm")):
@@ -225,28 +297,17 @@ def main(argv=None):
     if problems:
         print("lfce.bench ab: a forced tile did not run:\n  " + "\n  ".join(problems), file=sys.stderr)
         return 1
-    smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={SMI_QUERY}", "--format=csv,noheader,nounits", "-lms", "50"],
-                           stdout=subprocess.PIPE, text=True)
-    phases = []
     try:
-        for _ in range(args.rounds):
-            for side in SIDES:
-                for _ in range(args.settle):
-                    steps[side]()
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                torch.cuda.synchronize()
-                began = datetime.datetime.now()
-                start.record()
-                for _ in range(args.steps):
-                    steps[side]()
-                end.record()
-                torch.cuda.synchronize()
-                phases.append((side, began, datetime.datetime.now(), start.elapsed_time(end) / args.steps))
-    finally:
-        smi.terminate()
-        text = smi.communicate()[0]
+        phases, text, smi_status = _measure(torch, steps, args, _smi_gpu(props))
+    except OSError as error:
+        print(f"lfce.bench ab: cannot run nvidia-smi: {error}", file=sys.stderr)
+        return 1
     summary = summarise(phases, parse_smi(text))
     print(format_summary(args.model, args.tokens, args.label or "defaults", summary), flush=True)
+    unsampled = [side for side in SIDES if summary[side]["watts"] != summary[side]["watts"]]  # NaN
+    if unsampled:
+        print(f"lfce.bench ab: nvidia-smi gave no power samples during the {' and '.join(unsampled)} phases "
+              f"(exit status {smi_status}; it needs {SMI_QUERY})", file=sys.stderr)
     if args.out:
         result = metadata("python3 -m lfce.bench ab " + " ".join(sys.argv[1:] if argv is None else argv))
         result.update(settings={"model": args.model, "tokens": args.tokens, "label": args.label,
@@ -255,5 +316,8 @@ def main(argv=None):
                       phases=[{"side": s, "start": a.isoformat(), "end": b.isoformat(), "ms": ms}
                               for s, a, b, ms in phases],
                       summary=summary)
-        print("wrote", write_json(result, args.out, prefix="ab"))
-    return 0
+        # One file per process: alternating variants share a date and commit.
+        tag = "".join(c if c.isalnum() or c in "-_." else "_" for c in (args.label or "defaults"))
+        stamp = datetime.datetime.now().strftime("%H%M%S")
+        print("wrote", write_json(result, args.out, prefix=f"ab-{tag}-{stamp}"))
+    return 1 if unsampled else 0
