@@ -22,14 +22,13 @@ dlogits_backward candidate carries ``;chunk=N``, the plan's own chunk when left 
 step each forced kernel's loaded tile is checked: a candidate the library rejects (it warns why) would
 otherwise run the default without a word.
 
-Each process uses a fresh cache directory (removed at exit), so a run without --force runs the
+Each run uses a fresh cache directory (removed when it ends), so a run without --force runs the
 defaults whatever the user's cache has tuned. --out DIR writes ab-<label>-<time>-<date>-<commit>.json
 there (meta.metadata(), the settings, each phase and the summary); the exit status is 1 where a forced
 tile did not run or nvidia-smi gave no samples.
 """
 
 import argparse
-import atexit
 import datetime
 import json
 import os
@@ -258,15 +257,25 @@ def main(argv=None):
 
     if not torch.cuda.is_available():
         parser.error("needs a CUDA GPU")
-    from .. import _lib, cache, presets
-    from . import impls
+    from .. import cache, presets
 
     hidden, vocab = presets.table()[args.model]
     props = torch.cuda.get_device_properties(0)
-    # Always a fresh cache directory (removed at exit): a variant runs its forced tiles, the
-    # defaults run the defaults, whatever tunings the user's cache holds.
+    # Always a fresh cache directory (removed when done, the process's own restored): a variant runs
+    # its forced tiles, the defaults run the defaults, whatever tunings the user's cache holds.
+    before = cache.cache_dir()
     folder = tempfile.mkdtemp(prefix="lfce-bench-ab-")
-    atexit.register(shutil.rmtree, folder, True)
+    try:
+        return _run(args, argv, torch, props, hidden, vocab, folder)
+    finally:
+        cache.set_cache_dir(before)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _run(args, argv, torch, props, hidden, vocab, folder):
+    from .. import _lib, cache
+    from . import impls
+
     os.makedirs(os.path.join(folder, "tuning"))
     forced = []
     if args.force:
