@@ -65,6 +65,12 @@ void check_problem(const Problem& problem);
 
 constexpr int64_t kDefaultWorkspaceBudget = 256ll << 20;
 
+// Eager mode's eager_logits, untuned on sm_90a, runs two cooperative consumers on a 128 x 256 tile
+// from this hidden size on (Plan::tile), ping-pong's 64 x 256 below it: measured faster at every bar
+// shape (H = 2304 to 8192); below 2048 not measured, where the shorter K hides less of the
+// cooperative epilogue.
+constexpr int64_t kEagerLogitsCooperativeHidden = 2048;
+
 class Plan {
  public:
   // `tuning` picks tiles, the forward's CTA target and the chunk; workspace sizes are the

@@ -118,6 +118,27 @@ def test_eager_gradient_gemms_on_cta_pairs_along_m_match_fp64(dtype, record_erro
         assert any(s.startswith("grad_weight;") and "eager_fixup=1" in s for s in specs), specs
 
 
+# H = 8200 (in no other GPU test): eager_logits, untuned, runs two cooperative consumers on one
+# 128 x 256 tile from lfce's kEagerLogitsCooperativeHidden (2048) on (Plan::tile), ping-pong's
+# 64 x 256 below; K = 8200 (128 k-blocks, the last partial: many passes round the four stages) ends
+# inside a 64-wide block, N = 600 inside a row block, V = 50257 inside a column block.
+COOP_N, COOP_H = 600, 8200
+
+
+@pytest.mark.parametrize(("dtype", "bias"), [(torch.bfloat16, False), (torch.bfloat16, True), (torch.float16, False)],
+                         ids=["bf16", "bf16_bias", "fp16"])
+def test_eager_logits_on_two_cooperative_consumers_match_fp64(dtype, bias, record_error):
+    assert_three_gemm(COOP_N, COOP_H, V, dtype, 1)
+    x, w, b, y = make_inputs(COOP_N, COOP_H, V, dtype, bias=bias)
+    grad = upstream("mean", (), dtype)
+    ours = run_lfce(x, w, b, y, "mean", grad, mode="eager")
+    assert_gradients_match(ours, reference(x, w, b, y, "mean", grad), dtype, "mean", record_error)
+    if runs_hopper_kernels():
+        # (This process has loaded the other parametrisations' kernels too: the bias picks this one's.)
+        specs = [s for s in loaded_specs(COOP_H, dtype) if s.startswith("eager_logits;") and f";bias={int(bias)};" in s]
+        assert specs and all("tile=128x256x64/wg2/s4;" in s + ";" for s in specs), specs
+
+
 def test_eager_reduction_none_runs_recompute_with_a_per_token_gradient(record_error):
     """A per-token upstream gradient cannot scale a grad_weight summed over tokens in the forward:
     reduction "none" in eager mode runs recompute (non-uniform upstream gradient here)."""

@@ -671,9 +671,9 @@ TEST(EagerPlan, TakesEveryTokenInOneChunkByDefault) {
     EXPECT_NO_THROW(s.validate()) << s.text();
     EXPECT_FALSE(s.accumulate) << s.text();  // one chunk: grad_weight written once, in the dtype
   }
-  // eager_logits is dlogits_backward's GEMM, with its tile (ping-pong on sm_90a without a bias).
-  EXPECT_EQ(plan.spec(KernelKind::EagerLogits).tile, plan.spec(KernelKind::DlogitsBackward).tile);
-  EXPECT_TRUE(plan.spec(KernelKind::EagerLogits).tile.pingpong);
+  // eager_logits is dlogits_backward's GEMM, with its tile where tuned (below); untuned at H = 4096
+  // two cooperative consumers on 128 x 256 (the next test).
+  EXPECT_EQ(plan.spec(KernelKind::EagerLogits).tile, (TileConfig{128, 256, 64, 1, 1, 4, 2}));
   EXPECT_EQ(plan.eager_tiles(), (128256 + 255) / 256);
   // The workspace: dz [V, N] bf16, two [V / 64, N] fp32 partials, the target logits and residuals;
   // no fp32 gradient sums with one chunk; each token's target column and target dz (eager_operand).
@@ -694,6 +694,37 @@ TEST(EagerPlan, TakesEveryTokenInOneChunkByDefault) {
   EXPECT_EQ(tuned.spec(KernelKind::EagerLogits).tile, (TileConfig{128, 128, 64, 1, 1, 4, 2}));
   EXPECT_EQ(tuned.eager_layout().bytes, l.bytes);
   EXPECT_EQ(Plan(problem(c), Arch::SM80).eager_layout().bytes, l.bytes);
+}
+
+// Untuned on sm_90a, eager_logits runs two cooperative consumers on a 128 x 256 tile from H =
+// kEagerLogitsCooperativeHidden on (with and without a bias), dlogits_backward's ping-pong below
+// it; a tuned dlogits_backward tile is still eager_logits' tile; sm_80 keeps mma.sync's.
+TEST(EagerPlan, LogitsTakeTwoCooperativeConsumersFromTheirHiddenSizeOn) {
+  const TileConfig cooperative{128, 256, 64, 1, 1, 4, 2};
+  lfce_problem c = llama3(8192);
+  c.mode = LFCE_MODE_EAGER;
+  c.hidden = kEagerLogitsCooperativeHidden;
+  const Plan wide(problem(c), Arch::SM90A);
+  ASSERT_TRUE(wide.three_gemm());
+  EXPECT_EQ(wide.spec(KernelKind::EagerLogits).tile, cooperative);
+  EXPECT_TRUE(wide.spec(KernelKind::DlogitsBackward).tile.pingpong);  // recompute's own stays
+  c.has_bias = 1;
+  EXPECT_EQ(Plan(problem(c), Arch::SM90A).spec(KernelKind::EagerLogits).tile, cooperative);
+  c.has_bias = 0;
+  c.hidden = kEagerLogitsCooperativeHidden - 8;
+  const Plan narrow(problem(c), Arch::SM90A);
+  EXPECT_TRUE(narrow.spec(KernelKind::EagerLogits).tile.pingpong);
+  EXPECT_EQ(narrow.spec(KernelKind::EagerLogits).tile, narrow.spec(KernelKind::DlogitsBackward).tile);
+  c.hidden = kEagerLogitsCooperativeHidden;
+  Tuning tuned;
+  tuned.tiles[KernelKind::DlogitsBackward] = TileConfig{64, 256, 64, 1, 1, 5, 2};
+  tuned.tiles[KernelKind::DlogitsBackward].pingpong = true;
+  EXPECT_EQ(Plan(problem(c), Arch::SM90A, tuned).spec(KernelKind::EagerLogits).tile,
+            tuned.tiles[KernelKind::DlogitsBackward]);
+  EXPECT_FALSE(Plan(problem(c), Arch::SM80).spec(KernelKind::EagerLogits).tile.wgmma());
+  // Where the device's shared memory cannot hold its four stages, the default stays.
+  const Plan small(problem(c), Arch::SM90A, Tuning{}, DeviceLimits{160 * 1024, 0});
+  EXPECT_FALSE(small.spec(KernelKind::EagerLogits).tile == cooperative);
 }
 
 TEST(EagerPlan, ChunkSizeAndBudgetBoundTheTokensPerChunk) {
