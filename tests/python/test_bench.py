@@ -1,6 +1,7 @@
 """The benchmark harness (lfce.bench): its bookkeeping, FLOP counts, memory estimates, profile
 tables and plot without a GPU; one run of each measurement on a GPU."""
 
+import collections
 import enum
 import json
 import os
@@ -442,16 +443,40 @@ def fake_step(times, calls):
     return time_step
 
 
-def test_interleave_rotates_the_order_each_round_and_drops_a_failing_variant():
+def test_interleave_balances_the_order_and_drops_a_failing_variant():
     calls = []
     rows = options.interleave(("plain", "softcap", "class_weight", "z_loss"), 1, 2,
                               fake_step({"plain": 10.0, "softcap": 10.5, "z_loss": 12.0}, calls))
-    assert calls == ["plain", "softcap", "class_weight", "z_loss",  # the first round meets the failure
+    # Four names: orders 0 1 3 2, 1 2 0 3, ...; the first round meets the failure, then three names'
+    # orders (0 1 2, 1 2 0, 2 0 1, 2 1 0, ...) go on from the round's index.
+    assert calls == ["plain", "softcap", "z_loss", "class_weight",
                      "softcap", "z_loss", "plain", "z_loss", "plain", "softcap"]
     assert list(rows) == ["plain", "softcap", "class_weight", "z_loss"]
     assert rows["class_weight"] == {"error": "ValueError: class_weight is not supported with float16 inputs"}
     assert rows["softcap"]["vs_plain"] == pytest.approx(1.05) and rows["plain"]["vs_plain"] == 1.0
     assert rows["z_loss"]["forward_ms"] == 6.0 and rows["z_loss"]["forward_vs_plain"] == pytest.approx(1.2)
+
+
+@pytest.mark.parametrize("count", range(1, 10))
+def test_balanced_orders_let_every_name_follow_every_other_equally_often(count):
+    orders = options.balanced_orders(count)
+    assert len(orders) == (count if count % 2 == 0 else 2 * count)
+    assert all(sorted(order) == list(range(count)) for order in orders)
+    follows = collections.Counter((order[i], order[i + 1]) for order in orders for i in range(count - 1))
+    assert set(follows) == {(a, b) for a in range(count) for b in range(count) if a != b}
+    assert len(set(follows.values())) <= 1, follows  # each ordered pair equally often
+    assert sorted(order[0] for order in orders) == sorted(list(range(count)) * (len(orders) // count))
+
+
+def test_interleave_steps_follow_each_neighbour_equally_over_a_cycle():
+    """Over a whole cycle of orders (14 rounds for seven names, the main harness's impls) each name's
+    step follows every other name's equally often within the rounds: no fixed neighbour."""
+    names = [f"impl{i}" for i in range(7)]
+    calls = []
+    options.interleave(names, 0, 14, fake_step(dict.fromkeys(names, 1.0), calls))
+    rounds = [calls[i:i + 7] for i in range(0, len(calls), 7)]
+    follows = collections.Counter((r[i], r[i + 1]) for r in rounds for i in range(6))
+    assert len(follows) == 42 and set(follows.values()) == {2}, follows
 
 
 def test_interleave_takes_the_median_of_the_timed_rounds_only():
@@ -582,7 +607,7 @@ def test_ab_runs_the_forced_tile_and_samples_both_sides(tmp_path):
 
 def test_interleaved_times_every_implementation_in_turn_after_its_first_step_alone(monkeypatch):
     """measure._interleaved: each implementation's first step alone (first_call_s), one that fails
-    there gets its error and no rounds, the others warmup - 1 + iters rotated rounds; backward_ms is
+    there gets its error and no rounds, the others warmup - 1 + iters balanced rounds; backward_ms is
     total less forward."""
     pytest.importorskip("torch")
     from lfce.bench import measure
@@ -600,7 +625,7 @@ def test_interleaved_times_every_implementation_in_turn_after_its_first_step_alo
                         lambda loaded, x, w, y: fake_step({"a": 10.0, "b": 30.0}, calls))
     rows = measure._interleaved({"a": "a", "broken": "broken", "b": "b"}, None, None, None, 2, 3)
     assert first == ["a", "broken", "b"]
-    assert calls == ["a", "b", "b", "a", "a", "b", "b", "a"]  # 1 warm-up round + 3 timed, rotated
+    assert calls == ["a", "b", "b", "a", "a", "b", "b", "a"]  # 1 warm-up round + 3 timed, balanced
     assert rows["broken"] == {"error": "RuntimeError: Triton compile failed"}
     assert rows["a"] == {"forward_ms": 5.0, "backward_ms": 5.0, "total_ms": 10.0, "min_ms": 10.0, "max_ms": 10.0,
                          "first_call_s": 0.5}

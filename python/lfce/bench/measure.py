@@ -47,9 +47,10 @@ def _step_timer(loaded, x, w, y):
 
 def _interleaved(loaded, x, w, y, warmup, iters):
     """{name: timing row} for the loaded implementations, timed in turn: each one's first step alone
-    (first_call_s), then ``warmup - 1 + iters`` rounds of one step each, the order rotated every
-    round with no synchronisation between steps (options.interleave), so that the clock's drift
-    as the card warms up, and a neighbour's effect on it, falls on every implementation alike.
+    (first_call_s), then ``warmup - 1 + iters`` rounds of one step each, in orders where each
+    follows every other equally often, with no synchronisation between steps (options.interleave),
+    so that the clock's drift as the card warms up, and a neighbour's effect on it, falls on every
+    implementation alike.
     Forward and total are the medians of the last ``iters`` rounds; backward is their difference."""
     from .options import interleave
 

@@ -5,8 +5,9 @@
 
 One shape, the main harness's inputs (impls.make_inputs: bf16 by default, mean, one target in 17
 ignored), weight requiring grad. Each variant is the plain call plus one option (OPTIONS); the
-variants run interleaved, one step each per repetition with the order rotated each time, so that
-clock and thermal drift reach all of them alike. A step is the forward and autograd's backward
+variants run interleaved, one step each per repetition, in orders where each variant follows every
+other equally often (interleave), so that clock and thermal drift, and a neighbour's power, reach all
+of them alike. A step is the forward and autograd's backward
 w.r.t. hidden and weight, timed by CUDA events; each variant gets the median (and min, max) of its
 forward and of forward + backward over --iters repetitions after --warmup, and the ratio of each
 to the plain call's of the same run. A variant that raises (class_weight with fp16 inputs, an
@@ -122,18 +123,39 @@ def _error(error):
     return f"{type(error).__name__}: {message[0] if message else ''}"
 
 
+def balanced_orders(count):
+    """Orders of range(count), one a round, in which every index follows every other equally often
+    (a Williams design): count orders for an even count, 2 * count for an odd one. A rotated order
+    (the harness's before session 20) keeps each step's predecessor nearly fixed, and on a card at
+    its power cap the predecessor moves a step's time: after Liger-Kernel's 110 ms step at 263 W
+    cuBLAS's three GEMMs ran at 789 W and 36.7 ms, after lfce's recompute step at 683 W and 42.4 ms
+    (H200, gemma2-2b, 2026-12-02, test-results/2026-12-02-h200-session20-run4)."""
+    if count < 1:
+        return []
+    first, low, high = [0], 1, count - 1
+    while len(first) < count:  # 0, 1, n-1, 2, n-2, ...
+        first.append(low if len(first) % 2 else high)
+        low, high = (low + 1, high) if len(first) % 2 == 0 else (low, high - 1)
+    orders = [[(index + shift) % count for index in first] for shift in range(count)]
+    if count % 2:
+        orders += [order[::-1] for order in orders]
+    return orders
+
+
 def interleave(names, warmup, iters, time_step):
-    """Run ``time_step(name)`` for every name, ``warmup + iters`` rounds, the order rotated each
-    round; return {name: row} with the median, min and max of the last ``iters`` rounds.
+    """Run ``time_step(name)`` for every name, ``warmup + iters`` rounds, each round in the next of
+    balanced_orders() (every name follows every other equally often over a whole cycle of them);
+    return {name: row} with the median, min and max of the last ``iters`` rounds.
 
     time_step(name) runs one step and returns a function that, called after the last round, gives
     (forward_ms, total_ms) (so that CUDA events are read once, with no sync between steps). A name
-    whose step raises gets {"error": ...} and leaves the rounds.
+    whose step raises gets {"error": ...} and leaves the rounds (the orders are then those of the
+    names left).
     """
     running, rows, reads = list(names), {}, {name: [] for name in names}
+    orders = balanced_orders(len(running))
     for index in range(warmup + iters):
-        shift = index % len(running) if running else 0
-        for name in running[shift:] + running[:shift]:
+        for name in [running[i] for i in orders[index % len(orders)]] if running else []:
             try:
                 read = time_step(name)
             except Exception as error:  # noqa: BLE001 - one option's failure must not end the run
@@ -141,7 +163,9 @@ def interleave(names, warmup, iters, time_step):
                 continue
             if index >= warmup:
                 reads[name].append(read)
-        running = [name for name in running if name not in rows]
+        left = [name for name in running if name not in rows]
+        if len(left) != len(running):
+            running, orders = left, balanced_orders(len(left))
     for name in running:
         forward, total = zip(*(read() for read in reads[name]))
         rows[name] = {"forward_ms": statistics.median(forward), "total_ms": statistics.median(total),
