@@ -345,20 +345,22 @@ TileConfig Plan::tile(KernelKind kind) const {
     // bias on sm_90a, one the staged wgmma form takes (no ping-pong or clusters): lse_forward's
     // default, with the same shared memory per row.
     TileConfig t = tile(KernelKind::DlogitsBackward);
+    const auto tuned = tuning_.tiles.find(KernelKind::DlogitsBackward);
+    const bool from_tuning = tuned != tuning_.tiles.end() && tuned->second == t && !t.split_n;
     const int64_t limit = limits_.smem_per_block;
     if (t.split_n) t = default_tile(KernelKind::DlogitsBackward, p_.dtype, arch_, limit, p_.hidden, 0.f, false);
     if (t.wgmma() && p_.bias && (t.pingpong || t.cluster > 1))
       t = default_tile(KernelKind::LseForward, p_.dtype, arch_, limit, p_.hidden, 0.f, false);
-    // Untuned, from H = kEagerLogitsCooperativeHidden on, two cooperative consumers on one 128 x 256
-    // tile instead of ping-pong's 64 x 256 pair: half the W bytes per FLOP read from L2, which
-    // under eager's power cap is clock (docs/design.md, eager's energy), though ping-pong hides
-    // each tile's epilogue. Power-settled A/B, eager / cuBLAS's three GEMMs, ping-pong ->
-    // cooperative, twice each (H200, test-results/2026-12-02-h200-session20-run1): llama3-70b
-    // 1.048/1.047 -> 1.030/1.031, qwen2.5-7b 1.070/1.070 -> 1.048/1.051, llama3-8b 1.048/1.054 ->
-    // 1.039/1.043 (N = 16384: 1.049/1.049 -> 1.040/1.040), gemma2-2b 1.128/1.124 -> 1.094/1.095;
-    // 0.5-1.0 J a step less, the clock 25-70 MHz higher at the same 690-700 W.
-    if (t.wgmma() && t.pingpong && tuning_.tiles.count(KernelKind::DlogitsBackward) == 0 &&
-        p_.hidden >= kEagerLogitsCooperativeHidden) {
+    // Untuned (or a tuned split tile, replaced above), from H = kEagerLogitsCooperativeHidden on,
+    // two cooperative consumers on one 128 x 256 tile instead of ping-pong's 64 x 256 pair: half
+    // the W bytes per FLOP read from L2, which under eager's power cap is clock (docs/design.md,
+    // eager's energy), though ping-pong hides each tile's epilogue. Power-settled A/B, eager /
+    // cuBLAS's three GEMMs, ping-pong -> cooperative, twice each (H200, test-results/2026-12-02-
+    // h200-session20-run1): llama3-70b 1.048/1.047 -> 1.030/1.031, qwen2.5-7b 1.070/1.070 ->
+    // 1.048/1.051, llama3-8b 1.048/1.054 -> 1.039/1.043 (N = 16384: 1.049/1.049 -> 1.040/1.040),
+    // gemma2-2b 1.128/1.124 -> 1.094/1.095; 0.0-1.7 J a step less, the clock 18-70 MHz higher at
+    // the same 690-700 W. (With a bias the tile is already lse_forward's 128 x 256, at every H.)
+    if (t.wgmma() && t.pingpong && !from_tuning && p_.hidden >= kEagerLogitsCooperativeHidden) {
       KernelSpec cooperative = problem_spec(KernelKind::EagerLogits, p_, arch_);
       cooperative.tile = TileConfig{128, 256, 64, 1, 1, 4, 2};
       if (kernel_smem_bytes(cooperative) <= (limit > 0 ? limit : arch_info(arch_).smem_per_block_optin))

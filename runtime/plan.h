@@ -65,10 +65,10 @@ void check_problem(const Problem& problem);
 
 constexpr int64_t kDefaultWorkspaceBudget = 256ll << 20;
 
-// Eager mode's eager_logits, untuned on sm_90a, runs two cooperative consumers on a 128 x 256 tile
-// from this hidden size on (Plan::tile), ping-pong's 64 x 256 below it: measured faster at every bar
-// shape (H = 2304 to 8192); below 2048 not measured, where the shorter K hides less of the
-// cooperative epilogue.
+// Eager mode's eager_logits, untuned on sm_90a and without a bias, runs two cooperative consumers on
+// a 128 x 256 tile from this hidden size on (Plan::tile), ping-pong's 64 x 256 below it: measured
+// faster at every bar shape (H = 2304 to 8192); below 2048 not measured, where ping-pong hides a
+// larger share of the epilogue. (With a bias it runs lse_forward's 128 x 256 at every H.)
 constexpr int64_t kEagerLogitsCooperativeHidden = 2048;
 
 class Plan {

@@ -121,7 +121,9 @@ def test_eager_gradient_gemms_on_cta_pairs_along_m_match_fp64(dtype, record_erro
 # H = 8200 (in no other GPU test): eager_logits, untuned, runs two cooperative consumers on one
 # 128 x 256 tile from lfce's kEagerLogitsCooperativeHidden (2048) on (Plan::tile), ping-pong's
 # 64 x 256 below; K = 8200 (128 k-blocks, the last partial: many passes round the four stages) ends
-# inside a 64-wide block, N = 600 inside a row block, V = 50257 inside a column block.
+# inside a 64-wide block, N = 600 inside a row block, V = 50257 inside a column block. (With a bias
+# the tile is lse_forward's 128 x 256 at any H, not this rule's: that case checks the cooperative
+# tile's staged epilogue.)
 COOP_N, COOP_H = 600, 8200
 
 

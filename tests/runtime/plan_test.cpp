@@ -697,8 +697,9 @@ TEST(EagerPlan, TakesEveryTokenInOneChunkByDefault) {
 }
 
 // Untuned on sm_90a, eager_logits runs two cooperative consumers on a 128 x 256 tile from H =
-// kEagerLogitsCooperativeHidden on (with and without a bias), dlogits_backward's ping-pong below
-// it; a tuned dlogits_backward tile is still eager_logits' tile; sm_80 keeps mma.sync's.
+// kEagerLogitsCooperativeHidden on, dlogits_backward's ping-pong below it; a tuned dlogits_backward
+// tile is still eager_logits' tile, but a tuned split one (which eager_logits cannot run) leaves it
+// the rule's; with a bias lse_forward's 128 x 256 at every H; sm_80 keeps mma.sync's.
 TEST(EagerPlan, LogitsTakeTwoCooperativeConsumersFromTheirHiddenSizeOn) {
   const TileConfig cooperative{128, 256, 64, 1, 1, 4, 2};
   lfce_problem c = llama3(8192);
@@ -708,23 +709,31 @@ TEST(EagerPlan, LogitsTakeTwoCooperativeConsumersFromTheirHiddenSizeOn) {
   ASSERT_TRUE(wide.three_gemm());
   EXPECT_EQ(wide.spec(KernelKind::EagerLogits).tile, cooperative);
   EXPECT_TRUE(wide.spec(KernelKind::DlogitsBackward).tile.pingpong);  // recompute's own stays
-  c.has_bias = 1;
-  EXPECT_EQ(Plan(problem(c), Arch::SM90A).spec(KernelKind::EagerLogits).tile, cooperative);
-  c.has_bias = 0;
   c.hidden = kEagerLogitsCooperativeHidden - 8;
   const Plan narrow(problem(c), Arch::SM90A);
   EXPECT_TRUE(narrow.spec(KernelKind::EagerLogits).tile.pingpong);
   EXPECT_EQ(narrow.spec(KernelKind::EagerLogits).tile, narrow.spec(KernelKind::DlogitsBackward).tile);
-  c.hidden = kEagerLogitsCooperativeHidden;
+  c.has_bias = 1;  // (not this rule: a bias's staged epilogue takes neither ping-pong nor pairs)
+  EXPECT_EQ(Plan(problem(c), Arch::SM90A).spec(KernelKind::EagerLogits).tile,
+            default_tile(KernelKind::LseForward, DType::BF16, Arch::SM90A));
+  EXPECT_EQ(default_tile(KernelKind::LseForward, DType::BF16, Arch::SM90A), cooperative);
+  c.has_bias = 0;
+  c.hidden = 8192;
   Tuning tuned;
   tuned.tiles[KernelKind::DlogitsBackward] = TileConfig{64, 256, 64, 1, 1, 5, 2};
   tuned.tiles[KernelKind::DlogitsBackward].pingpong = true;
   EXPECT_EQ(Plan(problem(c), Arch::SM90A, tuned).spec(KernelKind::EagerLogits).tile,
             tuned.tiles[KernelKind::DlogitsBackward]);
+  tuned.tiles[KernelKind::DlogitsBackward] = TileConfig{128, 256, 64, 1, 1, 4, 2};
+  tuned.tiles[KernelKind::DlogitsBackward].split_n = true;
+  const Plan split(problem(c), Arch::SM90A, tuned);
+  EXPECT_TRUE(split.spec(KernelKind::DlogitsBackward).tile.split_n);
+  EXPECT_EQ(split.spec(KernelKind::EagerLogits).tile, cooperative);
   EXPECT_FALSE(Plan(problem(c), Arch::SM80).spec(KernelKind::EagerLogits).tile.wgmma());
-  // Where the device's shared memory cannot hold its four stages, the default stays.
+  // Where ping-pong's five stages do not fit, the default is not ping-pong: not this rule.
   const Plan small(problem(c), Arch::SM90A, Tuning{}, DeviceLimits{160 * 1024, 0});
-  EXPECT_FALSE(small.spec(KernelKind::EagerLogits).tile == cooperative);
+  EXPECT_FALSE(small.spec(KernelKind::EagerLogits).tile.pingpong);
+  EXPECT_EQ(small.spec(KernelKind::EagerLogits).tile, small.spec(KernelKind::DlogitsBackward).tile);
 }
 
 TEST(EagerPlan, ChunkSizeAndBudgetBoundTheTokensPerChunk) {

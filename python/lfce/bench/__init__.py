@@ -29,12 +29,14 @@ up front; one that still fails gets its error and the run goes on.
 
 Timings (measure.py): the implementations of a shape run interleaved, one step each per round
 and no synchronisation between steps, so that the clock's drift as the card heats up falls on all of
-them alike (since session 14; before, each ran its steps alone in turn); since session 20 the rounds'
-orders let every implementation follow every other equally often over a cycle of rounds
-(options.balanced_orders: n rounds for n implementations, 2n for an odd n), where the rotated order before kept each one's predecessor nearly
-fixed, and at the power cap the predecessor's power moves a step's time (cuBLAS's three GEMMs after
-Liger-Kernel's 263 W step: 36.7 ms, after lfce's recompute: 42.4; H200, gemma2-2b). Take --iters a
-whole number of those cycles to balance the timed rounds exactly. Each one's first step runs alone first: first_call_s is its wall time (compiles
+them alike (since session 14; before, each ran its steps alone in turn). Since session 20 the
+rounds' orders let every implementation follow every other equally often within the rounds over a
+cycle of them (options.balanced_orders: n rounds for n implementations, 2n for an odd n, two
+alternate), and none follow itself across rounds; the rotated order before kept each one's
+predecessor nearly fixed, and at the power cap the predecessor's power moves a step's time (cuBLAS's
+three GEMMs after Liger-Kernel's 263 W step: 36.7 ms, after lfce's recompute: 42.4; H200,
+gemma2-2b). --iters a whole number of cycles balances the timed rounds exactly (7 implementations:
+14). Each one's first step runs alone first: first_call_s is its wall time (compiles
 included). Then ``--warmup - 1`` untimed rounds and ``--iters`` timed ones: the median (and min,
 max) of CUDA-event timings of the forward and of forward + backward; backward_ms is the difference
 of those medians.

@@ -125,32 +125,48 @@ def _error(error):
 
 def balanced_orders(count):
     """Orders of range(count), one a round, in which every index follows every other equally often
-    (a Williams design): count orders for an even count, 2 * count for an odd one. A rotated order
-    (the harness's before session 20) keeps each step's predecessor nearly fixed, and on a card at
-    its power cap the predecessor moves a step's time: after Liger-Kernel's 110 ms step at 263 W
-    cuBLAS's three GEMMs ran at 789 W and 36.7 ms, after lfce's recompute step at 683 W and 42.4 ms
-    (H200, gemma2-2b, 2026-12-02, test-results/2026-12-02-h200-session20-run4)."""
+    within the rounds (a Williams design: count orders for an even count, 2 * count for an odd one),
+    sequenced so that across the rounds' boundaries (a round's first step follows the previous
+    round's last: there is no sync between them) no index follows itself and, over the cycle's
+    whole stream, each ordered pair of indices occurs k or k + 1 times. Two indices simply alternate.
+    A rotated order (the harness's before session 20) keeps each step's predecessor nearly fixed,
+    and on a card at its power cap the predecessor moves a step's time: after Liger-Kernel's 110 ms
+    step at 263 W cuBLAS's three GEMMs ran at 789 W and 36.7 ms, after lfce's recompute step at 683
+    W and 42.4 ms (H200, gemma2-2b, 2026-12-02, test-results/2026-12-02-h200-session20-run4)."""
     if count < 1:
         return []
+    if count == 2:
+        return [[0, 1]]
     first, low, high = [0], 1, count - 1
     while len(first) < count:  # 0, 1, n-1, 2, n-2, ...
         first.append(low if len(first) % 2 else high)
         low, high = (low + 1, high) if len(first) % 2 == 0 else (low, high - 1)
-    orders = [[(index + shift) % count for index in first] for shift in range(count)]
+    rows = [[(index + shift) % count for index in first] for shift in range(count)]
     if count % 2:
-        orders += [order[::-1] for order in orders]
+        rows += [row[::-1] for row in rows]
+    # Sequence the rows: next, one that does not open with the last index (nor, as the cycle's last,
+    # end with the first row's first), of the boundary pairs used least so far.
+    orders, left, used = [rows[0]], rows[1:], {}
+    while left:
+        last = orders[-1][-1]
+        fits = [row for row in left if row[0] != last and (len(left) > 1 or row[-1] != orders[0][0])] or left
+        row = min(fits, key=lambda r: used.get((last, r[0]), 0))
+        used[(last, row[0])] = used.get((last, row[0]), 0) + 1
+        orders.append(row)
+        left.remove(row)
     return orders
 
 
 def interleave(names, warmup, iters, time_step):
     """Run ``time_step(name)`` for every name, ``warmup + iters`` rounds, each round in the next of
-    balanced_orders() (every name follows every other equally often over a whole cycle of them);
+    balanced_orders() (over a whole cycle of them every name follows every other equally often
+    within the rounds, and no name follows itself);
     return {name: row} with the median, min and max of the last ``iters`` rounds.
 
     time_step(name) runs one step and returns a function that, called after the last round, gives
     (forward_ms, total_ms) (so that CUDA events are read once, with no sync between steps). A name
     whose step raises gets {"error": ...} and leaves the rounds (the orders are then those of the
-    names left).
+    names left, whose cycle has another length).
     """
     running, rows, reads = list(names), {}, {name: [] for name in names}
     orders = balanced_orders(len(running))
