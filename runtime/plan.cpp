@@ -360,12 +360,10 @@ TileConfig Plan::tile(KernelKind kind) const {
     // 1.048/1.051, llama3-8b 1.048/1.054 -> 1.039/1.043 (N = 16384: 1.049/1.049 -> 1.040/1.040),
     // gemma2-2b 1.128/1.124 -> 1.094/1.095; 0.0-1.7 J a step less, the clock 18-70 MHz higher at
     // the same 690-700 W. (With a bias the tile is already lse_forward's 128 x 256, at every H.)
-    if (t.wgmma() && t.pingpong && !from_tuning && p_.hidden >= kEagerLogitsCooperativeHidden) {
-      KernelSpec cooperative = problem_spec(KernelKind::EagerLogits, p_, arch_);
-      cooperative.tile = TileConfig{128, 256, 64, 1, 1, 4, 2};
-      if (kernel_smem_bytes(cooperative) <= (limit > 0 ? limit : arch_info(arch_).smem_per_block_optin))
-        t = cooperative.tile;
-    }
+    const TileConfig cooperative{128, 256, 64, 1, 1, 4, 2};
+    if (t.wgmma() && t.pingpong && !from_tuning && p_.hidden >= kEagerLogitsCooperativeHidden &&
+        fits(KernelKind::EagerLogits, cooperative))
+      t = cooperative;
     return t;
   }
   // dlogits_backward epilogues with more per-element work than their registers allow beside 128
@@ -425,14 +423,11 @@ TileConfig Plan::tile(KernelKind kind) const {
     const TileConfig wide = pair(256), narrow = pair(192);
     TileConfig pick = busy(narrow) * 0.977 > busy(wide) ? narrow : wide;
     pick.cluster_n = pick.bn % 128 != 0;
-    KernelSpec shared = problem_spec(kind, p_, arch_);
-    shared.tile = pick;
-    const int64_t limit = limits_.smem_per_block > 0 ? limits_.smem_per_block : arch_info(arch_).smem_per_block_optin;
     // A pair needs two blocks along its direction: with one (H <= BN along N; M <= 128, a chunk
     // of at most 128 tokens or a vocabulary that small, along M) its second CTA would compute a
     // tile wholly past the output (grad_weight about 2x slower at H <= 192, session 17's review).
     const int64_t along = pick.cluster_n ? ceil_div(p_.hidden, int64_t{pick.bn}) : ceil_div(rows, int64_t{pick.bm});
-    if (along >= 2 && kernel_smem_bytes(shared) <= limit) return pick;
+    if (along >= 2 && fits(kind, pick)) return pick;
   }
   if (three_gemm_ && t.wgmma() && t.pingpong && t.bm == 64 && t.bn == 256 && kind == KernelKind::GradInput) {
     // Eager's grad_input is one GEMM over K = V into [token chunk, H]: two consumers sharing a
@@ -456,11 +451,8 @@ TileConfig Plan::tile(KernelKind kind) const {
     };
     const TileConfig wide{128, 256, 64, 1, 1, 4, 2}, narrow{128, 192, 64, 1, 1, 4, 2};
     const TileConfig pick = busy(narrow) * 0.977 > busy(wide) ? narrow : wide;
-    KernelSpec shared = problem_spec(kind, p_, arch_);
-    shared.tile = pick;
-    const int64_t limit = limits_.smem_per_block > 0 ? limits_.smem_per_block : arch_info(arch_).smem_per_block_optin;
     // (Not the 128 x 128 rule below either: these two are the ones measured in eager mode.)
-    return kernel_smem_bytes(shared) <= limit ? pick : t;
+    return fits(kind, pick) ? pick : t;
   }
   if (t.wgmma() && !t.pingpong && t.bn == 256 && (kind == KernelKind::GradInput || kind == KernelKind::GradWeight)) {
     // (Called once the chunk is known: the constructor asks only for lse_forward's tile.)
@@ -472,10 +464,8 @@ TileConfig Plan::tile(KernelKind kind) const {
       const int64_t tiles = ceil_div(rows, t.bm) * ceil_div(p_.hidden, bn), ctas = device_ctas(t);
       return static_cast<double>(tiles) / static_cast<double>(ceil_div(tiles, ctas) * ctas);
     };
-    KernelSpec narrow = problem_spec(kind, p_, arch_);
-    narrow.tile = TileConfig{128, 128, 64, 1, 1, 4, 2};
-    const int64_t limit = limits_.smem_per_block > 0 ? limits_.smem_per_block : arch_info(arch_).smem_per_block_optin;
-    if (busy(128) * 0.95 > busy(256) && kernel_smem_bytes(narrow) <= limit) t = narrow.tile;
+    const TileConfig narrow{128, 128, 64, 1, 1, 4, 2};
+    if (busy(128) * 0.95 > busy(256) && fits(kind, narrow)) t = narrow;
   }
   return t;
 }
@@ -518,6 +508,13 @@ KernelSpec problem_spec(KernelKind kind, const Problem& p, Arch arch) {
 
 int64_t Plan::device_ctas(const TileConfig& tile) const {
   return (limits_.sm_count > 0 ? limits_.sm_count : kDefaultForwardCtas) * tile.ctas_per_sm();
+}
+
+bool Plan::fits(KernelKind kind, const TileConfig& tile) const {
+  KernelSpec s = problem_spec(kind, p_, arch_);
+  s.tile = tile;
+  return kernel_smem_bytes(s) <=
+         (limits_.smem_per_block > 0 ? limits_.smem_per_block : arch_info(arch_).smem_per_block_optin);
 }
 
 KernelSpec Plan::spec(KernelKind kind) const {

@@ -95,6 +95,9 @@ class Plan {
   int64_t row_groups() const { return row_groups_; }
   // CTAs that fill the device with `tile`'s kernel, for kernels whose CTAs loop over tiles.
   int64_t device_ctas(const TileConfig& tile) const;
+  // Whether `kind`'s kernel on `tile` fits the device's shared memory per block (limits, else the
+  // arch's opt-in maximum).
+  bool fits(KernelKind kind, const TileConfig& tile) const;
   // Eager mode's three-GEMM schedule (lfce_forward_backward): eager_logits, lse_combine,
   // eager_dz, grad_weight / grad_bias / grad_input over the whole vocabulary, one chunk of
   // tokens at a time. Eager problems it does not serve (a softcap, label smoothing, the entropy
