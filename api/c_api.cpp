@@ -2,6 +2,7 @@
 // per-thread message, so no C++ exception ever crosses into the caller.
 #include <exception>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <utility>
 
@@ -347,9 +348,11 @@ int lfce_tune(const lfce_problem* problem, const lfce_tune_options* options, lfc
     const lfce::runtime::Problem p = lfce::runtime::problem_from_c(problem);
     lfce::autotune::TuneOptions o;
     if (options->space) o.space = options->space;
-    if (!(options->budget_minutes >= 0 && options->budget_minutes <= 1e9))  // also NaN
-      throw lfce::SpecError("budget_minutes must be a number of minutes >= 0, got " +
-                            std::to_string(options->budget_minutes));
+    if (!(options->budget_minutes >= 0 && options->budget_minutes <= 1e9)) {  // also NaN
+      std::ostringstream given;  // 1e+308, not its 309 digits
+      given << options->budget_minutes;
+      throw lfce::SpecError("budget_minutes must be a number of minutes in [0, 1e9] (0: no limit), got " + given.str());
+    }
     o.budget_minutes = options->budget_minutes;
     o.verify = options->verify != 0;
     if (options->repetitions < 0)

@@ -7,6 +7,7 @@
 
 #include <exception>
 #include <iostream>
+#include <string>
 
 #include "cli/commands.h"
 #include "lfce/lfce.h"
@@ -18,12 +19,33 @@ const char kExitStatusHelp[] =
     "value, named in the message); 3 failure (a file or folder, LLVM, the driver or the GPU; the message says "
     "what); 4 internal error (a bug in lfce).\n";
 
+namespace {
+
+// "--bias" where CLI11 refused a value given to the flag --bias (disable_flag_override), else "".
+std::string flag_given_a_value(const CLI::Error& e) {
+  static const std::string kSuffix = " was given a disallowed flag override";
+  const std::string what = e.what();
+  if (e.get_name() != "ArgumentMismatch" || what.size() <= kSuffix.size() ||
+      what.compare(what.size() - kSuffix.size(), kSuffix.size(), kSuffix) != 0)
+    return "";
+  return "--" + what.substr(0, what.size() - kSuffix.size());
+}
+
+}  // namespace
+
 }  // namespace lfce::cli
 
 int main(int argc, char** argv) {
   using namespace lfce::cli;
   CLI::App app{"lfce: fused linear + cross-entropy kernels, generated at run time"};
-  app.set_version_flag("--version", std::string("lfce ") + lfce_version());
+  // `lfce --version` alone: an argument beside it would be silently dropped.
+  app.set_version_flag("--version", [argc]() -> std::string {
+    if (argc != 2) throw CLI::ValidationError("--version", "takes no other argument; give `lfce --version` alone");
+    return std::string("lfce ") + lfce_version();
+  });
+  // A flag given a value (--bias=2) is a usage error, not a silent true or false: set before the
+  // commands are added, so that each of their flags inherits it.
+  app.option_defaults()->disable_flag_override();
   app.footer(kExitStatusHelp);
   // Not require_subcommand(1): with it CLI11 reports an unknown command as a missing one,
   // without naming it.
@@ -38,6 +60,14 @@ int main(int argc, char** argv) {
     std::cerr << "lfce: " << e.what() << "\n";
     return e.get_exit_code();
   } catch (const CLI::Error& e) {
+    if (const std::string flag = flag_given_a_value(e); !flag.empty()) {
+      std::string given = flag;
+      for (int i = 1; i < argc; ++i)
+        if (std::string(argv[i]).rfind(flag + "=", 0) == 0) given = argv[i];
+      std::cerr << flag << ": a flag takes no value, got '" << given << "'; give " << flag << " alone\n"
+                << "Run with --help for more information.\n";
+      return kExitUsage;
+    }
     // Help, version and `verify`'s status pass through; every other CLI11 error is a usage error.
     const int status = app.exit(e);
     return status == 0 || e.get_name() == "RuntimeError" ? status : kExitUsage;

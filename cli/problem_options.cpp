@@ -1,5 +1,6 @@
 #include "cli/problem_options.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -18,11 +19,52 @@ const std::map<std::string, int32_t> kReductions = {
     {"mean", LFCE_REDUCTION_MEAN}, {"sum", LFCE_REDUCTION_SUM}, {"none", LFCE_REDUCTION_NONE}};
 const std::map<std::string, int32_t> kTargets = {{"i64", LFCE_INDEX_INT64}, {"i32", LFCE_INDEX_INT32}};
 
+// The float options: the text of each is checked to name a float, and the range of the
+// lfce_problem field it sets (the library's to check) is quoted when it does not.
+struct FloatOption {
+  const char* name;
+  float ProblemOptions::*field;
+  const char* help;
+  const char* range;  // "lfce_problem.<field>: <its range>"
+};
+const FloatOption kFloatOptions[] = {
+    {"--softcap", &ProblemOptions::softcap, "logit softcap c: the softmax sees c*tanh(z/c) (Gemma 2: 30; 0: none)",
+     "lfce_problem.softcap: 0 (none) or a cap up to 1e6"},
+    {"--temperature", &ProblemOptions::temperature,
+     "temperature T: the softmax sees the (capped) logits / T (1: none)",
+     "lfce_problem.temperature: 1 (none) or a temperature in [1e-6, 1e6]"},
+    {"--z-loss-scale", &ProblemOptions::z_loss_scale,
+     "z-loss s: each token's loss gains s*LSE^2 (PaLM: 1e-4; 0: none)",
+     "lfce_problem.z_loss_scale: 0 (none) or a scale up to 1e6"},
+    {"--label-smoothing", &ProblemOptions::label_smoothing,
+     "label smoothing eps in [0, 1], PyTorch's cross_entropy semantics (0: none)",
+     "lfce_problem.label_smoothing: in [0, 1], 0 for none"},
+};
+
 template <typename T>
 std::vector<std::string> keys(const std::map<std::string, T>& m) {
   std::vector<std::string> out;
   for (const auto& [k, v] : m) out.push_back(k);
   return out;
+}
+
+// A decimal number as people write one: an optional sign, digits with an optional point, an
+// optional exponent. Not hexadecimal, inf or nan (which strtod also reads), nor padded.
+bool is_decimal(const std::string& text) {
+  size_t i = 0, digits = 0;
+  const auto digit = [&] { return i < text.size() && text[i] >= '0' && text[i] <= '9'; };
+  if (i < text.size() && (text[i] == '+' || text[i] == '-')) ++i;
+  for (; digit(); ++i) ++digits;
+  if (i < text.size() && text[i] == '.')
+    for (++i; digit(); ++i) ++digits;
+  if (digits == 0) return false;
+  if (i < text.size() && (text[i] == 'e' || text[i] == 'E')) {
+    ++i;
+    if (i < text.size() && (text[i] == '+' || text[i] == '-')) ++i;
+    if (!digit()) return false;
+    while (digit()) ++i;
+  }
+  return i == text.size();
 }
 
 }  // namespace
@@ -46,23 +88,71 @@ CLI::Validator integer_in(int64_t minimum, int64_t maximum) {
 
 CLI::Validator at_least(int64_t minimum) { return integer_in(minimum, std::numeric_limits<int64_t>::max()); }
 
-CLI::Validator finite_at_least(double minimum) {
-  std::ostringstream bound;
-  bound << minimum;
+CLI::Validator finite_in(double minimum, double maximum) {
+  // Whole bounds as integers ("1000000000", not "1e+09").
+  const auto text_of = [](double bound) {
+    std::ostringstream out;
+    if (bound == std::floor(bound) && std::fabs(bound) < 1e15)
+      out << static_cast<long long>(bound);
+    else
+      out << bound;
+    return out.str();
+  };
+  const std::string range = maximum < std::numeric_limits<double>::max()
+                                ? "in [" + text_of(minimum) + ", " + text_of(maximum) + "]"
+                                : ">= " + text_of(minimum);
   return CLI::Validator(
-      [minimum, bound = bound.str()](std::string& text) -> std::string {
-        char* end = nullptr;
-        const double value = std::strtod(text.c_str(), &end);
-        if (!text.empty() && end == text.c_str() + text.size() && std::isfinite(value) && value >= minimum)
-          return "";
-        return "must be a finite number >= " + bound + ", got '" + text + "'";
+      [minimum, maximum, range](std::string& text) -> std::string {
+        if (is_decimal(text)) {
+          const double value = std::strtod(text.c_str(), nullptr);
+          if (std::isfinite(value) && value >= minimum && value <= maximum) return "";
+        }
+        return "must be a decimal number " + range + ", got '" + text + "'";
       },
-      "NUMBER>=" + bound.str());
+      "NUMBER");
+}
+
+CLI::Validator finite_at_least(double minimum) { return finite_in(minimum, std::numeric_limits<double>::max()); }
+
+CLI::Validator float_number(const std::string& range) {
+  return CLI::Validator(
+      [range](std::string& text) -> std::string {
+        if (!is_decimal(text)) return "must be a decimal number (" + range + "), got '" + text + "'";
+        const float value = std::strtof(text.c_str(), nullptr);
+        if (!std::isfinite(value))
+          return "'" + text + "' is beyond a float's range (magnitudes up to 3.4e38); " + range;
+        // Digits other than 0 before the exponent: the text names a non-zero value.
+        const bool nonzero = text.substr(0, text.find_first_of("eE")).find_first_of("123456789") != std::string::npos;
+        if (value == 0.f && nonzero)
+          return "'" + text + "' rounds to 0 as a float (the smallest is 1.4e-45); " + range;
+        return "";
+      },
+      "NUMBER");
 }
 
 CLI::Validator non_empty() {
   return CLI::Validator([](std::string& text) -> std::string { return text.empty() ? "must not be empty" : ""; },
                         "TEXT");
+}
+
+CLI::Validator comma_list_of(const std::vector<std::string>& names) {
+  std::string choices;
+  for (const std::string& name : names) choices += (choices.empty() ? "" : ", ") + name;
+  return CLI::Validator(
+      [names, choices](std::string& text) -> std::string {
+        std::vector<std::string> items;
+        std::stringstream in(text);
+        for (std::string item; std::getline(in, item, ',');) items.push_back(item);
+        if (text.empty() || text.back() == ',') items.push_back("");
+        for (const std::string& item : items) {
+          if (item.empty())
+            return "'" + text + "' has an empty item; give a comma-separated list of " + choices;
+          if (std::find(names.begin(), names.end(), item) == names.end())
+            return "'" + item + "' is not one of " + choices;
+        }
+        return "";
+      },
+      "LIST");
 }
 
 CLI::Validator comma_list() {
@@ -97,16 +187,10 @@ void ProblemOptions::add_to(CLI::App& app) {
   app.add_option("--budget-mib", budget_mib, "backward workspace budget in MiB (0: 256)")
       ->check(integer_in(0, kMaxBudgetMib))
       ->capture_default_str();
-  // The range is the library's to check (lfce_check_problem names the value).
-  app.add_option("--softcap", softcap, "logit softcap c: the softmax sees c*tanh(z/c) (Gemma 2: 30; 0: none)")
-      ->capture_default_str();
-  app.add_option("--temperature", temperature, "temperature T: the softmax sees the (capped) logits / T (1: none)")
-      ->capture_default_str();
-  app.add_option("--z-loss-scale", z_loss_scale, "z-loss s: each token's loss gains s*LSE^2 (PaLM: 1e-4; 0: none)")
-      ->capture_default_str();
-  app.add_option("--label-smoothing", label_smoothing,
-                 "label smoothing eps in [0, 1], PyTorch's cross_entropy semantics (0: none)")
-      ->capture_default_str();
+  // The text must name a float (not one that rounds to 0 or overflows); the range is the
+  // library's to check (lfce_check_problem names the value), and is quoted in the messages.
+  for (const FloatOption& o : kFloatOptions)
+    app.add_option(o.name, this->*o.field, o.help)->check(float_number(o.range))->capture_default_str();
   app.add_flag("--class-weight", class_weight,
                "per-class weights (PyTorch's cross_entropy weight): the kernels of a weighted problem "
                "(compile and precompile only: the weights are run-time data)");
@@ -123,8 +207,7 @@ void ProblemOptions::add_to(CLI::App& app) {
       ->check(at_least(0))
       ->capture_default_str();
   app.add_option("--outputs", outputs, "extra per-token outputs of the forward, comma-separated: entropy, logprob, predicted")
-      ->delimiter(',')
-      ->check(CLI::IsMember({"entropy", "logprob", "predicted"}));
+      ->check(comma_list_of({"entropy", "logprob", "predicted"}));
 }
 
 lfce_problem ProblemOptions::problem(int64_t vocab, int64_t hidden) const {
@@ -149,8 +232,9 @@ lfce_problem ProblemOptions::problem(int64_t vocab, int64_t hidden) const {
   p.accumulate_grad_bias = accumulate_grad_bias ? 1 : 0;
   p.token_scaling = token_scaling ? 1 : 0;
   p.sequence_length = sequence_length;
-  for (const std::string& name : outputs)
-    p.outputs |= name == "entropy" ? LFCE_OUTPUT_ENTROPY : name == "logprob" ? LFCE_OUTPUT_LOGPROB : LFCE_OUTPUT_PREDICTED;
+  for (const std::string& list : outputs)
+    for (const std::string& name : split_list(list))
+      p.outputs |= name == "entropy" ? LFCE_OUTPUT_ENTROPY : name == "logprob" ? LFCE_OUTPUT_LOGPROB : LFCE_OUTPUT_PREDICTED;
   return p;
 }
 

@@ -28,7 +28,7 @@ struct ProblemOptions {
   bool accumulate_grad_weight = false, accumulate_grad_bias = false;
   bool token_scaling = false;
   int64_t sequence_length = 0;
-  std::vector<std::string> outputs;  // "entropy", "logprob", "predicted"
+  std::vector<std::string> outputs;  // each a comma-separated list of "entropy", "logprob", "predicted"
   int64_t ignore_index = -100;
 
   // Adds --tokens, --dtype, --mode, --reduction, --targets, --bias, --chunk, --budget-mib, --softcap,
@@ -40,13 +40,21 @@ struct ProblemOptions {
 
 // The largest --budget-mib whose bytes fit an int64_t.
 inline constexpr int64_t kMaxBudgetMib = INT64_MAX >> 20;
+// The largest budget lfce_tune takes (about 1900 years).
+inline constexpr double kMaxBudgetMinutes = 1e9;
 
 // Validators whose messages name the value: "must be an integer >= 1, got '0'".
 CLI::Validator at_least(int64_t minimum);
 CLI::Validator integer_in(int64_t minimum, int64_t maximum);
-CLI::Validator finite_at_least(double minimum);  // no nan, no inf
+// Decimal numbers only (no hexadecimal, nan or inf), the text named in the message.
+CLI::Validator finite_at_least(double minimum);
+CLI::Validator finite_in(double minimum, double maximum);
+// A decimal number that is a float: not beyond float's range, and not rounding to 0 unless it
+// is 0. `range` (the library's for the option) is quoted in the message.
+CLI::Validator float_number(const std::string& range);
 CLI::Validator non_empty();
 CLI::Validator comma_list();  // "a,b": no empty item, not empty
+CLI::Validator comma_list_of(const std::vector<std::string>& names);  // and each item one of `names`
 
 // An lfce status that is not LFCE_OK becomes a usage error naming `option` (for
 // LFCE_ERR_INVALID_ARGUMENT, where the value came from that option) or a Failure.

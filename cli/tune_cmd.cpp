@@ -66,7 +66,7 @@ void add_tune_command(CLI::App& app) {
   cmd->add_option("--space", opts->space, "config space")->check(CLI::IsMember({"default", "small", "wgmma"}))
       ->capture_default_str();
   cmd->add_option("--budget-minutes", opts->budget_minutes, "stop after this long (0: no limit); resumable")
-      ->check(finite_at_least(0));
+      ->check(finite_in(0, kMaxBudgetMinutes));
   cmd->add_flag("--verify", opts->verify, "check every config's outputs against an fp64 reference computed on the host (first 300 tokens)");
   cmd->add_option("--repetitions", opts->repetitions, "timed runs per config (0: 10)")->check(at_least(0));
   cmd->add_option("--cache-dir", opts->cache_dir, "cache directory (default: $LFCE_CACHE_DIR or ~/.cache/lfce)")

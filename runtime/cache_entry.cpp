@@ -11,6 +11,7 @@
 
 #include "compiler/errors.h"
 #include "runtime/sha256.h"
+#include "templates/templates.h"
 
 namespace lfce::runtime {
 namespace {
@@ -156,6 +157,20 @@ std::string record_problem(const EntryRecord& r, const std::string& key) {
   return "";
 }
 
+// The launch shape is the spec's: a record that says otherwise (edited and signed again, or from
+// a build whose templates differed under the same generator version) would launch wrong. For a
+// record whose spec parses (record_problem).
+std::string launch_shape_problem(const EntryRecord& r) {
+  const KernelSpec spec = KernelSpec::parse(r.spec);
+  if (const int threads = kernel_threads(spec); r.threads != threads)
+    return "its metadata says " + std::to_string(r.threads) + " threads, its spec's kernel is built for " +
+           std::to_string(threads);
+  if (const int smem = kernel_smem_bytes(spec); r.dynamic_smem_bytes != smem)
+    return "its metadata says " + std::to_string(r.dynamic_smem_bytes) +
+           " bytes of dynamic shared memory, its spec's kernel asks for " + std::to_string(smem);
+  return "";
+}
+
 }  // namespace
 
 bool is_cache_key(std::string_view text) { return is_ptx_key(text) || is_cubin_key(text); }
@@ -250,6 +265,7 @@ ReadResult read_entry(const DirFd& kernels, const std::string& kernels_path, con
       result.problem = "its metadata checksum does not match (edited or corrupted)";
       return result;
     }
+    if (result.problem = launch_shape_problem(entry.record); !result.problem.empty()) return result;
   } catch (const std::exception& e) {  // json::exception or std::invalid_argument
     result.problem = std::string("its metadata is not valid: ") + e.what();
     return result;

@@ -12,9 +12,11 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <random>
 #include <system_error>
+#include <thread>
 
 namespace lfce::runtime {
 
@@ -227,23 +229,62 @@ std::vector<DirEntry> list_directory(const DirFd& dir) {
   return entries;
 }
 
-FileLock::FileLock(const DirFd& dir, const std::string& name)
+namespace {
+
+// The pid a holder wrote into its lock file, or 0 if there is none (an older lfce, an empty file).
+long lock_holder(int fd) {
+  char text[24] = {};
+  const ssize_t got = pread(fd, text, sizeof text - 1, 0);
+  if (got <= 0) return 0;
+  char* end = nullptr;
+  const long pid = std::strtol(text, &end, 10);
+  return end != text && pid > 0 ? pid : 0;
+}
+
+}  // namespace
+
+FileLock::FileLock(const DirFd& dir, const std::string& dir_path, const std::string& name,
+                   std::chrono::milliseconds timeout)
     : fd_(openat(dir.get(), name.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY, 0644)) {
+  const std::string path = dir_path + "/" + name;
   struct stat st {};
   const int error = fd_ < 0 ? errno : fstat(fd_, &st) != 0 ? errno : !S_ISREG(st.st_mode) ? kNotRegularFile : 0;
   if (error != 0) {
-    spdlog::debug("kernel cache: cannot open lock file {} ({}); going on without it", name, error_text(error));
+    spdlog::debug("kernel cache: cannot open lock file {} ({}); going on without it", path, error_text(error));
     if (fd_ >= 0) close(fd_);
     fd_ = -1;
     return;
   }
-  while (flock(fd_, LOCK_EX) != 0) {
+  // Polled, not a blocking flock: a holder that is stopped must not stop every other process.
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point deadline = Clock::now() + timeout;
+  std::chrono::milliseconds pause{1};
+  while (flock(fd_, LOCK_EX | LOCK_NB) != 0) {
     if (errno == EINTR) continue;
-    spdlog::debug("kernel cache: cannot lock {} ({}); going on without it", name, error_text(errno));
-    close(fd_);
-    fd_ = -1;
-    return;
+    if (errno != EWOULDBLOCK) {
+      spdlog::debug("kernel cache: cannot lock {} ({}); going on without it", path, error_text(errno));
+      close(fd_);
+      fd_ = -1;
+      return;
+    }
+    if (Clock::now() >= deadline) {
+      const long holder = lock_holder(fd_);
+      spdlog::warn("kernel cache: waited {:.1f} s for the lock {}, held by {}; going on without it (this process may "
+                   "compile a kernel that process is compiling too). A stopped or hung lfce process holds it: resume "
+                   "or end it, or set LFCE_CACHE_LOCK_TIMEOUT (seconds) to wait longer or less",
+                   std::chrono::duration<double>(timeout).count(), path,
+                   holder > 0 ? "process " + std::to_string(holder) : std::string("another process"));
+      close(fd_);
+      fd_ = -1;
+      return;
+    }
+    std::this_thread::sleep_for(std::min<Clock::duration>(pause, deadline - Clock::now()));
+    pause = std::min(pause * 2, std::chrono::milliseconds{50});
   }
+  // Who holds it, for the message of a process that waits too long.
+  const std::string pid = std::to_string(static_cast<long>(getpid())) + "\n";
+  if (ftruncate(fd_, 0) != 0 || pwrite(fd_, pid.data(), pid.size(), 0) < 0)
+    spdlog::debug("kernel cache: cannot write this process's pid into {} ({})", path, error_text(errno));
 }
 
 FileLock::~FileLock() {

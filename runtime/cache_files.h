@@ -7,6 +7,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -92,13 +93,16 @@ struct DirEntry {
 std::vector<DirEntry> list_directory(const DirFd& dir);
 
 // An exclusive flock on `name` in `dir` (a regular file, created if needed, never through a
-// link) for the lifetime of the object, where one can be had: a read-only directory, a name
-// taken by something else or an NFS mount without lockd (ENOLCK) gives none, and the holder
-// goes on unlocked, which the cache allows since every write is an atomic rename.
-// The kernel drops the lock if the process dies, so a crashed holder never blocks others.
+// link) for the lifetime of the object, where one can be had within `timeout`: a read-only
+// directory, a name taken by something else, an NFS mount without lockd (ENOLCK) or a holder
+// that keeps it past the timeout gives none, and the waiter goes on unlocked, which the cache
+// allows since every write is an atomic rename (two processes may then both compile one
+// kernel). The kernel drops the lock if the process dies, so a crashed holder never blocks
+// others; a stopped one (Ctrl-Z, a debugger, a suspended job) would, hence the timeout, after
+// which a warning names the lock file (`dir_path`/`name`) and the pid its holder wrote into it.
 class FileLock {
  public:
-  FileLock(const DirFd& dir, const std::string& name);
+  FileLock(const DirFd& dir, const std::string& dir_path, const std::string& name, std::chrono::milliseconds timeout);
   ~FileLock();
   FileLock(const FileLock&) = delete;
   FileLock& operator=(const FileLock&) = delete;

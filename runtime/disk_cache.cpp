@@ -6,6 +6,8 @@
 #include <spdlog/spdlog.h>
 
 #include <cerrno>
+#include <chrono>
+#include <cmath>
 #include <ctime>
 #include <stdexcept>
 #include <utility>
@@ -198,7 +200,10 @@ DiskCache::Lookup DiskCache::get_or_create(const std::string& key, const std::fu
   if (auto entry = load_from_disk(key, /*warn=*/true)) return {std::move(*entry), true};
   std::optional<FileLock> lock;
   if (persistent()) {
-    if (const Folder locks = open_folder("locks", /*create=*/true); locks.error == 0) lock.emplace(locks.fd, key + ".lock");
+    const auto timeout = std::chrono::milliseconds(
+        static_cast<std::int64_t>(std::ceil(Options::current().cache_lock_timeout_s * 1000)));
+    if (const Folder locks = open_folder("locks", /*create=*/true); locks.error == 0)
+      lock.emplace(locks.fd, locks.path, key + ".lock", timeout);
   }
   // Another process may have produced it while we waited for the lock.
   if (auto entry = load_from_disk(key, /*warn=*/false)) return {std::move(*entry), true};

@@ -5,7 +5,7 @@
 // Layout under the cache directory:
 //   kernels/<key>.ptx | <key>.cubin   the payload
 //   kernels/<key>.json                metadata, written last: its presence commits the entry
-//   locks/<key>.lock                  flock'ed while one process produces the entry
+//   locks/<key>.lock                  flock'ed while one process produces the entry (holding its pid)
 // The cache reads, writes and removes only these names (and the temp files of its writes):
 // anything else in its folders is left alone. It never follows a symbolic link inside the
 // cache, and opens nothing that is not a regular file (a FIFO would block).
@@ -162,9 +162,10 @@ class DiskCache {
     Entry entry;
     bool hit = false;  // false: `produce` ran in this call
   };
-  // load(key), else under an exclusive flock of the key's lock file (where one can be had):
-  // load again, else produce() and store. Many processes asking for one key at once produce
-  // it once. Exceptions from produce() propagate; nothing is stored then.
+  // load(key), else under an exclusive flock of the key's lock file (where one can be had
+  // within Options::cache_lock_timeout_s, LFCE_CACHE_LOCK_TIMEOUT; past it a warning names the
+  // lock and its holder, and this call goes on unlocked): load again, else produce() and
+  // store. Many processes asking for one key at once produce it once. Exceptions from produce() propagate; nothing is stored then.
   Lookup get_or_create(const std::string& key, const std::function<Entry()>& produce);
 
   // Removes the entry if present (e.g. a cubin the driver no longer accepts).

@@ -32,6 +32,19 @@ void require_rows_aligned(const Problem& problem, const void* ptr, const char* n
   require_aligned(ptr, name, hidden_row_align(problem.hidden, problem.dtype));
 }
 
+// A [*, H] gradient the GEMM epilogues write (grad_hidden, grad_weight): element by element on
+// mma.sync tiles, in pairs of elements straight from the registers on wgmma tiles (store_pair in
+// templates/template_util.h), which only rows of H a multiple of 16 bytes take (hidden_row_align).
+int gradient_align(const Problem& problem, int element_bytes) {
+  return hidden_row_align(problem.hidden, problem.dtype) == 16 ? 2 * element_bytes : element_bytes;
+}
+
+// The per-token ids, read one at a time in their index type.
+int target_bytes(const Problem& problem) { return problem.targets == IndexType::I64 ? 8 : 4; }
+
+// fp32 arrays (lse, token_loss, loss, valid_count, grad_loss) are read and written one float at a time.
+void require_f32(const void* ptr, const char* name) { require_aligned(ptr, name, 4); }
+
 void require_workspace(void* workspace, size_t given, size_t needed, const char* call) {
   if (given < needed)
     throw SpecError(std::string(call) + ": workspace_bytes = " + std::to_string(given) + " is below the " +
@@ -106,13 +119,13 @@ void launch_gemm(const Kernel& kernel, const KernelSpec& spec, Dim3 grid, CUstre
 void check_forward_args(const Problem& problem, const lfce_forward_args& a) {
   require_rows_aligned(problem, a.hidden, "hidden");
   require_rows_aligned(problem, a.weight, "weight");
-  if (problem.bias) require(a.bias, "bias");
-  require(a.targets, "targets");
-  require(a.lse, "lse");
-  require(a.token_loss, "token_loss");
-  require(a.valid_count, "valid_count");
+  if (problem.bias) require_aligned(a.bias, "bias", dtype_bytes(problem.dtype));
+  require_aligned(a.targets, "targets", target_bytes(problem));
+  require_f32(a.lse, "lse");
+  require_f32(a.token_loss, "token_loss");
+  require_f32(a.valid_count, "valid_count");
   if (problem.class_weight) require_aligned(a.class_weight, "class_weight (the problem has has_class_weight = 1)", 4);
-  if (problem.reduction != Reduction::None) require(a.loss, "loss");
+  if (problem.reduction != Reduction::None || a.loss) require_f32(a.loss, "loss");
   if (problem.predicted) require_aligned(a.predicted, "predicted (the problem's outputs has LFCE_OUTPUT_PREDICTED)", 8);
 }
 
@@ -179,12 +192,13 @@ void run_forward(const Problem& problem, const lfce_forward_args& a, const PlanF
 void run_backward(const Problem& problem, const lfce_backward_args& a, const PlanFor& plan_for) {
   require_rows_aligned(problem, a.hidden, "hidden");
   require_rows_aligned(problem, a.weight, "weight");
-  if (problem.bias) require(a.bias, "bias");
-  require(a.targets, "targets");
-  require(a.lse, "lse");
-  require(a.valid_count, "valid_count");
+  if (problem.bias) require_aligned(a.bias, "bias", dtype_bytes(problem.dtype));
+  require_aligned(a.targets, "targets", target_bytes(problem));
+  require_f32(a.lse, "lse");
+  require_f32(a.valid_count, "valid_count");
   if (problem.class_weight) require_aligned(a.class_weight, "class_weight (the problem has has_class_weight = 1)", 4);
   if (problem.mode == Mode::Recompute) require(a.grad_loss, "grad_loss (recompute mode needs the upstream gradient)");
+  if (a.grad_loss) require_f32(a.grad_loss, "grad_loss");
   if (a.grad_lse && problem.dtype == DType::FP16)
     throw SpecError("grad_lse (the gradients of the lse rows) needs bf16 or fp32 inputs, got fp16: its dz is not "
                     "scaled into fp16's range");
@@ -194,11 +208,16 @@ void run_backward(const Problem& problem, const lfce_backward_args& a, const Pla
   const bool want_hidden = a.grad_hidden != nullptr;
   const bool want_weight = a.grad_weight != nullptr;
   const bool want_bias = problem.bias && a.grad_bias != nullptr;
-  // grad_input writes (and for fp32 accumulates in) grad_hidden one element at a time.
-  if (want_hidden) require_aligned(a.grad_hidden, "grad_hidden", dtype_bytes(problem.dtype));
-  // Added into as fp32 pairs (grad_weight) or fp32 elements (grad_bias).
-  if (want_weight && problem.accumulate_grad_weight) require_aligned(a.grad_weight, "grad_weight (accumulated, fp32)", 8);
-  if (want_bias && problem.accumulate_grad_bias) require_aligned(a.grad_bias, "grad_bias (accumulated, fp32)", 4);
+  // grad_input writes (and for fp32 accumulates in) grad_hidden, in pairs on wgmma tiles.
+  if (want_hidden) require_aligned(a.grad_hidden, "grad_hidden", gradient_align(problem, dtype_bytes(problem.dtype)));
+  // Written in dtype, or added into as fp32 (grad_weight in pairs) with accumulation; grad_bias
+  // one element at a time.
+  if (want_weight)
+    require_aligned(a.grad_weight, problem.accumulate_grad_weight ? "grad_weight (accumulated, fp32)" : "grad_weight",
+                    problem.accumulate_grad_weight ? 8 : gradient_align(problem, dtype_bytes(problem.dtype)));
+  if (want_bias)
+    require_aligned(a.grad_bias, problem.accumulate_grad_bias ? "grad_bias (accumulated, fp32)" : "grad_bias",
+                    problem.accumulate_grad_bias ? 4 : dtype_bytes(problem.dtype));
   if (!want_hidden && !want_weight && !want_bias) {
     spdlog::debug("backward: no gradient asked for, nothing launched");
     return;
@@ -440,8 +459,9 @@ void run_forward_backward(const Problem& problem, const lfce_forward_args& a, co
                     "upstream gradient of 1), got LFCE_MODE_RECOMPUTE");
   check_forward_args(problem, a);
   const Gradients grads{g.hidden, g.weight, problem.bias ? g.bias : nullptr};
-  if (grads.hidden) require_aligned(grads.hidden, "grad_hidden", dtype_bytes(problem.dtype));
-  if (grads.weight) require_aligned(grads.weight, "grad_weight", dtype_bytes(problem.dtype));
+  if (grads.hidden) require_aligned(grads.hidden, "grad_hidden", gradient_align(problem, dtype_bytes(problem.dtype)));
+  if (grads.weight) require_aligned(grads.weight, "grad_weight", gradient_align(problem, dtype_bytes(problem.dtype)));
+  if (grads.bias) require_aligned(grads.bias, "grad_bias", dtype_bytes(problem.dtype));
   // The workspace's size does not depend on the tuning or the device (Plan::eager_layout): checked
   // before the driver is touched.
   require_workspace(a.workspace, a.workspace_bytes, Plan(problem, Arch::SM90A).eager_layout().bytes,

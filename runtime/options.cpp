@@ -28,6 +28,19 @@ int64_t positive_env(const char* name, int64_t max) {
   return value;
 }
 
+// A number of seconds in [0, max], or `fallback` when unset.
+double seconds_env(const char* name, double max, double fallback) {
+  const std::string text = env(name);
+  if (text.empty()) return fallback;
+  char* end = nullptr;
+  errno = 0;
+  const double value = std::strtod(text.c_str(), &end);
+  if (errno != 0 || end == text.c_str() || *end != '\0' || !(value >= 0 && value <= max))
+    throw SpecError(std::string(name) + " = '" + text + "' is not a number of seconds in [0, " +
+                    std::to_string(static_cast<long long>(max)) + "]; set it to e.g. 60, or unset it for the default");
+  return value;
+}
+
 struct Current {
   std::mutex mutex;
   std::optional<Options> options;
@@ -60,6 +73,7 @@ Options Options::from_env() {
   o.cache_dir_env = env("LFCE_CACHE_DIR");
   o.xdg_cache_home = env("XDG_CACHE_HOME");
   o.home = env("HOME");
+  o.cache_lock_timeout_s = seconds_env("LFCE_CACHE_LOCK_TIMEOUT", kMaxCacheLockTimeout, o.cache_lock_timeout_s);
   o.device_smem_limit = positive_env("LFCE_DEVICE_SMEM_LIMIT", int64_t{1} << 30);
   o.device_sm_count = positive_env("LFCE_DEVICE_SM_COUNT", 1 << 20);
   o.device_arch = env("LFCE_DEVICE_ARCH");

@@ -3,6 +3,10 @@
 //   LFCE_LIBCUDA     the driver library to dlopen (default libcuda.so.1)
 //   LFCE_LOG_LEVEL   trace, debug, info, warn, error, off (default warn)
 //   LFCE_CACHE_DIR   kernel cache directory (else $XDG_CACHE_HOME/lfce, else ~/.cache/lfce)
+//   LFCE_CACHE_LOCK_TIMEOUT
+//                    seconds a process waits for another's lock on a kernel it is compiling
+//                    before it goes on without it (default 60; 0: never waits): a stopped or
+//                    hung holder then delays the others by this much, not forever
 //   LFCE_DEVICE_SMEM_LIMIT, LFCE_DEVICE_SM_COUNT
 //                    pretend every device has at most this much opt-in shared memory per
 //                    block (bytes) / this many SMs: tile and grid choices follow, as on a
@@ -26,12 +30,15 @@
 
 namespace lfce::runtime {
 
+inline constexpr double kMaxCacheLockTimeout = 86400;  // seconds: a day
+
 struct Options {
   std::string libcuda = "libcuda.so.1";
   std::string log_level;      // empty: not set
   std::string cache_dir_env;  // LFCE_CACHE_DIR, empty if unset
   std::string xdg_cache_home;
   std::string home;
+  double cache_lock_timeout_s = 60;  // LFCE_CACHE_LOCK_TIMEOUT, in [0, kMaxCacheLockTimeout]
   int64_t device_smem_limit = 0;  // 0: the device's own
   int64_t device_sm_count = 0;    // 0: the device's own
   std::string device_arch;        // LFCE_DEVICE_ARCH, empty if unset (else a valid arch name)

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <iterator>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -67,42 +68,68 @@ TileConfig default_tile(KernelKind kind, DType dtype, Arch arch) {
 
 TileConfig default_tile(KernelKind kind, DType dtype) { return default_tile(kind, dtype, Arch::SM80); }
 
-TileConfig default_tile(KernelKind kind, DType dtype, Arch arch, int64_t smem_limit, int64_t hidden,
-                        float label_smoothing, bool class_weight) {
-  if (smem_limit <= 0) smem_limit = arch_info(arch).smem_per_block_optin;
-  KernelSpec spec;
-  spec.kind = kind;
-  spec.dtype = dtype;
-  spec.arch = arch;
-  spec.label_smoothing = label_smoothing;
-  spec.class_weight = class_weight;
+namespace {
+
+// The fallbacks of default_tile, tried in order once the arch's default does not fit: on
+// sm_90a the smaller wgmma tiles, then (on every arch, as for rows TMA cannot load) smaller
+// mma.sync tiles, fastest first (the staged fp32 tile, BM x (BN + 1) floats, and the ring). The
+// last is the smallest any GEMM kernel takes.
+std::vector<TileConfig> fallback_tiles(DType dtype, bool wgmma) {
+  std::vector<TileConfig> tiles;
+  if (wgmma)
+    tiles = {TileConfig{128, 256, 64, 1, 1, 3, 2}, TileConfig{128, 128, 64, 1, 1, 4, 2},
+             TileConfig{128, 128, 64, 1, 1, 2, 2}};
+  if (dtype == DType::FP32) {
+    tiles.insert(tiles.end(), {TileConfig{64, 128, 32, 2, 4, 2}, TileConfig{64, 64, 32, 2, 2, 2}});
+  } else {
+    tiles.insert(tiles.end(), {TileConfig{128, 128, 64, 2, 4, 3}, TileConfig{128, 128, 64, 2, 4, 2},
+                               TileConfig{64, 128, 64, 2, 2, 3}, TileConfig{64, 64, 64, 2, 2, 2}});
+  }
+  return tiles;
+}
+
+}  // namespace
+
+TileConfig default_tile(KernelSpec spec, int64_t smem_limit) {
+  if (smem_limit <= 0) smem_limit = arch_info(spec.arch).smem_per_block_optin;
+  const KernelKind kind = spec.kind;
+  const DType dtype = spec.dtype;
   // The path is chosen here, per kernel: on sm_90a the 16-bit GEMMs take the TMA + wgmma
   // pipeline, whose tensor maps need global row strides that are multiples of 16 bytes. Rows of
   // hidden and weight are H elements (no padded copy is made), so any other H takes the
   // mma.sync defaults, which run on sm_90a too and copy such rows in narrower pieces.
-  const bool tma_rows = hidden <= 0 || hidden_row_align(hidden, dtype) == 16;
-  spec.tile = default_tile(kind, dtype, tma_rows ? arch : Arch::SM80);
+  const bool tma_rows = spec.hidden <= 0 || hidden_row_align(spec.hidden, dtype) == 16;
+  spec.tile = default_tile(kind, dtype, tma_rows ? spec.arch : Arch::SM80);
   // The narrower copies' loop adds registers beside grad_input's 256x128 tile (128 fp32
   // accumulators a thread; ptxas spilled 36 bytes on sm_90a at odd H): its 128x256 transpose.
   if (!tma_rows && kind == KernelKind::GradInput && dtype != DType::FP32) spec.tile = TileConfig{128, 256, 64, 2, 4, 2};
   if (!kind_info(kind).gemm || kernel_smem_bytes(spec) <= smem_limit) return spec.tile;
-  if (spec.tile.wgmma())
-    for (const TileConfig& tile : {TileConfig{128, 256, 64, 1, 1, 3, 2}, TileConfig{128, 128, 64, 1, 1, 4, 2},
-                                  TileConfig{128, 128, 64, 1, 1, 2, 2}}) {
-      spec.tile = tile;
-      if (kernel_smem_bytes(spec) <= smem_limit) return tile;
-    }
-  // Smaller tiles, fastest first (the staged fp32 tile, BM x (BN + 1) floats, and the ring).
-  static const TileConfig k16bit[] = {{128, 128, 64, 2, 4, 3}, {128, 128, 64, 2, 4, 2}, {64, 128, 64, 2, 2, 3},
-                                      {64, 64, 64, 2, 2, 2}};
-  static const TileConfig k32bit[] = {{64, 128, 32, 2, 4, 2}, {64, 64, 32, 2, 2, 2}};
-  for (const TileConfig& tile : dtype == DType::FP32 ? std::vector<TileConfig>(std::begin(k32bit), std::end(k32bit))
-                                                     : std::vector<TileConfig>(std::begin(k16bit), std::end(k16bit))) {
+  // (kernel_smem_bytes counts what the spec's options add per row: the smoothing's logit sum,
+  // the entropy, the argmax, the lse rows' gradients.)
+  for (const TileConfig& tile : fallback_tiles(dtype, spec.tile.wgmma())) {
     spec.tile = tile;
     if (kernel_smem_bytes(spec) <= smem_limit) return tile;
   }
   throw InternalError("no default tile of " + std::string(kind_name(kind)) + " fits " + std::to_string(smem_limit) +
-                      " bytes of shared memory per block");
+                      " bytes of shared memory per block (Plan checks the limit against min_smem_per_block first)");
+}
+
+TileConfig default_tile(KernelKind kind, DType dtype, Arch arch, int64_t smem_limit, int64_t hidden,
+                        float label_smoothing, bool class_weight) {
+  KernelSpec spec;
+  spec.kind = kind;
+  spec.dtype = dtype;
+  spec.arch = arch;
+  spec.hidden = hidden;
+  spec.label_smoothing = label_smoothing;
+  spec.class_weight = class_weight;
+  return default_tile(spec, smem_limit);
+}
+
+int64_t min_smem_per_block(KernelSpec spec) {
+  if (!kind_info(spec.kind).gemm) return kernel_smem_bytes(spec);
+  spec.tile = fallback_tiles(spec.dtype, false).back();
+  return kernel_smem_bytes(spec);
 }
 
 TileConfig Tuning::tile(KernelKind kind, DType dtype) const {
@@ -139,9 +166,14 @@ Problem problem_from_c(const lfce_problem* c) {
   p.bias = c->has_bias == 1;
   p.reduction = checked_enum<Reduction>(c->reduction, 3, "reduction", "LFCE_REDUCTION_MEAN, _SUM or _NONE");
   p.mode = checked_enum<Mode>(c->mode, 2, "mode", "LFCE_MODE_RECOMPUTE or _EAGER");
-  // NaN fails both comparisons.
-  if (!(c->softcap >= 0.f && c->softcap <= KernelSpec::kMaxSoftcap))
-    throw SpecError("lfce_problem.softcap must be 0 (none) or a positive cap up to 1e6, got " + float_text(c->softcap));
+  // NaN fails both comparisons. A positive value below FLT_MIN (subnormal) is refused too: the
+  // kernels flush it to 0 or divide by it (a softcap's 1 / c is inf there, and its slope NaN).
+  auto normal_or_zero = [](float value, float hi) {
+    return value == 0.f || (value >= std::numeric_limits<float>::min() && value <= hi);
+  };
+  if (!normal_or_zero(c->softcap, KernelSpec::kMaxSoftcap))
+    throw SpecError("lfce_problem.softcap must be 0 (none) or a positive cap in [" +
+                    float_text(std::numeric_limits<float>::min()) + ", 1e6], got " + float_text(c->softcap));
   p.softcap = c->softcap;
   // 0 is a zero-initialised struct's temperature: none, as 1.
   const float t = c->temperature == 0.f ? 1.f : c->temperature;
@@ -149,12 +181,13 @@ Problem problem_from_c(const lfce_problem* c) {
     throw SpecError("lfce_problem.temperature must be 0 or 1 (none) or a temperature in [1e-6, 1e6], got " +
                     float_text(c->temperature));
   p.temperature = t;
-  if (!(c->z_loss_scale >= 0.f && c->z_loss_scale <= KernelSpec::kMaxZLossScale))
-    throw SpecError("lfce_problem.z_loss_scale must be 0 (none) or a positive scale up to 1e6, got " +
-                    float_text(c->z_loss_scale));
+  if (!normal_or_zero(c->z_loss_scale, KernelSpec::kMaxZLossScale))
+    throw SpecError("lfce_problem.z_loss_scale must be 0 (none) or a positive scale in [" +
+                    float_text(std::numeric_limits<float>::min()) + ", 1e6], got " + float_text(c->z_loss_scale));
   p.z_loss_scale = c->z_loss_scale;
-  if (!(c->label_smoothing >= 0.f && c->label_smoothing <= 1.f))
-    throw SpecError("lfce_problem.label_smoothing must be in [0, 1] (0: none), got " + float_text(c->label_smoothing));
+  if (!normal_or_zero(c->label_smoothing, 1.f))
+    throw SpecError("lfce_problem.label_smoothing must be 0 (none) or in [" +
+                    float_text(std::numeric_limits<float>::min()) + ", 1], got " + float_text(c->label_smoothing));
   p.label_smoothing = c->label_smoothing;
   if (c->has_class_weight != 0 && c->has_class_weight != 1)
     throw SpecError("lfce_problem.has_class_weight must be 0 or 1, got " + std::to_string(c->has_class_weight));
@@ -224,6 +257,19 @@ void check_problem(const Problem& p) {
                       "gradient is known)");
   if (p.accumulate_grad_bias && !p.bias)
     throw SpecError("lfce_problem.accumulate_grad_bias = 1 needs has_bias = 1 (there is no bias gradient)");
+  // fp16 dz is scaled to |g·scale| < 2^15 assuming |p − onehot| <= 1; the z-loss multiplies p by
+  // 1 + 2·s·LSE, which the data bound, not the problem (LSE ≈ 40 at s = 0.05 overflows to inf).
+  if (p.dtype == DType::FP16 && p.z_loss_scale != 0.f)
+    throw SpecError("lfce_problem.z_loss_scale = " + float_text(p.z_loss_scale) +
+                    " with fp16 is not supported: dz's fp16 scaling assumes |p - onehot| <= 1, and the z-loss "
+                    "multiplies p by 1 + 2 * z_loss_scale * LSE, unbounded (dz could overflow fp16 to inf); use bf16 "
+                    "or fp32, or z_loss_scale = 0");
+  // The entropy and logprob outputs are there to be differentiated (lfce_backward_args.grad_lse),
+  // which has no fp16 path: refused here, before any of the problem's kernels is compiled.
+  if (p.dtype == DType::FP16 && (p.entropy || p.logprob))
+    throw SpecError(std::string("lfce_problem.outputs asks for the ") + (p.entropy ? "entropy" : "logprob") +
+                    " with fp16, whose gradient (lfce_backward_args.grad_lse) has no fp16 path; use bf16 or fp32, or "
+                    "drop LFCE_OUTPUT_ENTROPY and LFCE_OUTPUT_LOGPROB from outputs");
   // fp16 dz is scaled by the unweighted g; a class weight w_y multiplies it, unbounded.
   if (p.dtype == DType::FP16 && p.class_weight)
     throw SpecError("lfce_problem.has_class_weight = 1 with fp16 is not supported: dz's fp16 scaling assumes "
@@ -233,10 +279,29 @@ void check_problem(const Problem& p) {
 Plan::Plan(const Problem& problem, Arch arch, const Tuning& tuning, const DeviceLimits& limits)
     : p_(problem), arch_(arch), tuning_(tuning), limits_(limits) {
   check_problem(p_);
+  if (limits_.smem_per_block > 0) {
+    // A limit below what every tile of some kernel needs is the caller's mistake (a typo, bytes
+    // meant as KiB), not a tile lfce failed to choose.
+    int64_t need = 0;
+    KernelKind neediest = KernelKind::LseForward;
+    for (const KernelKindInfo& info : kKernelKinds) {
+      if (!info.gemm || (info.bias_only && !p_.bias)) continue;
+      const int64_t bytes = min_smem_per_block(problem_spec(info.kind, p_, arch_));
+      if (bytes > need) need = bytes, neediest = info.kind;
+    }
+    if (limits_.smem_per_block < need)
+      throw SpecError("shared memory per block = " + std::to_string(limits_.smem_per_block) +
+                      " bytes (lfce_device_limits.smem_per_block, --smem-per-block or LFCE_DEVICE_SMEM_LIMIT) is below "
+                      "the " + std::to_string(need) + " bytes the smallest tile of " + std::string(kind_name(neediest)) +
+                      " needs for this problem: give the GPU's opt-in limit per block in bytes (cuDeviceGetAttribute "
+                      "CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, e.g. 101376 for a 99 KiB GPU), at least " +
+                      std::to_string(need) + ", or 0 for the arch's reference GPU");
+  }
   for (const auto& [kind, tile] : tuning_.tiles) tile.check_range();  // tiles divide below
   // A winner tuned on a GPU with more shared memory (a tuning file carried over) cannot run here.
   for (auto it = tuning_.tiles.begin(); it != tuning_.tiles.end();) {
-    KernelSpec s = spec(it->first);
+    KernelSpec s = problem_spec(it->first, p_, arch_);
+    s.tile = it->second;
     if (limits_.smem_per_block > 0 && kernel_smem_bytes(s) > limits_.smem_per_block) {
       spdlog::warn("tuned tile of {} needs {} bytes of shared memory, over this device's {}: using the default",
                    kind_name(it->first), kernel_smem_bytes(s), limits_.smem_per_block);
@@ -299,6 +364,20 @@ void Plan::plan_three_gemm() {
   // rows after the first (token scales) are laid out [rows, N]: with several chunks too.
   three_gemm_ = p_.softcap == 0.f && p_.label_smoothing == 0.f && !p_.entropy && !p_.predicted && !p_.lse_grad &&
                 p_.vocab <= kMaxChunk && (lse_rows(p_) == 1 || token_chunk_ == p_.tokens);
+  // The smallest chunk (one sequence with the shift, else 64 rows) may need more than the budget
+  // bounds (the chunk's [V, ld] exponentials): the workspace size reports what it needs, but a
+  // caller who sized by the budget should hear.
+  if (three_gemm_ && p_.chunk_size == 0 && p_.workspace_budget > 0) {
+    const int64_t needed = checked_mul(checked_mul(p_.vocab, round_up(token_chunk_, 8, "eager token stride"),
+                                                   "eager dz elements"),
+                                       dtype_bytes(p_.dtype), "eager dz bytes");
+    if (needed > p_.workspace_budget)
+      spdlog::warn("eager mode: a token chunk of {} tokens{} needs {} bytes of workspace, over workspace_budget = {} "
+                   "bytes: allocate what lfce_forward_backward_workspace_size reports (at least {} bytes), or raise "
+                   "workspace_budget to at least that{}",
+                   token_chunk_, p_.sequence_length > 0 ? " (one whole sequence, with the causal shift)" : "", needed,
+                   p_.workspace_budget, needed, p_.sequence_length > 0 ? " (or use shorter sequences)" : "");
+  }
 }
 
 int64_t Plan::eager_tiles() const { return ceil_div(p_.vocab, int64_t{tile(KernelKind::EagerLogits).bn}); }
@@ -389,9 +468,10 @@ TileConfig Plan::tile(KernelKind kind) const {
   auto it = tuning_.tiles.find(kind);
   if (it != tuning_.tiles.end() && !(heavy_epilogue && it->second.wgmma() && it->second.accumulators() > 64))
     return it->second;
-  TileConfig t =
-      default_tile(kind, p_.dtype, arch_, limits_.smem_per_block, p_.hidden, p_.label_smoothing, p_.class_weight);
-  if (heavy_epilogue && t.wgmma() && t.accumulators() > 64) return TileConfig{128, 128, 64, 1, 1, 4, 2};
+  // (Counting the shared memory each of the problem's options adds per row.)
+  TileConfig t = default_tile(problem_spec(kind, p_, arch_), limits_.smem_per_block);
+  if (heavy_epilogue && t.wgmma() && t.accumulators() > 64 && fits(kind, TileConfig{128, 128, 64, 1, 1, 4, 2}))
+    return TileConfig{128, 128, 64, 1, 1, 4, 2};
   if (three_gemm_ && t.wgmma() && !tuning_.eager_operand &&
       (kind == KernelKind::GradInput || kind == KernelKind::GradWeight)) {
     // Eager's gradient GEMMs take CTA pairs, two consumers sharing 128-row tiles, 128 x 256 or
@@ -599,6 +679,7 @@ std::vector<KernelSpec> Plan::launched_specs() const {
     for (const KernelKindInfo& info : kKernelKinds)
       if (!info.eager && (p_.bias || !info.bias_only)) add(info.kind);
     if (p_.mode == Mode::Eager) add(KernelKind::GradScale);
+    check_fit(out);
     return out;
   }
   add(KernelKind::TokenCount);
@@ -612,7 +693,20 @@ std::vector<KernelSpec> Plan::launched_specs() const {
   add(KernelKind::LossReduce);
   if (token_chunks() > 1 && p_.dtype != DType::FP32) add(KernelKind::GradConvert);
   add(KernelKind::GradScale);
+  check_fit(out);
   return out;
+}
+
+void Plan::check_fit(const std::vector<KernelSpec>& specs) const {
+  // For a device's limits every tile fits by construction (defaults counted with the options,
+  // tuned tiles over the limit dropped): a kernel that could not run there must never be cached.
+  if (limits_.smem_per_block <= 0) return;
+  for (const KernelSpec& s : specs)
+    if (kernel_smem_bytes(s) > limits_.smem_per_block)
+      throw InternalError("Plan chose a " + s.tile.text() + " tile for " + std::string(kind_name(s.kind)) +
+                          ", which needs " + std::to_string(kernel_smem_bytes(s)) +
+                          " bytes of shared memory per block, over the device's " +
+                          std::to_string(limits_.smem_per_block));
 }
 
 Plan::BackwardLayout Plan::backward_layout() const {

@@ -128,7 +128,8 @@ class Plan {
   // eager_dz's spec when it rewrites the workspace itself (no eager_operand).
   KernelSpec eager_dz_pass_spec() const;
   // Every kernel spec the problem's schedule launches (a kernel that only some token counts or
-  // gradients need included), in launch order: what precompilation compiles.
+  // gradients need included), in launch order: what precompilation compiles. With a device's
+  // limits each fits its shared memory (else InternalError: a tile Plan should not have chosen).
   std::vector<KernelSpec> launched_specs() const;
 
   // Backward: vocabulary chunk width and the token stride of the dzᵀ workspace.
@@ -174,6 +175,8 @@ class Plan {
   bool three_gemm_ = false;
   int64_t token_chunk_ = 1;
   void plan_three_gemm();
+  // Throws InternalError for a spec over limits_' shared memory (with a device's limits).
+  void check_fit(const std::vector<KernelSpec>& specs) const;
 };
 
 }  // namespace lfce::runtime

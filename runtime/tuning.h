@@ -51,6 +51,12 @@ TileConfig default_tile(KernelKind kind, DType dtype);
 // (kernel_smem_per_row), counted in the fit.
 TileConfig default_tile(KernelKind kind, DType dtype, Arch arch, int64_t smem_limit, int64_t hidden = 0,
                         float label_smoothing = 0.f, bool class_weight = false);
+// The same for `spec`'s kind, dtype, arch and H, counting everything its options add per row
+// (kernel_smem_per_row: the entropy, the argmax, the lse rows' gradients too); its tile is ignored.
+TileConfig default_tile(KernelSpec spec, int64_t smem_limit);
+// The shared memory per block the smallest tile default_tile falls back to needs for `spec`'s
+// kind and options (a kernel that is not a GEMM: its fixed need): below it, no tile fits.
+int64_t min_smem_per_block(KernelSpec spec);
 
 // What a plan needs to know of the device it runs on; 0 = unknown (offline): the arch table's
 // shared memory and kDefaultForwardCtas. The Session fills them from runtime::device_info().

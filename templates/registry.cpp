@@ -17,16 +17,23 @@ using Builder = KernelShape (*)(llvm::Module&, const KernelSpec&);
 struct Template {
   KernelKind kind;
   Builder build;
+  int threads;  // not a GEMM: the CTA size the builder uses (a GEMM's is its tile's: 0 here)
 };
 
 // One builder per row of kKernelKinds, in the same order.
 constexpr Template kTemplates[] = {
-    {KernelKind::LseForward, build_lse_forward},   {KernelKind::LseCombine, build_lse_combine},
-    {KernelKind::LossReduce, build_loss_reduce},   {KernelKind::DlogitsBackward, build_dlogits_backward},
-    {KernelKind::GradWeight, build_grad_weight},   {KernelKind::GradInput, build_grad_input},
-    {KernelKind::GradBias, build_grad_bias},       {KernelKind::TokenCount, build_loss_reduce},
-    {KernelKind::EagerLogits, build_eager_logits}, {KernelKind::EagerDz, build_eager_dz},
-    {KernelKind::GradConvert, build_grad_convert}, {KernelKind::GradScale, build_grad_scale},
+    {KernelKind::LseForward, build_lse_forward, 0},
+    {KernelKind::LseCombine, build_lse_combine, kLseCombineThreads},
+    {KernelKind::LossReduce, build_loss_reduce, 1024},
+    {KernelKind::DlogitsBackward, build_dlogits_backward, 0},
+    {KernelKind::GradWeight, build_grad_weight, 0},
+    {KernelKind::GradInput, build_grad_input, 0},
+    {KernelKind::GradBias, build_grad_bias, 256},
+    {KernelKind::TokenCount, build_loss_reduce, 1024},
+    {KernelKind::EagerLogits, build_eager_logits, 0},
+    {KernelKind::EagerDz, build_eager_dz, 256},
+    {KernelKind::GradConvert, build_grad_convert, 256},
+    {KernelKind::GradScale, build_grad_scale, 256},
 };
 
 constexpr bool every_kind_has_a_template() {
@@ -65,6 +72,11 @@ int kernel_smem_bytes(const KernelSpec& spec) {
   return gemm_smem_bytes(spec.tile, spec.dtype, info.a, info.b, kernel_smem_per_row(spec) * spec.tile.bm);
 }
 
+int kernel_threads(const KernelSpec& spec) {
+  if (kind_info(spec.kind).gemm) return spec.tile.threads();
+  return kTemplates[static_cast<size_t>(spec.kind)].threads;
+}
+
 GeneratedKernel generate_kernel(const KernelSpec& spec) {
   spec.validate();
   auto start = std::chrono::steady_clock::now();
@@ -76,6 +88,10 @@ GeneratedKernel generate_kernel(const KernelSpec& spec) {
     throw InternalError(std::string(kind_name(spec.kind)) + " asks for " + std::to_string(out.shape.smem_bytes) +
                         " bytes of shared memory, kernel_smem_bytes() says " +
                         std::to_string(kernel_smem_bytes(spec)) + "; update kKernelKinds");
+  if (out.shape.threads != kernel_threads(spec))
+    throw InternalError(std::string(kind_name(spec.kind)) + " is built for " + std::to_string(out.shape.threads) +
+                        " threads, kernel_threads() says " + std::to_string(kernel_threads(spec)) +
+                        "; update kTemplates");
   const ArchInfo& arch = arch_info(spec.arch);
   if (out.shape.smem_bytes > arch.smem_per_block_optin)
     throw SpecError("tile needs " + std::to_string(out.shape.smem_bytes) + " bytes of shared memory, over the " +

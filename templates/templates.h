@@ -46,6 +46,10 @@ GeneratedKernel generate_kernel(const KernelSpec& spec);
 // GEMM skeleton's geometry without building IR (the autotuner and the runtime prune tiles
 // with it). generate_kernel() checks that the built kernel agrees.
 int kernel_smem_bytes(const KernelSpec& spec);
+// The CTA size the kernel of `spec` is built for, without building IR: a GEMM's tile's
+// threads, another kind's fixed size (the registry's table). generate_kernel() checks that the
+// built kernel agrees; the disk cache checks a cached entry's launch shape against both.
+int kernel_threads(const KernelSpec& spec);
 // A GEMM template's shared-memory bytes per BM row after the skeleton's (kKernelKinds' value,
 // more with some loss options).
 int kernel_smem_per_row(const KernelSpec& spec);

@@ -7,6 +7,7 @@ names the argument and the value.
 """
 
 import math
+import numbers
 import operator
 import os
 
@@ -19,7 +20,7 @@ def integer(name, value, *, minimum=INT64_MIN, maximum=INT64_MAX, allow_none=Fal
     if value is None and allow_none:
         return None
     expected = "an int" + (" or None" if allow_none else "")
-    if isinstance(value, bool):
+    if _is_bool(value):
         raise TypeError(f"{name} must be {expected}, got the bool {value!r}")
     try:
         number = operator.index(value)  # ints and int-like scalars (numpy), never floats
@@ -42,9 +43,21 @@ def _bound(limit):
     return str(limit)
 
 
+_NUMPY_BOOL_NAMES = ("bool_", "bool")
+
+
+def _is_bool(value):
+    """A Python bool or a NumPy bool scalar (np.True_), which is not a numbers.Number."""
+    if isinstance(value, bool):
+        return True
+    kind = type(value)
+    return kind.__name__ in _NUMPY_BOOL_NAMES and kind.__module__ == "numpy"
+
+
 def _number(name, value, what="a number"):
-    """``value`` as a float (inf when too large for one); bool and str are TypeErrors."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    """``value`` as a float (inf when too large for one): any real number, NumPy scalars included
+    (np.float32, np.int64); bool, complex and str are TypeErrors."""
+    if _is_bool(value) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be {what}, got {type(value).__name__} {value!r}")
     try:
         return float(value)
@@ -60,13 +73,24 @@ def real(name, value, *, minimum):
     return number
 
 
+FLOAT32_MIN_NORMAL = 2.0 ** -126  # the library takes the options as float32
+
+
 def _option(name, value, none, inside, bounds):
-    """A loss option: ``none`` for None, else ``value`` as a float for which ``inside`` holds."""
+    """A loss option: ``none`` for None, else ``value`` as a float for which ``inside`` holds.
+
+    A non-zero value below float32's smallest normal number (1.18e-38) is refused: as a float32 it
+    would be 0 (the option silently off) or a subnormal (NaN in the kernels' math)."""
     if value is None:
         return none
     number = _number(name, value, "None or a number")
     if not inside(number):  # NaN fails too
         raise ValueError(f"{name} must be None or a number in {bounds}, got {value!r}")
+    # (Every option's range is >= 0. The bound is written as a literal: torch.compile(dynamic=True)
+    # treats a module-level float as an input and compiles again for each call.)
+    if 0 < number < 1.1754943508222875e-38:  # FLOAT32_MIN_NORMAL
+        raise ValueError(f"{name} must be 0 or at least {FLOAT32_MIN_NORMAL:.6g} (float32's smallest normal number; "
+                         f"the library computes in float32, where {value!r} is 0 or subnormal), got {value!r}")
     return number
 
 
@@ -91,10 +115,11 @@ def label_smoothing(value, name="label_smoothing"):
 
 
 def flag(name, value):
-    """``value`` as 0 or 1; only a bool is accepted, so a string such as "no" is not True."""
-    if not isinstance(value, bool):
+    """``value`` as 0 or 1; only a bool (or a NumPy bool scalar) is accepted, so a string such as
+    "no" is not True."""
+    if not _is_bool(value):
         raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
-    return int(value)
+    return int(bool(value))
 
 
 def text(name, value):

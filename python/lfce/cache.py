@@ -7,6 +7,7 @@ without a GPU, e.g. while building a container image.
 """
 
 import ctypes
+import os
 
 from . import _check, _lib, presets
 from .kernels import problem_for
@@ -15,8 +16,9 @@ __all__ = ["cache_dir", "kernel_load_stats", "precompile", "set_cache_dir", "tun
 
 
 def cache_dir():
-    """The kernel cache directory this process uses."""
-    return _lib.load().lfce_cache_dir().decode()
+    """The kernel cache directory this process uses, as a str (a name that is not UTF-8 is decoded as
+    os.fsdecode does, so ``os.fsencode(cache_dir())`` gives its bytes back)."""
+    return os.fsdecode(_lib.load().lfce_cache_dir())
 
 
 def set_cache_dir(path):

@@ -31,10 +31,12 @@ Held between forward and backward in recompute mode: the global LSE (4·N bytes)
 besides the inputs. Eager mode runs step 3 inside the forward (upstream gradient 1) and holds the
 gradients, as on one GPU. The op is a ``torch.autograd.Function`` (a graph break under torch.compile).
 
-The first call with given shapes and options all-gathers every rank's shard size, token count and
-options once and checks them (ValueError naming the rank and the value, raised on every rank); the
-result is cached per group and per local shapes and options, so later calls issue no host sync. As
-for any collective, every rank of the group must make the same calls in the same order.
+Every call first all-gathers each rank's shard size, token count, options, an error flag and (in
+tensor parallel) a checksum of the targets, a few int64 per rank, and checks them on the host (the
+call's one host sync): an argument that is invalid on one rank, or that differs between ranks, is
+the same TypeError / ValueError on every rank, naming the rank and the value, and no rank runs a
+collective its peers do not. As for any collective, every rank of the group must make the same
+calls in the same order.
 """
 
 import operator
@@ -50,7 +52,7 @@ __all__ = ["VocabParallelLinearCrossEntropyLoss", "linear_cross_entropy", "vocab
 LOCAL_IGNORE = -1   # the user's ignore_index (which may itself be a class id of some shard)
 NOT_IN_SHARD = -2   # a target of another rank's shard, or outside [0, V): its loss comes from elsewhere
 
-# Every rank's local view, all-gathered once per (group, this tuple) and checked for consistency.
+# Every rank's local view, all-gathered on every call and checked for consistency.
 _FIELDS = ("vocab_shard", "vocab_start", "tokens", "hidden", "dtype", "target_dtype", "has_bias", "ignore_index",
            "reduction", "mode", "sequence_parallel", "need_hidden", "need_weight", "need_bias")
 _SAME_ON_EVERY_RANK = _FIELDS[2:]
@@ -58,8 +60,6 @@ _NAMES = {"dtype": {code: str(dtype) for dtype, code in _ops.DTYPES.items()},
           "target_dtype": {code: str(dtype) for dtype, code in _ops.INDEX_DTYPES.items()},
           "reduction": {code: name for name, code in _lib.REDUCTIONS.items()},
           "mode": {code: name for name, code in _lib.MODES.items()}}
-_CACHE_LIMIT = 256
-_layouts = {}
 
 
 def vocab_shard(vocab, rank, world_size):
@@ -147,24 +147,58 @@ def _resolve_group(group):
     return group
 
 
-def _layout(group, row, device):
-    key = (id(group),) + tuple(row[field] for field in _FIELDS)
-    cached = _layouts.get(key)
-    if cached is not None and cached.group is group:
-        return cached
+def _agree(group, row, targets, failure):
+    """This rank's Layout, once every rank's arguments are known to fit together: a call-level
+    handshake that every rank makes, whatever its own arguments, so no rank ever runs a collective
+    that its peers do not.
+
+    One all-gather of a fixed-size int64 row per rank (an error flag, the fields of _FIELDS, and in
+    tensor parallel a checksum of the targets), read on the host (the call's one host sync). A
+    rank whose own arguments were invalid (``failure``) sends the flag; then every rank learns the
+    message (a second, object all-gather) and raises the same exception. Otherwise check_layout
+    compares the rows: a difference is the same ValueError on every rank.
+    """
     rank, world_size = dist.get_rank(group), dist.get_world_size(group)
     nccl = "nccl" in str(dist.get_backend(group))
-    local = torch.tensor([row[field] for field in _FIELDS], dtype=torch.int64,
-                         device=device if nccl else "cpu")
-    gathered = _all_gather(local, group, nccl).reshape(world_size, len(_FIELDS)).tolist()  # the one host sync
-    rows = [dict(zip(_FIELDS, values)) for values in gathered]
+    device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+    if failure is None and nccl and targets.device.type == "cuda":
+        device = targets.device
+    values = [0 if failure is None else 1] + [0 if failure is not None else int(row[field]) for field in _FIELDS]
+    local = torch.tensor(values + [0], dtype=torch.int64, device=device)
+    if failure is None and not row["sequence_parallel"]:
+        local[-1] = targets_checksum(targets.to(device))
+    gathered = _all_gather(local, group, nccl).reshape(world_size, len(values) + 1).tolist()  # the one host sync
+    failed = [r for r, values in enumerate(gathered) if values[0]]
+    if failed:
+        reports = [None] * world_size
+        dist.all_gather_object(reports, None if failure is None else (type(failure).__name__, str(failure)),
+                               group=group)
+        first = reports[failed[0]]
+        kind = TypeError if first[0] == "TypeError" else ValueError
+        others = "" if len(failed) == 1 else f" (and on rank{'s' if len(failed) > 2 else ''} " \
+            f"{', '.join(map(str, failed[1:]))})"
+        raise kind(f"lfce.distributed: rank {failed[0]}'s arguments are invalid{others}, so every rank of the "
+                   f"group stops: {first[1]}")
+    rows = [dict(zip(_FIELDS, values[1:-1])) for values in gathered]
     v0, vocab = check_layout(rows, rank)
-    layout = Layout(group, rank, world_size, nccl, v0, row["vocab_shard"], vocab, row["tokens"],
-                    bool(row["sequence_parallel"]))
-    if len(_layouts) >= _CACHE_LIMIT:  # every rank makes the same calls, so every rank clears at once
-        _layouts.clear()
-    _layouts[key] = layout
-    return layout
+    checksums = [values[-1] for values in gathered]
+    if not row["sequence_parallel"] and len(set(checksums)) > 1:
+        differ = [r for r in range(world_size) if checksums[r] != checksums[0]]
+        raise ValueError(f"lfce.distributed: the targets differ across the ranks of the group (rank "
+                         f"{', '.join(map(str, differ))} against rank 0); tensor parallel needs the same hidden "
+                         "states and targets on every rank: pass the whole batch's targets on every rank, or "
+                         "sequence_parallel=True where each rank holds its own tokens")
+    return Layout(group, rank, world_size, nccl, v0, row["vocab_shard"], vocab, row["tokens"],
+                  bool(row["sequence_parallel"]))
+
+
+def targets_checksum(targets):
+    """A position-weighted checksum of the targets (a 0-d int64 tensor on their device, no host sync):
+    equal for equal targets; a change of one target, or a swap of two unequal targets less than
+    65521 positions apart, always changes it (each term is below 2**49, the sum wraps modulo 2**64)."""
+    low = targets.reshape(-1).to(torch.int64) & 0xFFFFFFFF
+    weight = torch.arange(low.numel(), dtype=torch.int64, device=low.device) % 65521 + 1
+    return ((low + 0x5BD1E995) * weight).sum()
 
 
 # --- collectives ----------------------------------------------------------------------------------
@@ -353,24 +387,34 @@ def linear_cross_entropy(hidden, weight, targets, bias=None, *, group=None, voca
         TypeError / ValueError naming the bad argument (an argument that differs between ranks:
         on every rank, naming the ranks and their values); RuntimeError without a process group.
     """
-    functional.validate_options(ignore_index, reduction, mode, chunk_size, workspace_budget)
-    _refuse_extra_outputs((return_lse, return_entropy, return_logprob, return_accuracy, return_predicted))
-    _check.flag("sequence_parallel", sequence_parallel)
-    _check.integer("vocab_start", vocab_start, minimum=0, allow_none=True)
-    hidden, weight, bias = functional._autocast((hidden, weight, bias))
-    n, h, shard = functional._validate_tensors(hidden, weight, targets, bias)
+    # Arguments are checked on each rank first, then compared across the ranks in one handshake
+    # that every rank makes even when its own arguments are bad (_agree): an invalid argument on one
+    # rank is the same error on every rank, never one rank raising while its peers wait.
+    failure, row, targets_1d = None, None, None
+    try:
+        functional.validate_options(ignore_index, reduction, mode, chunk_size, workspace_budget)
+        _refuse_extra_outputs((return_lse, return_entropy, return_logprob, return_accuracy, return_predicted))
+        _check.flag("sequence_parallel", sequence_parallel)
+        _check.integer("vocab_start", vocab_start, minimum=0, allow_none=True)
+        hidden, weight, bias = functional._autocast((hidden, weight, bias))
+        n, h, shard = functional._validate_tensors(hidden, weight, targets, bias)
+        batch_shape = targets.shape
+        hidden, targets_1d = hidden.reshape(n, h), targets.reshape(n)
+        eager = mode == "eager" and reduction != "none"
+        wanted = tuple(torch.is_grad_enabled() and t is not None and t.requires_grad for t in (hidden, weight, bias))
+        row = {"vocab_shard": shard, "vocab_start": -1 if vocab_start is None else operator.index(vocab_start),
+               "tokens": n, "hidden": h, "dtype": _ops.DTYPES[hidden.dtype],
+               "target_dtype": _ops.INDEX_DTYPES[targets.dtype], "has_bias": int(bias is not None),
+               "ignore_index": operator.index(ignore_index), "reduction": _lib.REDUCTIONS[reduction],
+               "mode": _lib.MODES["eager" if eager else "recompute"], "sequence_parallel": int(sequence_parallel),
+               "need_hidden": int(wanted[0]), "need_weight": int(wanted[1]), "need_bias": int(wanted[2])}
+    except (TypeError, ValueError) as error:
+        failure = error
+    if failure is not None and not (dist.is_available() and dist.is_initialized()):
+        raise failure  # no group to tell
     group = _resolve_group(group)
-    batch_shape = targets.shape
-    hidden, targets = hidden.reshape(n, h), targets.reshape(n)
-    eager = mode == "eager" and reduction != "none"
-    wanted = tuple(torch.is_grad_enabled() and t is not None and t.requires_grad for t in (hidden, weight, bias))
-    row = {"vocab_shard": shard, "vocab_start": -1 if vocab_start is None else operator.index(vocab_start),
-           "tokens": n, "hidden": h, "dtype": _ops.DTYPES[hidden.dtype],
-           "target_dtype": _ops.INDEX_DTYPES[targets.dtype], "has_bias": int(bias is not None),
-           "ignore_index": operator.index(ignore_index), "reduction": _lib.REDUCTIONS[reduction],
-           "mode": _lib.MODES["eager" if eager else "recompute"], "sequence_parallel": int(sequence_parallel),
-           "need_hidden": int(wanted[0]), "need_weight": int(wanted[1]), "need_bias": int(wanted[2])}
-    layout = _layout(group, row, hidden.device)
+    layout = _agree(group, row, targets_1d, failure)
+    targets = targets_1d
     options = (operator.index(ignore_index), reduction,
                *(None if v is None else operator.index(v) for v in (chunk_size, workspace_budget)))
     loss = _VocabParallelLinearCrossEntropy.apply(hidden, weight, bias, targets, layout, options, eager, wanted)

@@ -399,7 +399,9 @@ def linear_cross_entropy(hidden, weight, targets, bias=None, *, ignore_index=-10
     extra = dict(zip(EXTRA_OUTPUTS, (return_lse, return_entropy, return_logprob, return_accuracy, return_predicted)))
     validate_options(ignore_index, reduction, mode, chunk_size, workspace_budget, softcap, temperature, z_loss_scale,
                      return_z_loss, label_smoothing, token_scaling, extra)
-    _check.flag("shift", shift)
+    shift = bool(_check.flag("shift", shift))  # NumPy bools become Python bools for the operator
+    token_scaling, return_z_loss = bool(token_scaling), bool(return_z_loss)
+    extra = {name: bool(value) for name, value in extra.items()}
     accumulators = (weight_grad_accumulator, bias_grad_accumulator)
     _check_accumulator_mode(mode, accumulators)
     softcap = _check.softcap(softcap)

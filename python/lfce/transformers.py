@@ -22,7 +22,6 @@ dependency: this module does not import it (it works on the model it is given).
 
 import functools
 import inspect
-import types
 
 import torch
 
@@ -61,8 +60,13 @@ def apply_lfce(model, *, mode="recompute", chunk_size=None, workspace_budget=Non
     model: a LlamaForCausalLM, MistralForCausalLM or Qwen2ForCausalLM (or a subclass).
     mode, chunk_size, workspace_budget: as for lfce.linear_cross_entropy.
 
+    The patch is the model's class: the instance's class becomes a subclass of its own (same name
+    and module) whose forward computes the training loss with lfce, so it survives copy.copy,
+    copy.deepcopy, pickle and torch.save (a copy computes with its own head and its own training
+    flag). Applying it again replaces the options with the new ones.
+
     Raises NotImplementedError for Gemma2ForCausalLM (logit softcapping) and ValueError for any
-    other model, naming its class. Applying it twice changes nothing more.
+    other model, naming its class.
     """
     validate_options(IGNORE_INDEX, "mean", mode, chunk_size, workspace_budget)
     name = _architecture(model)
@@ -71,18 +75,51 @@ def apply_lfce(model, *, mode="recompute", chunk_size=None, workspace_budget=Non
     if name is None:
         raise ValueError(f"lfce.transformers.apply_lfce supports {', '.join(SUPPORTED)} (and their subclasses), "
                          f"got {type(model).__name__}")
-    if getattr(model, "_lfce_applied", False):
-        return model
+    if not isinstance(model, torch.nn.Module) or not callable(getattr(model, "get_output_embeddings", None)):
+        raise TypeError(f"lfce.transformers.apply_lfce: {type(model).__name__} is named like a transformers model "
+                         "but is not one (a torch.nn.Module with get_output_embeddings, as transformers' "
+                         "PreTrainedModel); pass the model transformers built")
     head = model.get_output_embeddings()
-    if type(head) is not torch.nn.Linear:
-        raise ValueError(f"lfce.transformers.apply_lfce needs the model's lm_head to be a torch.nn.Linear, got "
+    if not isinstance(head, torch.nn.Linear):  # a model lfce does not serve, not a wrong type of argument
+        raise ValueError(f"lfce.transformers.apply_lfce needs the model's lm_head to be a torch.nn.Linear, got "  # noqa: TRY004
                          f"{type(head).__name__}")
-    head.__class__ = _LfceHead
+    if type(head) is torch.nn.Linear:
+        head.__class__ = _LfceHead
+    elif not isinstance(head, _LfceHead):
+        raise ValueError(f"lfce.transformers.apply_lfce needs the model's lm_head to be a torch.nn.Linear, got "
+                         f"the subclass {type(head).__name__} (its forward may differ from a Linear's)")
     model._lfce_options = {"mode": mode, "chunk_size": chunk_size, "workspace_budget": workspace_budget}
-    # Bound to this model, and finding everything through `self` at call time: a deep copy of the
-    # model (its forward rebound to the copy) computes with the copy's own head.
-    model.forward = types.MethodType(_lfce_forward(type(model).forward), model)
-    model._lfce_applied = True
+    if not getattr(type(model), "_lfce_patched", False):
+        model.__class__ = _patched_class(type(model))
+    return model
+
+
+_PATCHED_CLASSES = {}  # a model class -> its patched subclass
+
+
+def _patched_class(base):
+    """The subclass of ``base`` whose forward takes the training loss from lfce (one per class)."""
+    patched = _PATCHED_CLASSES.get(base)
+    if patched is None:
+        patched = type(base.__name__, (base,), {
+            "forward": _lfce_forward(base.forward), "__reduce_ex__": _reduce_ex, "_lfce_patched": True,
+            "_lfce_base": base, "__module__": base.__module__, "__qualname__": base.__qualname__,
+            "__doc__": base.__doc__})
+        _PATCHED_CLASSES[base] = patched
+    return patched
+
+
+def _reduce_ex(self, protocol):
+    """Pickle (and copy) a patched model as its base class's object plus the patch: the patched class
+    itself is made at run time and cannot be found by name."""
+    reduced = object.__reduce_ex__(self, max(protocol, 2))
+    return (_restore, (type(self)._lfce_base,)) + tuple(reduced[2:])
+
+
+def _restore(base):
+    """A new, empty object of ``base``'s patched class (its state is set afterwards, by pickle or copy)."""
+    model = base.__new__(base)
+    model.__class__ = _patched_class(base)
     return model
 
 

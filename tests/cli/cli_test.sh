@@ -277,6 +277,73 @@ case $test in
     expect_status 3 "No space left" "$lfce" compile --vocab 100 --hidden 16 -o "$work/full"
     grep -q -- "--output\|--vocab\|--arch" "$work/err" && fail "a write failure was blamed on an option: $(cat "$work/err")"
     true ;;
+  float_options_reject_text_that_is_not_a_float)
+    expect_status 2 "temperature.*'1e-50'.*rounds to 0" "$lfce" compile --vocab 100 --hidden 16 --temperature 1e-50 -o "$work/x"
+    expect_status 2 "softcap.*got ''" "$lfce" compile --vocab 100 --hidden 16 --softcap "" -o "$work/x"
+    expect_status 2 "softcap.*'1e39'.*up to 1e6" "$lfce" compile --vocab 100 --hidden 16 --softcap 1e39 -o "$work/x"
+    grep -q "got inf" "$work/err" && fail "--softcap 1e39 was reported as inf: $(cat "$work/err")"
+    expect_status 2 "z-loss-scale.*'0x1p-3'" "$lfce" compile --vocab 100 --hidden 16 --z-loss-scale 0x1p-3 -o "$work/x"
+    expect_status 2 "label-smoothing.*'nan'" "$lfce" compile --vocab 100 --hidden 16 --label-smoothing nan -o "$work/x"
+    [ -e "$work/x" ] && fail "a rejected option still wrote kernels"
+    "$lfce" compile --vocab 100 --hidden 16 --softcap 30 --temperature 0.7 --z-loss-scale 1e-4 -o "$work/ok" >/dev/null ||
+      fail "valid float options were rejected" ;;
+  outputs_reject_an_empty_item)
+    expect_status 2 "outputs.*'entropy,,predicted' has an empty item" \
+      "$lfce" compile --vocab 100 --hidden 16 --outputs entropy,,predicted -o "$work/x"
+    expect_status 2 "outputs.*'entropy,' has an empty item" "$lfce" compile --vocab 100 --hidden 16 --outputs entropy, -o "$work/x"
+    expect_status 2 "outputs.*'' has an empty item" "$lfce" compile --vocab 100 --hidden 16 --outputs "" -o "$work/x"
+    expect_status 2 "outputs.*'accuracy' is not one of entropy, logprob, predicted" \
+      "$lfce" compile --vocab 100 --hidden 16 --outputs entropy,accuracy -o "$work/x"
+    "$lfce" compile --vocab 100 --hidden 16 --outputs entropy,predicted -o "$work/ok" >/dev/null || fail "entropy,predicted"
+    grep -q "entropy=1" "$work/ok/lse_combine.json" && grep -q "argmax=1" "$work/ok/lse_combine.json" ||
+      fail "--outputs entropy,predicted did not ask for both: $(cat "$work/ok/lse_combine.json")" ;;
+  flags_reject_a_value)
+    expect_status 2 "--bias: a flag takes no value, got '--bias=2'" \
+      "$lfce" compile --vocab 100 --hidden 16 --bias=2 -o "$work/x"
+    expect_status 2 "--remove: a flag takes no value, got '--remove=0'" "$lfce" cache verify --remove=0 ;;
+  version_rejects_extra_arguments)
+    expect_status 2 "version.*takes no other argument" "$lfce" --version extra
+    "$lfce" --version | grep -q "^lfce [0-9]" || fail "lfce --version does not print the version" ;;
+  tune_names_a_huge_budget_as_given)
+    expect_status 2 "budget-minutes.*in \[0, 1000000000\], got '1e308'" "$lfce" tune --model llama2-7b --budget-minutes 1e308
+    grep -qE "[0-9]{20}" "$work/err" && fail "the budget was printed digit by digit: $(cat "$work/err")"
+    true ;;
+  cache_clear_reads_only_decimal_days)
+    fill_cache
+    expect_status 2 "older-than.*'0x10'" "$lfce" cache clear --older-than 0x10
+    expect_status 2 "older-than.*' 7'" "$lfce" cache clear --older-than " 7"
+    [ "$(ls "$LFCE_CACHE_DIR"/kernels/*.json | wc -l)" -eq 6 ] || fail "entries were removed"
+    "$lfce" cache clear --older-than 1.5 >/dev/null || fail "--older-than 1.5 was rejected"
+    [ "$(ls "$LFCE_CACHE_DIR"/kernels/*.json | wc -l)" -eq 6 ] || fail "fresh entries were removed by --older-than 1.5" ;;
+  precompile_for_a_99_kib_gpu_fits_every_kernel_with_per_row_options)
+    # The entropy's gradient, smoothing, entropy and argmax add shared memory per row: every kernel
+    # precompiled for a 101376-byte GPU asks for at most that.
+    for options in "--outputs entropy" "--label-smoothing 0.1 --outputs entropy,predicted"; do
+      # shellcheck disable=SC2086
+      "$lfce" precompile --model llama3-8b --arch sm_80,sm_90a --smem-per-block 101376 $options >"$work/out" 2>"$work/err" ||
+        fail "precompile for 99 KiB with $options: $(cat "$work/err")"
+    done
+    python3 - "$LFCE_CACHE_DIR/kernels" <<'PY' || fail "a cached kernel needs more than 101376 bytes"
+import glob, json, sys
+files = glob.glob(sys.argv[1] + "/*.json")
+assert files, "nothing was cached"
+over = [(j["spec"], j["dynamic_smem_bytes"]) for j in map(lambda f: json.load(open(f)), files)
+        if j["dynamic_smem_bytes"] > 101376]
+if over:
+    sys.exit("over 101376 bytes: %s" % over)
+PY
+    ;;
+  precompile_names_a_shared_memory_limit_below_every_tile)
+    expect_status 2 "shared memory per block = 1 bytes.*--smem-per-block.*at least [0-9]" \
+      "$lfce" precompile --model llama3-8b --arch sm_80 --smem-per-block 1
+    grep -q "internal error" "$work/err" && fail "a too small limit was called an internal error: $(cat "$work/err")"
+    [ -z "$(ls "$LFCE_CACHE_DIR"/kernels/*.json 2>/dev/null)" ] || fail "kernels were cached for a limit nothing fits"
+    true ;;
+  precompile_refuses_fp16_entropy_before_caching_anything)
+    expect_status 2 "outputs asks for the entropy with fp16.*use bf16 or fp32" \
+      "$lfce" precompile --model llama3-8b --arch sm_80 --dtype fp16 --outputs entropy
+    [ -z "$(ls "$LFCE_CACHE_DIR"/kernels/*.json 2>/dev/null)" ] || fail "kernels were cached before the refusal"
+    true ;;
   *)
     fail "unknown test $test" ;;
 esac

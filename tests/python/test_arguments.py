@@ -89,6 +89,32 @@ def test_bad_loss_option_is_named(option, value, exception):
         lfce.LinearCrossEntropyLoss(**{option: value})
 
 
+@pytest.mark.parametrize("option, value", [("softcap", 1e-46), ("softcap", 2e-39), ("z_loss_scale", 1e-40),
+                                           ("label_smoothing", 1e-45)])
+def test_a_loss_option_that_float32_makes_zero_or_subnormal_is_named(option, value):
+    # As a float32 the value would be 0 (the option silently off) or subnormal (NaN in the math).
+    with raises(ValueError, option, "float32's smallest normal number", f"got {value!r}"):
+        lfce.linear_cross_entropy(*inputs(), **{option: value})
+
+
+def test_numpy_scalars_are_taken_as_options_and_reach_the_operator_as_python_values(on_cpu, monkeypatch):
+    np = pytest.importorskip("numpy")
+    seen = []
+    monkeypatch.setattr(_ops, "forward", lambda *args: seen.append(args) or (torch.zeros(()),))
+    lfce.linear_cross_entropy(*inputs(), softcap=np.float32(30.0), temperature=np.float64(0.5),
+                              z_loss_scale=np.float32(0.25), label_smoothing=np.float16(0.5),
+                              token_scaling=np.True_, shift=np.False_, chunk_size=np.int64(64),
+                              ignore_index=np.int32(-100))
+    (args,) = seen
+    assert args[7] == -100 and type(args[7]) is int
+    assert args[10] == 64 and type(args[10]) is int
+    assert args[12:17] == (30.0, 0.5, 0.25, 0.5, True)
+    assert [type(a) for a in args[12:17]] == [float, float, float, float, bool]
+    assert type(args[-1]) is int and args[-1] == 0  # shift=np.False_: no sequence length
+    with raises(TypeError, "shift must be a bool", "str"):
+        lfce.linear_cross_entropy(*inputs(), shift="no")
+
+
 def test_label_smoothing_range_message_gives_the_bounds():
     with raises(ValueError, "label_smoothing must be None or a number in [0, 1]", "got 1.5"):
         lfce.linear_cross_entropy(*inputs(), label_smoothing=1.5)

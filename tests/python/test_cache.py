@@ -39,6 +39,14 @@ def test_set_cache_dir_accepts_a_pathlib_path(cache):
     assert lfce.cache_dir() == str(cache / "sub")
 
 
+def test_a_cache_dir_whose_name_is_not_utf8_reads_back_as_the_same_bytes(cache):
+    raw = os.fsencode(str(cache)) + b"/caf\xe9"  # Latin-1, not UTF-8
+    lfce.set_cache_dir(raw)
+    assert os.fsencode(lfce.cache_dir()) == raw
+    lfce.set_cache_dir(lfce.cache_dir())  # the str it gave is a path it takes back
+    assert os.fsencode(lfce.cache_dir()) == raw
+
+
 def test_set_cache_dir_names_an_empty_path(cache):
     with pytest.raises(ValueError, match="path.*''"):
         lfce.set_cache_dir("")

@@ -200,3 +200,54 @@ def test_supported_options_reach_lfces_own_checks():
         liger.liger_fused_linear_cross_entropy(x, w, y, reduction="sum", accum_dtype=torch.float32, chunk_mem_const=4)
     with pytest.raises(ValueError, match="CUDA tensors only"):
         cce.linear_cross_entropy(x, w, y, shift=True, filter_eps=None, impl="torch_compile")
+
+
+@pytest.mark.parametrize("shift", [1, 0, True, False])
+def test_cce_takes_an_int_shift_of_one_or_none_as_cce_does(shift, monkeypatch):
+    seen = []
+    monkeypatch.setattr(cce, "_lfce_linear_cross_entropy", lambda *args, **options: seen.append(options) or
+                        torch.zeros(()))
+    x, w, y = cpu_inputs()
+    cce.linear_cross_entropy(x, w, y, shift=shift)
+    assert seen[0]["shift"] is bool(shift)
+
+
+def test_cce_names_a_shift_that_is_not_a_number():
+    x, w, y = cpu_inputs()
+    with pytest.raises(TypeError, match="shift must be a bool or an int, got str 'yes'"):
+        cce.linear_cross_entropy(x, w, y, shift="yes")
+
+
+@pytest.mark.parametrize("impl", ["garbage", "CCE2", ""])
+def test_cce_names_an_implementation_cce_does_not_have(impl):
+    x, w, y = cpu_inputs()
+    with pytest.raises(ValueError, match=f"impl must be one of Cut Cross-Entropy's implementations .*got '{impl}'"):
+        cce.linear_cross_entropy(x, w, y, impl=impl)
+
+
+@pytest.mark.parametrize("impl", ["cce", "torch_compile", "cce_kahan_full_c", "CCE_EXACT",
+                                  cce.LinearCrossEntropyImpl.CCE_EXACT])
+def test_cce_accepts_each_of_its_implementations(impl):
+    x, w, y = cpu_inputs()
+    with pytest.raises(ValueError, match="CUDA tensors only"):  # accepted: the device check answers
+        cce.linear_cross_entropy(x, w, y, impl=impl)
+
+
+@pytest.mark.parametrize("option, value, exception, message", [
+    ("softcap", -1.0, ValueError, "softcap must be None or a number in (0, 1e6]"),
+    ("ignore_index", "x", TypeError, "ignore_index must be an int, got str 'x'"),
+    ("ignore_index", 2.5, TypeError, "ignore_index must be an int, got float 2.5"),
+    ("reduction", "avg", ValueError, "reduction must be one of 'mean', 'sum', 'none', got 'avg'"),
+    ("return_z_loss", "yes", TypeError, "return_z_loss must be a bool, got str 'yes'")])
+def test_liger_module_checks_every_constructor_argument(option, value, exception, message):
+    with pytest.raises(exception, match=re.escape(message)):
+        liger.LigerFusedLinearCrossEntropyLoss(**{option: value})
+    x, w, y = cpu_inputs()
+    with pytest.raises(exception, match=re.escape(message)):
+        liger.liger_fused_linear_cross_entropy(x, w, y, **{option: value})
+
+
+def test_liger_functional_names_a_bad_chunk_mem_const():
+    x, w, y = cpu_inputs()
+    with pytest.raises(ValueError, match=re.escape("chunk_mem_const must be in [1, 2**63 - 1], got 0")):
+        liger.liger_fused_linear_cross_entropy(x, w, y, chunk_mem_const=0)

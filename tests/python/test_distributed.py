@@ -11,6 +11,7 @@ import json
 import math
 import os
 import socket
+import time
 
 import distributed_cases
 import pytest
@@ -214,7 +215,6 @@ def _worker(rank, port, out_dir):
                 if not all(torch.equal(other, losses[0]) for other in losses):
                     failure = f"the ranks' losses differ: {losses}"
             results[name] = failure
-        results.update(_misuse(rank))
     finally:
         dist.destroy_process_group()
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
@@ -223,21 +223,6 @@ def _worker(rank, port, out_dir):
     # aborts about one run in two ("terminate called without an active exception", after
     # destroy_process_group returned; lfce's library is not loaded in these workers).
     os._exit(0)
-
-
-def _misuse(rank):
-    """Arguments that differ between the ranks: the same ValueError on every rank."""
-    messages = {}
-    x, w, _, y, _ = distributed_cases.make_case("uneven", N, H, V, torch.float32, WORLD_SIZE, "cpu")
-    start, size = lfce_dist.vocab_shard(V, rank, WORLD_SIZE)
-    for name, options in (("reduction", {"reduction": "mean" if rank == 0 else "sum"}),
-                          ("vocab_start", {"vocab_start": [0, 20][rank]})):
-        try:
-            lfce_dist.linear_cross_entropy(x, w[start:start + size], y, ignore_index=-100, **options)
-            messages["misuse-" + name] = "no error"
-        except ValueError as error:
-            messages["misuse-" + name] = "ValueError: " + str(error)
-    return messages
 
 
 @pytest.fixture(scope="module")
@@ -257,17 +242,154 @@ def test_two_ranks_over_gloo_match_the_fp64_reference(gloo_results, name):
     assert not failures, "\n".join(failures)
 
 
-def test_ranks_that_disagree_on_the_reduction_all_get_the_error(gloo_results):
-    for rank, results in enumerate(gloo_results):
-        assert results["misuse-reduction"].startswith("ValueError: lfce.distributed: reduction differs across the "
-                                                      "ranks of the group (rank 0: mean, rank 1: sum)"), (
-            f"rank {rank}: {results['misuse-reduction']}")
+# --- misuse over gloo: every rank raises the same error, none computes with mismatched peers ---------
+#
+# Each scenario is a call that every rank makes with its own arguments; each rank records what it
+# got (the loss, or the exception's type and text) to its file after every scenario, so a rank that
+# dies in a collective still leaves the scenarios before it, and the join is bounded so that a hang
+# fails the test instead of the suite.
+
+MISUSE_TIMEOUT_S = 150
 
 
-def test_shards_that_overlap_are_an_error_on_every_rank(gloo_results):
-    for rank, results in enumerate(gloo_results):
-        assert "rank 1's shard starts at vocab_start=20 but the shards before it end at 18" in \
-            results["misuse-vocab_start"], f"rank {rank}: {results['misuse-vocab_start']}"
+def _call(rank, n, **options):
+    x, w, _, y, _ = distributed_cases.make_case("uneven", n, H, V, torch.float32, WORLD_SIZE, "cpu")
+    start, size = lfce_dist.vocab_shard(V, rank, WORLD_SIZE)
+    targets = options.pop("targets", y)
+    return lfce_dist.linear_cross_entropy(x, w[start:start + size], targets, ignore_index=-100, **options)
+
+
+def _scenarios(rank):
+    """(name, call) in the order every rank makes them; ``call`` runs this rank's side."""
+    def wrong_dtype_on_rank_1():
+        y = distributed_cases.make_case("uneven", 8, H, V, torch.float32, WORLD_SIZE, "cpu")[3]
+        return _call(rank, 8, targets=y.float() if rank == 1 else y)
+
+    def other_targets_on_rank_1():
+        y = distributed_cases.make_case("uneven", 8, H, V, torch.float32, WORLD_SIZE, "cpu")[3].clone()
+        if rank == 1:
+            y[3], y[4] = y[4].item(), y[3].item()
+            assert not torch.equal(y, distributed_cases.make_case("uneven", 8, H, V, torch.float32, WORLD_SIZE,
+                                                                  "cpu")[3])
+        return _call(rank, 8, targets=y)
+
+    return [
+        ("reduction", lambda: _call(rank, N, reduction="mean" if rank == 0 else "sum")),
+        ("vocab_start", lambda: _call(rank, N, vocab_start=[0, 20][rank])),
+        # Both ranks see N = 8 and N = 16 first, then call with different N: no rank may reuse what
+        # it saw alone.
+        ("seen-8", lambda: _call(rank, 8)),
+        ("seen-16", lambda: _call(rank, 16)),
+        ("tokens-after-both-seen", lambda: _call(rank, [8, 16][rank])),
+        ("tokens-one-new", lambda: _call(rank, [8, 24][rank])),
+        ("sequence-parallel-tokens", lambda: _call(rank, [8, 16][rank], sequence_parallel=True)),
+        ("invalid-on-rank-1", wrong_dtype_on_rank_1),
+        ("bad-option-on-rank-0", lambda: _call(rank, 8, chunk_size=0 if rank == 0 else None)),
+        ("targets-differ", other_targets_on_rank_1),
+        ("still-fine", lambda: _call(rank, 8)),
+    ]
+
+
+def _misuse_worker(rank, port, out_dir):
+    import distributed_model
+
+    distributed_model.install()
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE,
+                            timeout=datetime.timedelta(seconds=60))
+    results = {}
+    path = os.path.join(out_dir, f"misuse{rank}.json")
+    for name, call in _scenarios(rank):
+        try:
+            loss = call()
+            results[name] = {"loss": loss.item()}
+        except (TypeError, ValueError) as error:
+            results[name] = {"error": f"{type(error).__name__}: {error}"}
+        with open(path + ".tmp", "w") as f:
+            json.dump(results, f)
+        os.replace(path + ".tmp", path)
+    os._exit(0)  # as _worker: no teardown
+
+
+@pytest.fixture(scope="module")
+def misuse_results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gloo-misuse")
+    context = mp.get_context("spawn")
+    port = _free_port()
+    processes = [context.Process(target=_misuse_worker, args=(rank, port, str(out))) for rank in range(WORLD_SIZE)]
+    for process in processes:
+        process.start()
+    deadline = time.monotonic() + MISUSE_TIMEOUT_S
+    for process in processes:
+        process.join(max(0.0, deadline - time.monotonic()))
+    hung = [rank for rank, process in enumerate(processes) if process.is_alive()]
+    for process in processes:
+        if process.is_alive():
+            process.kill()
+            process.join()
+    results = []
+    for rank in range(WORLD_SIZE):
+        path = out / f"misuse{rank}.json"
+        results.append(json.loads(path.read_text()) if path.exists() else {})
+    exits = [process.exitcode for process in processes]
+    return results, hung, exits
+
+
+def _same_error_everywhere(misuse_results, name, *fragments):
+    results, hung, exits = misuse_results
+    got = [rank_results.get(name) for rank_results in results]
+    assert all(g is not None for g in got), (
+        f"{name}: a rank recorded nothing (hung: {hung}, exit codes: {exits}; recorded: {got})")
+    errors = [g.get("error") for g in got]
+    assert all(errors), f"{name}: a rank computed instead of raising: {got}"
+    assert len(set(errors)) == 1, f"{name}: the ranks raised different errors: {errors}"
+    for fragment in fragments:
+        assert fragment in errors[0], f"{name}: {errors[0]!r} does not say {fragment!r}"
+
+
+def test_ranks_that_disagree_on_the_reduction_all_get_the_error(misuse_results):
+    _same_error_everywhere(misuse_results, "reduction", "ValueError: lfce.distributed: reduction differs across "
+                           "the ranks of the group (rank 0: mean, rank 1: sum)")
+
+
+def test_shards_that_overlap_are_an_error_on_every_rank(misuse_results):
+    _same_error_everywhere(misuse_results, "vocab_start",
+                           "rank 1's shard starts at vocab_start=20 but the shards before it end at 18")
+
+
+def test_token_counts_that_differ_are_an_error_on_every_rank_after_each_rank_saw_both(misuse_results):
+    results = misuse_results[0]
+    for name in ("seen-8", "seen-16"):
+        assert all("loss" in r.get(name, {}) for r in results), f"{name}: {[r.get(name) for r in results]}"
+    _same_error_everywhere(misuse_results, "tokens-after-both-seen", "ValueError: lfce.distributed: the token "
+                           "count", "(rank 0: 8, rank 1: 16)")
+
+
+def test_token_counts_that_differ_are_an_error_on_every_rank_when_one_is_new(misuse_results):
+    _same_error_everywhere(misuse_results, "tokens-one-new", "the token count", "(rank 0: 8, rank 1: 24)")
+
+
+def test_sequence_parallel_token_counts_that_differ_are_an_error_on_every_rank(misuse_results):
+    _same_error_everywhere(misuse_results, "sequence-parallel-tokens", "(rank 0: 8, rank 1: 16)")
+
+
+def test_an_argument_invalid_on_one_rank_is_the_same_error_on_every_rank(misuse_results):
+    _same_error_everywhere(misuse_results, "invalid-on-rank-1", "TypeError: lfce.distributed: rank 1's arguments "
+                           "are invalid", "targets must be", "float32")
+    _same_error_everywhere(misuse_results, "bad-option-on-rank-0", "ValueError: lfce.distributed: rank 0's "
+                           "arguments are invalid", "chunk_size")
+
+
+def test_targets_that_differ_in_tensor_parallel_are_an_error_on_every_rank(misuse_results):
+    _same_error_everywhere(misuse_results, "targets-differ", "the targets differ across the ranks of the group "
+                           "(rank 1 against rank 0)", "sequence_parallel=True")
+
+
+def test_the_group_still_works_after_every_misuse(misuse_results):
+    results, hung, exits = misuse_results
+    assert not hung and exits == [0] * WORLD_SIZE, f"hung ranks {hung}, exit codes {exits}"
+    losses = [r.get("still-fine", {}).get("loss") for r in results]
+    assert losses[0] is not None and losses[0] == losses[1], losses
+    assert losses[0] == results[0]["seen-8"]["loss"]
 
 
 def test_parallel_bench_names_a_bad_layout(capsys):
@@ -277,3 +399,15 @@ def test_parallel_bench_names_a_bad_layout(capsys):
     with pytest.raises(SystemExit):
         parallel.parse_args(["--layouts", "pipeline"])
     assert "got ['recompute', 'eager'], ['pipeline']" in capsys.readouterr().err
+
+
+def test_targets_checksum_sees_a_changed_and_a_swapped_target_but_not_the_dtype():
+    targets = torch.tensor([5, 17, -100, 36, 0, 17], dtype=torch.int64)
+    same = lfce_dist.targets_checksum(targets)
+    assert lfce_dist.targets_checksum(targets.clone()).item() == same.item()
+    assert lfce_dist.targets_checksum(targets.int()).item() == same.item()
+    swapped = targets[[1, 0, 2, 3, 4, 5]]
+    changed = targets.clone()
+    changed[3] = 35
+    assert lfce_dist.targets_checksum(swapped).item() != same.item()
+    assert lfce_dist.targets_checksum(changed).item() != same.item()

@@ -445,3 +445,20 @@ def test_options_reach_the_module_and_liger_kernels_entry_points():
                 ("liger module", liger.LigerFusedLinearCrossEntropyLoss(
                     ce_weight=weights, label_smoothing=0.1, reduction=reduction)(w, x, y, b))):
             assert_bitwise_equal(f"{name} smoothed, weighted loss ({reduction})", got, expected)
+
+
+@pytest.mark.parametrize("mode", ["recompute", "eager"])
+def test_z_loss_at_a_large_lse_is_refused_in_fp16_and_matches_fp64_in_bf16(mode, record_error):
+    # fp16's dz scale bounds |p - onehot| by 1; the z-loss multiplies p by 1 + 2 s LSE (here 1 + 2 * 0.05 * ~40 = 5),
+    # which overflowed dz to inf: the library refuses fp16 with a z-loss, and bf16 (the fix it names) stays exact.
+    x, w, b, y = make_inputs(256, 256, 5000, torch.bfloat16, bias=True)
+    b.data += 40.0  # every logit + 40: LSE about 40 + log V
+    grad = upstream("mean", (), torch.bfloat16)
+    with pytest.raises(ValueError, match="z_loss_scale.*fp16.*bf16 or fp32"):
+        run(x.half(), w.half(), b.half(), y, "mean", grad.half(), z_loss_scale=0.05, mode=mode)
+    ours, z_ours = run(x, w, b, y, "mean", grad, z_loss_scale=0.05, mode=mode)
+    for name, value in zip(("loss", "grad_hidden", "grad_weight", "grad_bias"), ours):
+        assert bool(torch.isfinite(value).all()), f"{name} is not finite at LSE ~ 40 with z_loss_scale 0.05"
+    ref, z_ref = options_reference(x, w, b, y, "mean", grad, z_loss_scale=0.05)
+    assert_gradients_match(ours, ref, torch.bfloat16, "mean", record_error)
+    assert_close("z_loss (mean)", z_ours, z_ref, LOSS[torch.bfloat16], record_error)

@@ -216,8 +216,11 @@ TEST(CApi, BackwardWithNoGradientStillChecksItsInputs) {
 
 TEST(CApi, BackwardRejectsMisalignedGradHiddenNamingIt) {
   BackwardCall call;
-  call.args.grad_hidden = call.buffer + 1;  // written one element at a time: element alignment
-  const lfce_problem p = small_problem();
+  call.args.grad_hidden = call.buffer + 1;  // H = 4093: written one element at a time, element alignment
+  lfce_problem p = small_problem();
+  p.hidden = 4093;
+  call.args.hidden = call.buffer + 2;
+  call.args.weight = call.buffer + 2;
   EXPECT_EQ(lfce_backward(&p, &call.args), LFCE_ERR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(lfce_last_error()).find("grad_hidden is not 2-byte aligned"), std::string::npos)
       << lfce_last_error();
@@ -244,6 +247,112 @@ TEST(CApi, BackwardRejectsHiddenOffItsRowAlignmentNamingIt) {
   EXPECT_EQ(lfce_backward(&p, &call.args), LFCE_ERR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(lfce_last_error()).find("hidden is not 8-byte aligned"), std::string::npos)
       << lfce_last_error();
+}
+
+// Every pointer the kernels read or write is checked against the alignment of their accesses
+// before the driver is touched (here there is none: a launch would fail with LFCE_ERR_CUDA).
+std::string misaligned_forward(const lfce_problem& p, void (*misalign)(lfce_forward_args&, ForwardCall&)) {
+  static ForwardCall call;
+  lfce_forward_args a = call.args;
+  misalign(a, call);
+  EXPECT_EQ(lfce_forward(&p, &a), LFCE_ERR_INVALID_ARGUMENT) << lfce_last_error();
+  return lfce_last_error();
+}
+
+TEST(CApi, ForwardRejectsEachMisalignedOutputNamingItsAlignment) {
+  const lfce_problem p = small_problem();
+  const std::pair<void (*)(lfce_forward_args&, ForwardCall&), const char*> cases[] = {
+      {[](lfce_forward_args& a, ForwardCall& c) { a.lse = reinterpret_cast<float*>(reinterpret_cast<char*>(c.lse) + 1); },
+       "lse is not 4-byte aligned"},
+      {[](lfce_forward_args& a, ForwardCall& c) { a.token_loss = reinterpret_cast<float*>(reinterpret_cast<char*>(c.loss) + 1); },
+       "token_loss is not 4-byte aligned"},
+      {[](lfce_forward_args& a, ForwardCall& c) { a.loss = reinterpret_cast<float*>(reinterpret_cast<char*>(c.lse) + 2); },
+       "loss is not 4-byte aligned"},
+      {[](lfce_forward_args& a, ForwardCall& c) { a.valid_count = reinterpret_cast<float*>(reinterpret_cast<char*>(c.lse) + 3); },
+       "valid_count is not 4-byte aligned"},
+  };
+  for (const auto& [misalign, message] : cases) {
+    const std::string error = misaligned_forward(p, misalign);
+    EXPECT_NE(error.find(message), std::string::npos) << error;
+  }
+}
+
+TEST(CApi, ForwardRejectsTargetsOffTheirIndexSize) {
+  lfce_problem p = small_problem();
+  const auto off_by_4 = [](lfce_forward_args& a, ForwardCall& c) { a.targets = reinterpret_cast<char*>(c.targets) + 4; };
+  std::string error = misaligned_forward(p, off_by_4);  // int64 ids
+  EXPECT_NE(error.find("targets is not 8-byte aligned"), std::string::npos) << error;
+  p.target_dtype = LFCE_INDEX_INT32;
+  error = misaligned_forward(p, [](lfce_forward_args& a, ForwardCall& c) { a.targets = reinterpret_cast<char*>(c.targets) + 2; });
+  EXPECT_NE(error.find("targets is not 4-byte aligned"), std::string::npos) << error;
+}
+
+TEST(CApi, ForwardRejectsAMisalignedBiasNamingItsAlignment) {
+  lfce_problem p = small_problem();
+  p.has_bias = 1;
+  const std::string error = misaligned_forward(p, [](lfce_forward_args& a, ForwardCall& c) { a.bias = c.buffer + 1; });
+  EXPECT_NE(error.find("bias is not 2-byte aligned"), std::string::npos) << error;
+}
+
+std::string misaligned_backward(const lfce_problem& p, void (*misalign)(lfce_backward_args&, BackwardCall&)) {
+  static BackwardCall call;
+  lfce_backward_args a = call.args;
+  misalign(a, call);
+  EXPECT_EQ(lfce_backward(&p, &a), LFCE_ERR_INVALID_ARGUMENT) << lfce_last_error();
+  return lfce_last_error();
+}
+
+TEST(CApi, BackwardRejectsEachMisalignedInputNamingItsAlignment) {
+  const lfce_problem p = small_problem();
+  const std::pair<void (*)(lfce_backward_args&, BackwardCall&), const char*> cases[] = {
+      {[](lfce_backward_args& a, BackwardCall& c) { a.targets = reinterpret_cast<char*>(c.targets) + 1; },
+       "targets is not 8-byte aligned"},
+      {[](lfce_backward_args& a, BackwardCall& c) { a.lse = reinterpret_cast<const float*>(reinterpret_cast<char*>(c.lse) + 1); },
+       "lse is not 4-byte aligned"},
+      {[](lfce_backward_args& a, BackwardCall& c) { a.valid_count = reinterpret_cast<const float*>(reinterpret_cast<char*>(c.lse) + 2); },
+       "valid_count is not 4-byte aligned"},
+      {[](lfce_backward_args& a, BackwardCall& c) { a.grad_loss = reinterpret_cast<const float*>(reinterpret_cast<char*>(c.lse) + 3); },
+       "grad_loss is not 4-byte aligned"},
+  };
+  for (const auto& [misalign, message] : cases) {
+    const std::string error = misaligned_backward(p, misalign);
+    EXPECT_NE(error.find(message), std::string::npos) << error;
+  }
+}
+
+// Without accumulation grad_bias is written in the problem's dtype, one element at a time.
+TEST(CApi, BackwardRejectsAMisalignedGradBiasNamingItsAlignment) {
+  lfce_problem p = small_problem();
+  p.has_bias = 1;
+  const std::string error = misaligned_backward(p, [](lfce_backward_args& a, BackwardCall& c) {
+    a.bias = c.buffer;
+    a.grad_bias = c.buffer + 1;
+  });
+  EXPECT_NE(error.find("grad_bias is not 2-byte aligned"), std::string::npos) << error;
+  const std::string bias = misaligned_backward(p, [](lfce_backward_args& a, BackwardCall& c) { a.bias = c.buffer + 1; });
+  EXPECT_NE(bias.find("bias is not 2-byte aligned"), std::string::npos) << bias;
+}
+
+// H = 256: the sm_90a gradients are stored in pairs of elements from registers, 4 bytes in bf16.
+TEST(CApi, BackwardRejectsGradientsOffTheirPairAlignmentNamingIt) {
+  const lfce_problem p = small_problem();
+  const std::string weight =
+      misaligned_backward(p, [](lfce_backward_args& a, BackwardCall& c) { a.grad_weight = c.buffer + 2; });
+  EXPECT_NE(weight.find("grad_weight is not 4-byte aligned"), std::string::npos) << weight;
+  const std::string hidden =
+      misaligned_backward(p, [](lfce_backward_args& a, BackwardCall& c) { a.grad_hidden = c.buffer + 2; });
+  EXPECT_NE(hidden.find("grad_hidden is not 4-byte aligned"), std::string::npos) << hidden;
+}
+
+TEST(CApi, TuneNamesAHugeBudgetReadably) {
+  const lfce_problem p = small_problem();
+  lfce_tune_options o{};
+  o.budget_minutes = 1e308;
+  EXPECT_EQ(lfce_tune(&p, &o, nullptr, nullptr, nullptr), LFCE_ERR_INVALID_ARGUMENT);
+  const std::string error = lfce_last_error();
+  EXPECT_NE(error.find("budget_minutes must be a number of minutes in [0, 1e9]"), std::string::npos) << error;
+  EXPECT_NE(error.find("got 1e+308"), std::string::npos) << error;
+  EXPECT_LT(error.size(), 200u) << error;
 }
 
 TEST(CApi, GenerateBuildsOddHiddenKernelsForSm90a) {
@@ -382,9 +491,20 @@ TEST(CApi, ForwardBackwardRejectsNullArgsAndTensorsNamingThem) {
 TEST(CApi, ForwardBackwardRejectsMisalignedGradientsNamingThem) {
   static EagerCall call;
   const std::string hidden = eager_error(eager_problem(), &call.args, call.tensors + 1, nullptr);
-  EXPECT_NE(hidden.find("grad_hidden is not 2-byte aligned"), std::string::npos) << hidden;
-  const std::string weight = eager_error(eager_problem(), &call.args, nullptr, call.tensors + 1);
-  EXPECT_NE(weight.find("grad_weight is not 2-byte aligned"), std::string::npos) << weight;
+  EXPECT_NE(hidden.find("grad_hidden is not 4-byte aligned"), std::string::npos) << hidden;  // bf16 pairs
+  const std::string weight = eager_error(eager_problem(), &call.args, nullptr, call.tensors + 2);
+  EXPECT_NE(weight.find("grad_weight is not 4-byte aligned"), std::string::npos) << weight;
+}
+
+TEST(CApi, ForwardBackwardRejectsAMisalignedGradBiasNamingIt) {
+  static EagerCall call;
+  lfce_problem p = eager_problem();
+  p.has_bias = 1;
+  lfce_forward_args a = call.args;
+  a.bias = call.tensors;
+  EXPECT_EQ(lfce_forward_backward(&p, &a, nullptr, nullptr, call.tensors + 1), LFCE_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(lfce_last_error()).find("grad_bias is not 2-byte aligned"), std::string::npos)
+      << lfce_last_error();
 }
 
 TEST(CApi, ForwardBackwardRejectsASmallWorkspaceNamingBothSizes) {

@@ -11,7 +11,12 @@
 #include <sys/stat.h>
 #include <utime.h>
 
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <tuple>
 #include <csignal>
 #include <functional>
 #include <limits>
@@ -25,9 +30,13 @@
 #include <string>
 #include <vector>
 
+#include "compiler/errors.h"
 #include "compiler/nvptx_backend.h"
+#include "runtime/cache_files.h"
+#include "runtime/options.h"
 #include "runtime/kernel_cache.h"
 #include "runtime/sha256.h"
+#include "templates/templates.h"
 #include "tests/runtime/helper_process.h"
 
 namespace lfce::runtime {
@@ -91,8 +100,8 @@ Entry fake_ptx_entry(const KernelSpec& spec, const std::string& payload = "// pt
   e.record.llvm_version = inputs.llvm_version;
   e.record.ptx_isa = inputs.ptx_isa;
   e.record.entry = "k";
-  e.record.threads = 256;
-  e.record.dynamic_smem_bytes = 1024;
+  e.record.threads = kernel_threads(spec);  // the spec's launch shape, which the cache checks
+  e.record.dynamic_smem_bytes = kernel_smem_bytes(spec);
   e.record.compile_ms = 12.5;
   e.payload = payload;
   return e;
@@ -209,8 +218,8 @@ TEST(DiskCache, StoresAnEntryThatAnotherCacheObjectLoads) {
   EXPECT_EQ(loaded->payload, e.payload);
   EXPECT_EQ(loaded->record.spec, e.record.spec);
   EXPECT_EQ(loaded->record.entry, "k");
-  EXPECT_EQ(loaded->record.threads, 256);
-  EXPECT_EQ(loaded->record.dynamic_smem_bytes, 1024);
+  EXPECT_EQ(loaded->record.threads, 1024);  // loss_reduce's
+  EXPECT_EQ(loaded->record.dynamic_smem_bytes, 8192);
   EXPECT_EQ(loaded->record.payload_bytes, e.payload.size());
   EXPECT_EQ(loaded->record.payload_sha256, sha256_hex(e.payload));
 }
@@ -636,6 +645,91 @@ TEST(DiskCache, DoesNotCreateAFileThroughALockFileLink) {
   EXPECT_TRUE(cache.load(producer.entry.record.key));
 }
 
+// Sets Options::current()'s cache lock timeout for the life of the object.
+class LockTimeout {
+ public:
+  explicit LockTimeout(double seconds) : previous_(Options::current()) {
+    Options o = previous_;
+    o.cache_lock_timeout_s = seconds;
+    Options::set_current(o);
+  }
+  ~LockTimeout() { Options::set_current(previous_); }
+
+ private:
+  Options previous_;
+};
+
+// A process stopped while it holds a kernel's lock (Ctrl-Z, a debugger, a suspended job) delays
+// the others by the lock timeout, not forever: they go on unlocked and say which lock, held by whom.
+TEST(DiskCache, GoesOnWithoutTheLockOfAStoppedHolderAfterTheTimeout) {
+  TempDir dir;
+  DiskCache cache(dir.path());
+  CountingProducer producer{fake_ptx_entry(small_spec())};
+  const std::string lock_name = producer.entry.record.key + ".lock";
+  const pid_t holder = fork();
+  if (holder == 0) {
+    DirFd locks;
+    if (open_directory(dir.path() + "/locks", true, false, locks) != 0) _exit(2);
+    FileLock lock(locks, dir.path() + "/locks", lock_name, std::chrono::milliseconds{0});
+    if (!lock.held()) _exit(3);
+    raise(SIGSTOP);  // stopped with the lock held
+    _exit(0);
+  }
+  ASSERT_GT(holder, 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(holder, &status, WUNTRACED), holder);
+  ASSERT_TRUE(WIFSTOPPED(status)) << "the holder did not take the lock (exit status " << WEXITSTATUS(status) << ")";
+  // Watchdog: should the wait not end by itself, ending the holder releases the lock, so that
+  // this test fails on its timing instead of hanging.
+  std::mutex mutex;
+  std::condition_variable done;
+  bool finished = false;
+  std::thread watchdog([&] {
+    std::unique_lock<std::mutex> lock(mutex);
+    if (!done.wait_for(lock, std::chrono::seconds(20), [&] { return finished; })) kill(holder, SIGKILL);
+  });
+  LockTimeout timeout(0.3);
+  LogCapture capture;
+  const auto start = std::chrono::steady_clock::now();
+  const DiskCache::Lookup lookup = producer(cache);
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    finished = true;
+  }
+  done.notify_one();
+  watchdog.join();
+  kill(holder, SIGKILL);
+  waitpid(holder, &status, 0);
+  EXPECT_LT(waited, 10.0) << "get_or_create waited for the stopped holder instead of timing out";
+  EXPECT_GE(waited, 0.3);
+  EXPECT_FALSE(lookup.hit);
+  EXPECT_EQ(producer.calls, 1);
+  EXPECT_TRUE(cache.load(producer.entry.record.key)) << "the entry was not stored";
+  const std::string log = capture.text();
+  EXPECT_TRUE(contains(log, dir.path() + "/locks/" + lock_name)) << log;
+  EXPECT_TRUE(contains(log, "held by process " + std::to_string(holder))) << log;
+  EXPECT_TRUE(contains(log, "LFCE_CACHE_LOCK_TIMEOUT")) << log;
+}
+
+TEST(Options, RejectsACacheLockTimeoutThatIsNotANumberOfSeconds) {
+  for (const char* bad : {"-1", "soon", "nan", "1e9", "60s"}) {
+    SCOPED_TRACE(bad);
+    setenv("LFCE_CACHE_LOCK_TIMEOUT", bad, 1);
+    try {
+      Options::from_env();
+      ADD_FAILURE() << "accepted";
+    } catch (const SpecError& e) {
+      EXPECT_TRUE(contains(e.what(), std::string("LFCE_CACHE_LOCK_TIMEOUT = '") + bad + "'")) << e.what();
+      EXPECT_TRUE(contains(e.what(), "seconds in [0, 86400]")) << e.what();
+    }
+  }
+  setenv("LFCE_CACHE_LOCK_TIMEOUT", "0.5", 1);
+  EXPECT_EQ(Options::from_env().cache_lock_timeout_s, 0.5);
+  unsetenv("LFCE_CACHE_LOCK_TIMEOUT");
+  EXPECT_EQ(Options::from_env().cache_lock_timeout_s, 60);
+}
+
 // Checks made by a process that cannot write the folders of `dir`, which holds the entry of
 // small_spec(): clear and verify --remove say what they could not remove, and leave the entry
 // whole. 0 if all pass, else the number of the first that failed.
@@ -778,6 +872,27 @@ TEST(DiskCache, RegeneratesAnEntryWhoseLaunchShapeWasChanged) {
           write_text(kernels + e.record.key + ".json", j.dump(2));
         },
         "metadata checksum");
+  }
+}
+
+// The launch shape is the spec's: metadata edited and signed again (its checksum recomputed) that
+// gives another CTA size or shared memory is a logged miss, compiled again, never launched.
+TEST(DiskCache, RegeneratesAnEntryWhoseLaunchShapeWasChangedAndSignedAgain) {
+  for (const auto& [field, value, problem] : std::vector<std::tuple<std::string, int, std::string>>{
+           {"threads", 512, "its metadata says 512 threads, its spec's kernel is built for 1024"},
+           {"dynamic_smem_bytes", 4096, "its metadata says 4096 bytes of dynamic shared memory"}}) {
+    SCOPED_TRACE(field);
+    expect_recovery(
+        [&, field = field, value = value](const std::string& kernels, const Entry& e) {
+          json j = json::parse(read_text(kernels + e.record.key + ".json"));
+          j[field] = value;
+          // Signed again as the cache signs: sha256 of the canonical dump without the checksum and times.
+          json signed_part = j;
+          for (const char* unsigned_field : {"metadata_sha256", "created", "created_unix"}) signed_part.erase(unsigned_field);
+          j["metadata_sha256"] = sha256_hex(signed_part.dump());
+          write_text(kernels + e.record.key + ".json", j.dump(2));
+        },
+        problem);
   }
 }
 

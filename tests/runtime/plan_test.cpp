@@ -12,6 +12,7 @@
 #include "runtime/kernel_cache.h"
 #include "runtime/launch.h"
 #include "templates/templates.h"
+#include "tests/log_capture.h"
 #include "tests/spec_error.h"
 
 namespace lfce::runtime {
@@ -528,6 +529,135 @@ TEST(Plan, DropsATunedTileOverTheDevicesSharedMemory) {
   EXPECT_LE(kernel_smem_bytes(small.spec(KernelKind::GradWeight)), 99 * 1024);
   const Plan h200(problem(llama3(8192)), Arch::SM90A, tuned, DeviceLimits{227 * 1024, 132});
   EXPECT_EQ(h200.tile(KernelKind::GradWeight), (TileConfig{128, 256, 64, 2, 4, 2}));
+}
+
+// The options that add shared memory per row (the entropy, the argmax, label smoothing's logit
+// sum, the lse rows' gradients) count in the default tile's fit: on a 99 KiB GPU (sm_86 / sm_89:
+// 101376 bytes per block) every kernel of these problems fits, the backward that takes the
+// entropy's gradient and the forward with smoothing, entropy and argmax among them.
+TEST(Plan, DefaultTilesFitA99KibGpuWithThePerRowOptions) {
+  constexpr int64_t kLimit = 101376;
+  struct Case {
+    const char* name;
+    void (*set)(lfce_problem&);
+    bool lse_grad;
+  };
+  const Case cases[] = {
+      {"backward with return_entropy", +[](lfce_problem& c) { c.outputs = LFCE_OUTPUT_ENTROPY; }, true},
+      {"entropy and logprob gradients",
+       +[](lfce_problem& c) { c.outputs = LFCE_OUTPUT_ENTROPY | LFCE_OUTPUT_LOGPROB; }, true},
+      {"smoothing, entropy and predicted",
+       +[](lfce_problem& c) {
+         c.label_smoothing = 0.1f;
+         c.outputs = LFCE_OUTPUT_ENTROPY | LFCE_OUTPUT_PREDICTED;
+       },
+       false},
+      {"class-weighted smoothing with a bias, entropy and predicted",
+       +[](lfce_problem& c) {
+         c.label_smoothing = 0.1f;
+         c.has_class_weight = 1;
+         c.has_bias = 1;
+         c.outputs = LFCE_OUTPUT_ENTROPY | LFCE_OUTPUT_PREDICTED;
+       },
+       true},
+  };
+  for (const Case& k : cases)
+    for (int dtype : {LFCE_DTYPE_BF16, LFCE_DTYPE_FP32})
+      for (Arch arch : {Arch::SM80, Arch::SM90A}) {
+        SCOPED_TRACE(std::string(k.name) + ", dtype " + std::to_string(dtype) + ", " + std::string(arch_name(arch)));
+        lfce_problem c = llama3(8192);
+        c.dtype = dtype;
+        k.set(c);
+        Problem p = problem(c);
+        p.lse_grad = k.lse_grad;
+        const Plan plan(p, arch, Tuning{}, DeviceLimits{kLimit, 0});
+        for (const KernelSpec& spec : plan.launched_specs())
+          EXPECT_LE(kernel_smem_bytes(spec), kLimit) << spec.text();
+      }
+}
+
+// A limit below what any tile of some kernel needs is a usage error naming the limit, where it
+// comes from and the smallest that works; that one works.
+TEST(Plan, NamesASharedMemoryLimitBelowEveryTileAndTheSmallestThatWorks) {
+  const Problem p = problem(llama3(8192));
+  const std::string message = spec_error([&] { Plan(p, Arch::SM80, Tuning{}, DeviceLimits{1, 0}); });
+  EXPECT_NE(message.find("shared memory per block = 1 bytes"), std::string::npos) << message;
+  EXPECT_NE(message.find("--smem-per-block"), std::string::npos) << message;
+  const std::size_t at = message.find("at least ");
+  ASSERT_NE(at, std::string::npos) << message;
+  const int64_t smallest = std::stoll(message.substr(at + 9));
+  EXPECT_GT(smallest, 1);
+  const Plan plan(p, Arch::SM80, Tuning{}, DeviceLimits{smallest, 0});
+  for (const KernelSpec& spec : plan.launched_specs()) EXPECT_LE(kernel_smem_bytes(spec), smallest) << spec.text();
+  EXPECT_NE(spec_error([&] { Plan(p, Arch::SM80, Tuning{}, DeviceLimits{smallest - 1, 0}); }), "no error");
+}
+
+// A subnormal option (0 < value < FLT_MIN) passes the range checks but breaks the kernels' math.
+TEST(ProblemFromC, RejectsASubnormalSoftcap) {
+  lfce_problem c = llama3(8);
+  c.softcap = 1e-39f;
+  expect_error_naming(c, "lfce_problem.softcap must be 0 (none) or a positive cap in [1.1754944e-38, 1e6], got 1e-39");
+}
+
+TEST(ProblemFromC, RejectsASubnormalZLossScale) {
+  lfce_problem c = llama3(8);
+  c.z_loss_scale = 1e-40f;
+  expect_error_naming(c, "lfce_problem.z_loss_scale must be 0 (none) or a positive scale in [1.1754944e-38, 1e6]");
+}
+
+TEST(ProblemFromC, RejectsASubnormalLabelSmoothing) {
+  lfce_problem c = llama3(8);
+  c.label_smoothing = 1e-41f;
+  expect_error_naming(c, "lfce_problem.label_smoothing must be 0 (none) or in [1.1754944e-38, 1]");
+}
+
+// fp16's dz scale assumes |p - onehot| <= 1, which the z-loss factor 1 + 2·s·LSE breaks.
+TEST(ProblemFromC, RejectsAZLossScaleWithFp16) {
+  lfce_problem c = llama3(8);
+  c.dtype = LFCE_DTYPE_FP16;
+  c.z_loss_scale = 0.05f;
+  expect_error_naming(c, "lfce_problem.z_loss_scale = 0.05 with fp16 is not supported");
+  expect_error_naming(c, "use bf16 or fp32, or z_loss_scale = 0");
+}
+
+// Refused by the check, before precompilation caches any of the problem's kernels.
+TEST(ProblemFromC, RejectsTheEntropyOutputWithFp16) {
+  lfce_problem c = llama3(8);
+  c.dtype = LFCE_DTYPE_FP16;
+  c.outputs = LFCE_OUTPUT_ENTROPY;
+  expect_error_naming(c, "lfce_problem.outputs asks for the entropy with fp16");
+  expect_error_naming(c, "use bf16 or fp32, or drop LFCE_OUTPUT_ENTROPY and LFCE_OUTPUT_LOGPROB");
+}
+
+TEST(ProblemFromC, RejectsTheLogprobOutputWithFp16) {
+  lfce_problem c = llama3(8);
+  c.dtype = LFCE_DTYPE_FP16;
+  c.outputs = LFCE_OUTPUT_LOGPROB;
+  expect_error_naming(c, "lfce_problem.outputs asks for the logprob with fp16");
+}
+
+// Eager mode takes whole sequences per token chunk with a causal shift: where one sequence's
+// exponentials exceed the budget, it says so, with the bytes needed, the budget and the fix.
+TEST(EagerPlan, WarnsWhenOneSequenceNeedsMoreThanTheWorkspaceBudget) {
+  lfce_problem c = llama3(65536);
+  c.mode = LFCE_MODE_EAGER;
+  c.sequence_length = 32768;
+  c.workspace_budget = int64_t{1} << 30;
+  const int64_t needed = int64_t{128256} * 32768 * 2;
+  {
+    testing_log::WarningCapture log;
+    const Plan plan(problem(c), Arch::SM90A);
+    ASSERT_TRUE(plan.three_gemm());
+    EXPECT_EQ(plan.token_chunk(), 32768);
+    EXPECT_NE(log.text().find("needs " + std::to_string(needed) + " bytes of workspace"), std::string::npos)
+        << log.text();
+    EXPECT_NE(log.text().find("workspace_budget = 1073741824"), std::string::npos) << log.text();
+    EXPECT_NE(log.text().find("lfce_forward_backward_workspace_size"), std::string::npos) << log.text();
+  }
+  c.workspace_budget = needed;  // enough: quiet
+  testing_log::WarningCapture log;
+  const Plan plan(problem(c), Arch::SM90A);
+  EXPECT_EQ(log.text(), "");
 }
 
 TEST(ProblemFromC, NamesZeroTokens) {

@@ -11,6 +11,7 @@ computes, softcap included. The loss is fp32.
 """
 
 import enum
+import operator
 
 from ..functional import linear_cross_entropy as _lfce_linear_cross_entropy
 
@@ -24,6 +25,12 @@ class LinearCrossEntropyImpl(enum.IntEnum):
 
     CCE = 1
     TORCH_COMPILE = 2
+    CCE_EXACT = 3
+
+
+# CCE's implementation names as strings: the enum's, and its presets (cce_utils.CCEPresets).
+IMPL_NAMES = ("cce", "torch_compile", "cce_exact", "cce_kahan", "cce_kahan_full_c", "cce_kahan_full_e",
+              "cce_kahan_full")
 
 
 def linear_cross_entropy(
@@ -38,13 +45,37 @@ def linear_cross_entropy(
     impl=LinearCrossEntropyImpl.CCE,
 ):
     """Cross-entropy of ``e @ c.T`` against ``targets`` (CCE's argument names: e [..., D], c [V, D])."""
-    if not isinstance(impl, (str, enum.Enum)):
-        raise TypeError(f"impl must be a str or LinearCrossEntropyImpl, got {type(impl).__name__} {impl!r}")
-    if shift not in (False, True):
-        raise NotImplementedError(f"lfce implements Cut Cross-Entropy's shift as a bool (a shift by one), "
-                                  f"got shift={shift!r}")
+    _check_impl(impl)
+    shift = _shift(shift)
     # lfce's shift scores position i against target i + 1 without slicing e (a copy); CCE cuts the
     # last position off a "none" loss.
     loss = _lfce_linear_cross_entropy(e, c, targets, ignore_index=ignore_index, reduction=reduction, softcap=softcap,
                                       shift=shift)
     return loss[..., :-1] if shift and reduction == "none" else loss
+
+
+def _check_impl(impl):
+    """One of CCE's implementations: a LinearCrossEntropyImpl (lfce's or CCE's own enum) or its name."""
+    if isinstance(impl, enum.Enum):
+        name = impl.name.lower()
+    elif isinstance(impl, str):
+        name = impl.lower()
+    else:
+        raise TypeError(f"impl must be a str or LinearCrossEntropyImpl, got {type(impl).__name__} {impl!r}")
+    if name not in IMPL_NAMES:
+        raise ValueError(f"impl must be one of Cut Cross-Entropy's implementations ({', '.join(IMPL_NAMES)}), "
+                         f"got {impl!r}")
+
+
+def _shift(shift):
+    """CCE's shift (a bool, or an int: the number of positions) as lfce's bool: lfce shifts by one."""
+    if isinstance(shift, bool):
+        return shift
+    try:
+        positions = operator.index(shift)
+    except TypeError:
+        raise TypeError(f"shift must be a bool or an int, got {type(shift).__name__} {shift!r}") from None
+    if positions not in (0, 1):
+        raise NotImplementedError(f"lfce implements Cut Cross-Entropy's shift by one position (shift=True or 1) or "
+                                  f"none (False or 0), got shift={shift!r}")
+    return positions == 1

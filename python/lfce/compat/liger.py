@@ -25,7 +25,7 @@ import dataclasses
 import torch
 
 from .. import _check
-from ..functional import check_class_weight, linear_cross_entropy
+from ..functional import check_class_weight, linear_cross_entropy, validate_options
 from . import unsupported
 
 __all__ = ["CrossEntropyOutput", "LigerFusedLinearCrossEntropyLoss", "liger_fused_linear_cross_entropy"]
@@ -43,11 +43,13 @@ class CrossEntropyOutput:
     predicted_tokens: torch.Tensor | None = None
 
 
-def _check_options(ce_weight, lse_square_scale, label_smoothing, softcap, return_z_loss, accum_dtype,
-                   use_token_scaling, return_token_accuracy, return_predicted_tokens):
+def _check_options(ce_weight, ignore_index, lse_square_scale, label_smoothing, reduction, softcap, return_z_loss,
+                   accum_dtype, use_token_scaling, return_token_accuracy, return_predicted_tokens):
+    """Every option, named as Liger names it, before any work (the module's at construction)."""
     check_class_weight(ce_weight, "ce_weight")  # lfce's class_weight; its length is checked with the inputs
     _check.z_loss_scale(lse_square_scale, "lse_square_scale")  # lfce's z_loss_scale, named as the caller knows it
-    _check.label_smoothing(label_smoothing)
+    validate_options(ignore_index, reduction, softcap=softcap, label_smoothing=label_smoothing,
+                     return_z_loss=return_z_loss)
     if accum_dtype is not None and accum_dtype != torch.float32:
         unsupported(_PACKAGE, "accum_dtype", accum_dtype, None)
     _check.flag("use_token_scaling", use_token_scaling)
@@ -74,8 +76,9 @@ def liger_fused_linear_cross_entropy(
     chunk_mem_const: int = 1,
 ):
     """Cross-entropy of ``input @ weight.T + bias`` against ``target`` (Liger-Kernel's functional form)."""
-    _check_options(ce_weight, lse_square_scale, label_smoothing, softcap, return_z_loss, accum_dtype,
-                   use_token_scaling, return_token_accuracy, return_predicted_tokens)
+    _check_options(ce_weight, ignore_index, lse_square_scale, label_smoothing, reduction, softcap, return_z_loss,
+                   accum_dtype, use_token_scaling, return_token_accuracy, return_predicted_tokens)
+    _check.positive("chunk_mem_const", chunk_mem_const)
     return _loss(input, weight, target, bias, ce_weight, ignore_index, reduction, softcap, lse_square_scale,
                  label_smoothing, return_z_loss, use_token_scaling, return_token_accuracy, return_predicted_tokens)
 
@@ -110,10 +113,8 @@ class LigerFusedLinearCrossEntropyLoss(torch.nn.Module):
         return_predicted_tokens: bool = False,
     ):
         super().__init__()
-        _check_options(ce_weight, lse_square_scale, label_smoothing, softcap, return_z_loss, accum_dtype,
-                       use_token_scaling, return_token_accuracy, return_predicted_tokens)
-        if reduction not in ("mean", "sum", "none"):
-            raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+        _check_options(ce_weight, ignore_index, lse_square_scale, label_smoothing, reduction, softcap, return_z_loss,
+                       accum_dtype, use_token_scaling, return_token_accuracy, return_predicted_tokens)
         self.ce_weight = ce_weight
         self.ignore_index = ignore_index
         self.lse_square_scale = lse_square_scale
