@@ -409,6 +409,10 @@ def linear_cross_entropy(hidden, weight, targets, bias=None, *, ignore_index=-10
     label_smoothing = _check.label_smoothing(label_smoothing)
     hidden, weight, bias = _autocast((hidden, weight, bias))
     N, H, _ = _validate_tensors(hidden, weight, targets, bias, class_weight, accumulators, extra)
+    if z_loss_scale != 0.0 and hidden.dtype == torch.float16:
+        raise ValueError(f"z_loss_scale={z_loss_scale!r} is not supported with torch.float16 inputs (lfce's fp16 "
+                         "gradient scaling bounds |p - onehot| by 1, and the z-loss multiplies p by 1 + 2 * "
+                         "z_loss_scale * LSE, which only the data bound); use torch.bfloat16 or torch.float32")
     class_weight = _fp32_class_weight(class_weight)
     batch_shape = hidden.shape[:-1]
     sequence_length = 0

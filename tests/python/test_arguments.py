@@ -247,6 +247,11 @@ def test_class_weight_with_fp16_inputs_is_refused():
         lfce.linear_cross_entropy(*inputs(dtype=torch.float16), class_weight=torch.ones(V))
 
 
+def test_z_loss_with_fp16_inputs_is_refused_naming_the_fix(on_cpu):
+    with raises(ValueError, "z_loss_scale=0.0001 is not supported with torch.float16", "torch.bfloat16"):
+        lfce.linear_cross_entropy(*inputs(dtype=torch.float16), z_loss_scale=1e-4)
+
+
 def test_class_weight_on_another_device_than_hidden_is_named(on_cpu):
     with raises(ValueError, "class_weight is on meta but hidden is on cpu"):
         lfce.linear_cross_entropy(*inputs(), class_weight=torch.ones(V, device="meta"))
