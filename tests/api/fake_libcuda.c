@@ -8,12 +8,17 @@
  *   LFCE_FAKE_CUDA_ERROR=code       that error's code (default 2, CUDA_ERROR_OUT_OF_MEMORY)
  *   LFCE_FAKE_CUDA_UNRESOLVED=name  cuGetProcAddress_v2 does not find `name`
  *   LFCE_FAKE_CUDA_LOG=path         each entry point called is appended to `path`, one per line
+ *   LFCE_FAKE_CUDA_CC, LFCE_FAKE_CUDA_SMEM, LFCE_FAKE_CUDA_SM_COUNT, LFCE_FAKE_CUDA_TRACE
+ *                                   another device, and a trace of every launch: see
+ *                                   tests/golden/fake_cuda_trace.h
  */
 #include <cuda.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "../golden/fake_cuda_trace.h"
 
 #define FAKE_EXPORT __attribute__((visibility("default")))
 
@@ -76,6 +81,7 @@ static CUresult fake_cuDeviceGetAttribute(int* value, CUdevice_attribute attribu
     case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *value = 1024; break;
     default: *value = 0;
   }
+  fake_device_attribute(attribute, value);
   return CUDA_SUCCESS;
 }
 static CUresult fake_cuDeviceGetName(char* name, int length, CUdevice device) {
@@ -111,6 +117,7 @@ static CUresult fake_cuModuleLoadDataEx(CUmodule* module, const void* image, uns
                                         void** values) {
   ENTER("cuModuleLoadDataEx");
   *module = (CUmodule)&g_handle;
+  fake_trace_module(module, image);
   return CUDA_SUCCESS;
 }
 static CUresult fake_cuModuleUnload(CUmodule module) {
@@ -120,6 +127,7 @@ static CUresult fake_cuModuleUnload(CUmodule module) {
 static CUresult fake_cuModuleGetFunction(CUfunction* function, CUmodule module, const char* name) {
   ENTER("cuModuleGetFunction");
   *function = (CUfunction)&g_handle;
+  fake_trace_function(function, module, name);
   return CUDA_SUCCESS;
 }
 static CUresult fake_cuFuncSetAttribute(CUfunction function, CUfunction_attribute attribute, int value) {
@@ -138,10 +146,21 @@ static CUresult fake_cuFuncGetAttribute(int* value, CUfunction_attribute attribu
 static CUresult fake_cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                                     unsigned bz, unsigned smem, CUstream stream, void** params, void** extra) {
   ENTER("cuLaunchKernel");
+  {
+    const unsigned grid[3] = {gx, gy, gz}, block[3] = {bx, by, bz}, cluster[3] = {1, 1, 1};
+    fake_trace_launch(f, grid, block, cluster, smem, params);
+  }
   return CUDA_SUCCESS;
 }
 static CUresult fake_cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f, void** params, void** extra) {
   ENTER("cuLaunchKernelEx");
+  {
+    const unsigned grid[3] = {config->gridDimX, config->gridDimY, config->gridDimZ};
+    const unsigned block[3] = {config->blockDimX, config->blockDimY, config->blockDimZ};
+    unsigned cluster[3];
+    fake_launch_cluster(config, cluster);
+    fake_trace_launch(f, grid, block, cluster, config->sharedMemBytes, params);
+  }
   return CUDA_SUCCESS;
 }
 static CUresult fake_cuGetErrorName(CUresult code, const char** name) {
@@ -160,6 +179,7 @@ static CUresult fake_cuGetErrorString(CUresult code, const char** text) {
 }
 static CUresult fake_cuMemsetD32Async(CUdeviceptr destination, unsigned value, size_t count, CUstream stream) {
   ENTER("cuMemsetD32Async");
+  fake_trace_memset(destination, value, count);
   return CUDA_SUCCESS;
 }
 static CUresult fake_cuLinkCreate(unsigned n, CUjit_option* options, void** values, CUlinkState* state) {
@@ -170,12 +190,14 @@ static CUresult fake_cuLinkCreate(unsigned n, CUjit_option* options, void** valu
 static CUresult fake_cuLinkAddData(CUlinkState state, CUjitInputType type, void* data, size_t size, const char* name,
                                    unsigned n, CUjit_option* options, void** values) {
   ENTER("cuLinkAddData");
+  fake_trace_link_add(type, data, size);
   return CUDA_SUCCESS;
 }
 static CUresult fake_cuLinkComplete(CUlinkState state, void** cubin, size_t* size) {
   ENTER("cuLinkComplete");
   *cubin = (void*)kCubin;
   *size = sizeof kCubin;
+  fake_trace_link_complete(cubin, size);
   return CUDA_SUCCESS;
 }
 static CUresult fake_cuLinkDestroy(CUlinkState state) {
@@ -231,6 +253,8 @@ static CUresult fake_cuTensorMapEncodeTiled(CUtensorMap* map, CUtensorMapDataTyp
                                             CUtensorMapFloatOOBfill oob_fill) {
   ENTER("cuTensorMapEncodeTiled");
   memset(map, 0, sizeof *map);
+  fake_trace_tensor_map(map, type, rank, address, dims, strides, box, element_strides, interleave, swizzle, l2,
+                        oob_fill);
   return CUDA_SUCCESS;
 }
 
