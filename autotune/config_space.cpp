@@ -33,9 +33,10 @@ Axes default_axes(DType dtype) {
 
 // sm_90a, 16-bit: the TMA + wgmma pipeline's axes (BM = 64 x consumer warpgroups, BK = 64),
 // and for the persistent backward GEMMs, ping-pong consumers (BM = 64 or 128 each) and CTA pairs
-// multicasting B (BN a multiple of 128; within about 1% of single CTAs on the H200, session 17:
-// only the small space, which the GPU tests verify, has one); for grad_weight and grad_input, CTA
-// pairs along N multicasting A (dz, the operand the GEMM streams), as cuBLAS pairs them.
+// multicasting B (BN a multiple of 128; within about 1% of single CTAs on the H200,
+// docs/measurements.md#cta-pairs: only the small space, which the GPU tests verify, has one);
+// for grad_weight and grad_input, CTA pairs along N multicasting A (dz, the operand the GEMM
+// streams), as cuBLAS pairs them.
 std::vector<TileConfig> wgmma_tiles(KernelKind kind, bool small) {
   const bool backward = kind != KernelKind::LseForward;
   auto pingpong = [](int bn, int stages, int cluster = 1, int bm = 64) {
@@ -203,7 +204,7 @@ std::optional<std::string> rejection(const Candidate& c, const Problem& problem,
            std::to_string(per_sm);
   // lse_forward's staged epilogue (a bias, or class-weighted label smoothing) with one consumer
   // warpgroup (two CTAs per SM, half the registers) spilled 56 bytes under the driver's JIT (H200,
-  // driver 580, session 13 run 1), though ptxas 13.0 assembles it without spills.
+  // driver 580, V = 5000, H = 512; commit 49625a4), though ptxas 13.0 assembles it without spills.
   if (c.kind == KernelKind::LseForward && c.tile.wgmma() && c.tile.consumers == 1 &&
       (problem.bias || (problem.class_weight && problem.label_smoothing != 0.f)))
     return "lse_forward's staged epilogue (a bias or class-weighted smoothing) with one consumer warpgroup (" +

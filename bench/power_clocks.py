@@ -2,20 +2,17 @@
 lse_combine) and cuBLAS's logits GEMM x·Wᵀ of the same shape, bf16, N = 8192, at gemma2-2b and
 llama3-8b. Shows which clock the card's power cap settles to under each (gemm_profile.WARM_SECONDS).
 
-    python3 bench/power_clocks.py --out bench/results/ [--seconds 4]
+    python3 -m bench.power_clocks [--seconds 4] [--json PATH]
 
 Each case runs for --seconds after a 2 s pause, while `nvidia-smi -lms 50` samples the SM clock,
 the power draw and the active clock-event reasons (0x4: software power cap); the first 200 ms of
-samples are dropped. Writes power-<date>-<commit>.json (with meta.metadata()) under --out.
+samples are dropped. Prints a line a case; --json PATH also writes them with meta.metadata().
 """
 
 import argparse
-import os
 import subprocess
 import sys
 import time
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 
 MODELS = ("gemma2-2b", "llama3-8b")  # (hidden, vocab) from lfce.presets
 QUERY = "clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active"
@@ -57,11 +54,11 @@ def sample(fn, seconds):
 
 def measure_shape(hidden, vocab, seconds, tokens=8192):
     """{case: sample()} for lfce's forward and the cuBLAS logits GEMM at one shape (the benchmark
-    harness's inputs, lfce.bench.impls.make_inputs)."""
+    harness's inputs, bench.impls.make_inputs)."""
     import torch
 
     import lfce
-    from lfce.bench.impls import make_inputs
+    from bench.impls import make_inputs
 
     x, w, y = (t.detach() for t in make_inputs(tokens, hidden, vocab, torch.bfloat16))
     logits = torch.empty(tokens, vocab, device="cuda", dtype=torch.bfloat16)
@@ -80,12 +77,12 @@ def measure_shape(hidden, vocab, seconds, tokens=8192):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", required=True, help="folder for the JSON")
+    parser.add_argument("--json", metavar="PATH", help="also write the samples as JSON to PATH")
     parser.add_argument("--seconds", type=float, default=4.0, help="seconds of back-to-back calls per case")
     args = parser.parse_args(argv)
     if not args.seconds > 0:
         parser.error(f"--seconds must be > 0, got {args.seconds}")
-    from lfce.bench.meta import metadata, write_json
+    from bench.meta import metadata, save_json
     from lfce.presets import table
 
     results = {}
@@ -96,9 +93,11 @@ def main(argv=None):
             print(f"{model:10} {name:14} {row['ms_per_call']:7.2f} ms  {row['sm_clock_mhz_mean']:6.0f} MHz "
                   f"(min {row['sm_clock_mhz_min']:.0f})  {row['power_w_mean']:5.0f} W  {row['clock_event_reasons']}",
                   flush=True)
-    result = metadata(" ".join(["python3", "bench/power_clocks.py"] + (argv if argv is not None else sys.argv[1:])))
-    result["results"] = results
-    print("wrote", write_json(result, args.out, prefix="power"))
+    if args.json:
+        result = metadata(" ".join(["python3 -m bench.power_clocks"] + (argv if argv is not None else sys.argv[1:])))
+        result["results"] = results
+        print("wrote", save_json(result, args.json))
+    return 0
 
 
 if __name__ == "__main__":

@@ -130,7 +130,7 @@ class KernelBuilder {
   // be this one: release at CTA scope, as CUTLASS's cluster barriers do (a consumer handing a
   // slot back after its wgmmas have read it). Cluster scope made each arrival a cluster-wide
   // fence that waited for the warp's global stores: eager's grad_weight on CTA pairs 1.7x slower,
-  // its warps stalled on MEMBAR (session 16 run 8).
+  // its warps stalled on MEMBAR (docs/measurements.md#cta-pairs).
   void mbarrier_arrive_cluster(llvm::Value* bar, llvm::Value* rank);
   // barrier.cluster arrive (release) + wait (acquire) by every thread of every CTA of the
   // cluster: initialised mbarriers are visible to the peers after it, and no CTA leaves while

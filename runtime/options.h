@@ -16,7 +16,8 @@
 //   LFCE_EAGER_OPERAND 1: eager mode's grad_weight and grad_input form dz from the stored
 //                    exponentials in registers on their way to the tensor cores
 //                    (Plan::eager_operand) — experimental: exact (the same bits) but slower on the
-//                    H200 today (docs/design.md, Next); 0 or unset: eager_dz rewrites the workspace
+//                    H200 today (docs/measurements.md#eager-operand); 0 or unset: eager_dz
+//                    rewrites the workspace
 //   LFCE_EAGER_FIXUP 0: eager_dz's pass rewrites the workspace as a kernel of its own; 1 or unset:
 //                    grad_weight's producer warpgroup does it while its consumers compute
 //                    (Plan::eager_fixup, the same bits)

@@ -31,15 +31,15 @@ E checked_enum(int32_t value, int32_t count, const char* field, const char* acce
 TileConfig default_tile(KernelKind kind, DType dtype, Arch arch) {
   if (dtype == DType::FP32) return TileConfig{128, 128, 32, 2, 4, 2};
   // sm_90a: TMA + wgmma, two consumer warpgroups: lse_forward 64 x 256 each in four 48 KiB
-  // stages (since session 13: with setmaxnreg honoured, session 12, the consumers' 232 registers
-  // hold 128 accumulators beside the row statistics; gemma2-2b GEMM-only 0.939 of cuBLAS against
-  // 0.911 for 64 x 128, test-results/2026-12-01-h200-session12-run5), grad_weight 64 x 256 each in four 48 KiB stages (Plan::tile narrows it when that
-  // fills the GPU's SMs more evenly), grad_input ping-pong, each consumer its own 64 x 256 tiles,
-  // in four 40 KiB stages: the winners of `lfce tune --space wgmma` for llama3-8b and gemma2-2b
-  // at N = 8192 on an H200 (2026-11-30, test-results/2026-11-30-h200-session6-run3; ping-pong
-  // grad_input 3% and 6% off the backward). dlogits_backward ping-pong too, in five 40 KiB
-  // stages: 4% faster than 128 x 256 / s4 at gemma2-2b and 3% at llama3-8b once its epilogue
-  // worked on registers (2026-12-01, bench/results/dlogits-tiles-2026-12-01).
+  // stages (with setmaxnreg honoured, the consumers' 232 registers hold 128 accumulators beside
+  // the row statistics; gemma2-2b GEMM-only 0.939 of cuBLAS against 0.911 for 64 x 128:
+  // docs/measurements.md#forward-tile), grad_weight 64 x 256 each in four 48 KiB stages
+  // (Plan::tile narrows it when that fills the GPU's SMs more evenly), grad_input ping-pong, each
+  // consumer its own 64 x 256 tiles, in four 40 KiB stages: the winners of `lfce tune --space
+  // wgmma` for llama3-8b and gemma2-2b at N = 8192 on an H200 (ping-pong grad_input 3% and 6% off
+  // the backward). dlogits_backward ping-pong too, in five 40 KiB stages: 4% faster than
+  // 128 x 256 / s4 at gemma2-2b and 3% at llama3-8b once its epilogue worked on registers
+  // (docs/measurements.md#backward-tiles).
   if (arch == Arch::SM90A && kind_info(kind).gemm)
     switch (kind) {
       case KernelKind::LseForward: return TileConfig{128, 256, 64, 1, 1, 4, 2};
@@ -398,10 +398,10 @@ bool Plan::eager_fixup() const {
   const int tile_n = tile(KernelKind::EagerLogits).bn;
   const TileConfig gw = tile(KernelKind::GradWeight);
   if (!gw.wgmma() || tile_n % gw.bm != 0) return false;
-  // Measured (H200, power-settled A/B in alternating processes, test-results/2026-12-02-h200-
-  // session18-run1, -run3, -run4): eager / cuBLAS at N = 8192 gemma2-2b 1.118 -> 1.088 and 1.169 ->
-  // 1.132, llama3-8b 1.07 -> 1.06 and 1.092 -> 1.076, llama3-70b 1.067 -> 1.060; at llama3-8b
-  // N = 16384 0.8% slower than eager_dz's pass (2.8% before the fix-up streamed its rows past L2).
+  // Measured (H200, power-settled A/B in alternating processes, docs/measurements.md#eager-fixup):
+  // eager / cuBLAS at N = 8192 gemma2-2b 1.118 -> 1.088 and 1.169 -> 1.132, llama3-8b 1.07 -> 1.06
+  // and 1.092 -> 1.076, llama3-70b 1.067 -> 1.060; at llama3-8b N = 16384 0.8% slower than
+  // eager_dz's pass (2.8% before the fix-up streamed its rows past L2).
   // So chunks of up to 8192 tokens, until that is understood.
   constexpr int64_t kMaxFixupTokens = 8192;
   if (token_chunk_ > kMaxFixupTokens) return false;
@@ -432,13 +432,14 @@ TileConfig Plan::tile(KernelKind kind) const {
       t = default_tile(KernelKind::LseForward, p_.dtype, arch_, limit, p_.hidden, 0.f, false);
     // Untuned (or a tuned split tile, replaced above), from H = kEagerLogitsCooperativeHidden on,
     // two cooperative consumers on one 128 x 256 tile instead of ping-pong's 64 x 256 pair: half
-    // the W bytes per FLOP read from L2, which under eager's power cap is clock (docs/design.md,
-    // eager's energy), though ping-pong hides each tile's epilogue. Power-settled A/B, eager /
-    // cuBLAS's three GEMMs, ping-pong -> cooperative, twice each (H200, test-results/2026-12-02-
-    // h200-session20-run1): llama3-70b 1.048/1.047 -> 1.030/1.031, qwen2.5-7b 1.070/1.070 ->
-    // 1.048/1.051, llama3-8b 1.048/1.054 -> 1.039/1.043 (N = 16384: 1.049/1.049 -> 1.040/1.040),
-    // gemma2-2b 1.128/1.124 -> 1.094/1.095; 0.0-1.7 J a step less, the clock 18-70 MHz higher at
-    // the same 690-700 W. (With a bias the tile is already lse_forward's 128 x 256, at every H.)
+    // the W bytes per FLOP read from L2, which under eager's power cap is clock
+    // (docs/measurements.md#eager-energy), though ping-pong hides each tile's epilogue.
+    // Power-settled A/B, eager / cuBLAS's three GEMMs, ping-pong -> cooperative, twice each (H200,
+    // docs/measurements.md#eager-tiles): llama3-70b 1.048/1.047 -> 1.030/1.031, qwen2.5-7b
+    // 1.070/1.070 -> 1.048/1.051, llama3-8b 1.048/1.054 -> 1.039/1.043 (N = 16384: 1.049/1.049
+    // -> 1.040/1.040), gemma2-2b 1.128/1.124 -> 1.094/1.095; 0.0-1.7 J a step less, the clock
+    // 18-70 MHz higher at the same 690-700 W. (With a bias the tile is already lse_forward's
+    // 128 x 256, at every H.)
     const TileConfig cooperative{128, 256, 64, 1, 1, 4, 2};
     if (t.wgmma() && t.pingpong && !from_tuning && p_.hidden >= kEagerLogitsCooperativeHidden &&
         fits(KernelKind::EagerLogits, cooperative))
@@ -451,14 +452,14 @@ TileConfig Plan::tile(KernelKind kind) const {
   // column; ptxas 13.0 spilled 16 bytes), the lse rows' gradients (the driver's JIT spilled 24-32
   // bytes; H200, driver 580) and softcap with z-loss (8 bytes there; softcap alone, softcap with
   // temperature and temperature with z-loss did not: test_gpu_spills.py). Those driver spills
-  // were measured before session 12, when the link path ignored setmaxnreg (168 registers a
-  // thread, not 232: docs/cache.md): to be measured again.
+  // were measured while the link path still ignored setmaxnreg (168 registers a thread, not 232:
+  // docs/measurements.md#compiled-whole, docs/cache.md): to be measured again.
   // lse_forward with an entropy or argmax output keeps that statistic per row beside the running
   // max and sum: with 128 accumulators a thread (its 128 x 256 default) ptxas 13.0 spilled 104-160
   // bytes with entropy and predicted together and with predicted and softcap (2026-12-01); its
   // staged form (a bias, or class-weighted smoothing) spilled 48 bytes under the driver's JIT at
-  // V = 5000, H = 512 (H200, driver 580, session 13 run 1). Those forwards take 64 x 128 per
-  // consumer, the default before session 13.
+  // V = 5000, H = 512 (H200, driver 580; commit 49625a4). Those forwards take 64 x 128 per
+  // consumer (docs/measurements.md#forward-tile), the default until setmaxnreg was honoured.
   const bool staged_forward = p_.bias || (p_.class_weight && p_.label_smoothing != 0.f);
   const bool heavy_epilogue =
       (kind == KernelKind::DlogitsBackward &&
@@ -476,14 +477,14 @@ TileConfig Plan::tile(KernelKind kind) const {
       (kind == KernelKind::GradInput || kind == KernelKind::GradWeight)) {
     // Eager's gradient GEMMs take CTA pairs, two consumers sharing 128-row tiles, 128 x 256 or
     // 128 x 192: whichever leaves fewer idle slots with the pair along N (its odd column block
-    // past H counts as idle; session 17's measured rule), 128 x 192 discounted as in the rule
-    // below. 128 x 256 then pairs along M instead, sharing the B tile (x in grad_weight, W in
-    // grad_input), each CTA loading half and multicasting it: a CTA reads 7.8 KB from L2 per
-    // MFLOP, cuBLAS's figure for its 192 x 192 pairs, against 9.8 with the pair along N sharing dz
-    // (session 17's default, which halved the DRAM bytes but not the energy). Under the power cap,
-    // where eager's steps take 5-13% more energy than cuBLAS's three GEMMs at the same 690 W,
-    // energy is time: A/B in alternating processes (H200, test-results/2026-12-02-h200-session19-
-    // run3), eager / cuBLAS, along N -> along M: llama3-70b 1.059 -> 1.053 and 1.062 -> 1.052,
+    // past H counts as idle), 128 x 192 discounted as in the rule below. 128 x 256 then pairs
+    // along M instead, sharing the B tile (x in grad_weight, W in grad_input), each CTA loading
+    // half and multicasting it: a CTA reads 7.8 KB from L2 per MFLOP, cuBLAS's figure for its
+    // 192 x 192 pairs, against 9.8 with the pair along N sharing dz (the former default, which
+    // halved the DRAM bytes but not the energy: docs/measurements.md#cta-pairs). Under the power
+    // cap, where eager's steps take 5-13% more energy than cuBLAS's three GEMMs at the same 690 W,
+    // energy is time: A/B in alternating processes (H200, docs/measurements.md#eager-tiles),
+    // eager / cuBLAS, along N -> along M: llama3-70b 1.059 -> 1.053 and 1.062 -> 1.052,
     // qwen2.5-7b 1.088 -> 1.079, llama3-8b 1.069 -> 1.066 and at N = 16384 1.077 -> 1.061.
     // 128 x 192 (gemma2-2b's H = 2304) stays along N, sharing dz's tile: half of an MN-major B's
     // 192 columns is not whole 64-column boxes (and 128 x 256 along M ran 1.139-1.140 there
@@ -505,7 +506,8 @@ TileConfig Plan::tile(KernelKind kind) const {
     pick.cluster_n = pick.bn % 128 != 0;
     // A pair needs two blocks along its direction: with one (H <= BN along N; M <= 128, a chunk
     // of at most 128 tokens or a vocabulary that small, along M) its second CTA would compute a
-    // tile wholly past the output (grad_weight about 2x slower at H <= 192, session 17's review).
+    // tile wholly past the output (grad_weight about 2x slower at H <= 192:
+    // docs/measurements.md#eager-tiles).
     const int64_t along = pick.cluster_n ? ceil_div(p_.hidden, int64_t{pick.bn}) : ceil_div(rows, int64_t{pick.bm});
     if (along >= 2 && fits(kind, pick)) return pick;
   }
@@ -514,15 +516,15 @@ TileConfig Plan::tile(KernelKind kind) const {
     // 128-row tile read 1.7x fewer operand bytes per FLOP than ping-pong's 64-row tiles, and with
     // K that long ping-pong's overlapped epilogue saves little. Forced tiles, eager breakdown
     // (H200, N = 8192): llama3-8b 12.40 ms at 128 x 256 against 13.08 ping-pong, llama3-70b 25.75
-    // at 128 x 256 and 25.94 at 128 x 192 (test-results/2026-12-02-h200-session15-run2), gemma2-2b
-    // 13.59 at 128 x 192 against 14.67 ping-pong (2026-12-01-h200-session14-run1). Of the two,
-    // the one with the larger busy fraction (partial tiles' padding and the last wave's empty
-    // CTAs count as idle), 128 x 192 discounted by the 2.3% per busy FLOP it lost at llama3-70b:
-    // 128 x 192 at gemma2-2b's H = 2304 (97% busy against 87%), 128 x 256 at H = 4096 and 8192.
+    // at 128 x 256 and 25.94 at 128 x 192, gemma2-2b 13.59 at 128 x 192 against 14.67 ping-pong
+    // (docs/measurements.md#eager-time-breakdown). Of the two, the one with the larger busy
+    // fraction (partial tiles' padding and the last wave's empty CTAs count as idle), 128 x 192
+    // discounted by the 2.3% per busy FLOP it lost at llama3-70b: 128 x 192 at gemma2-2b's
+    // H = 2304 (97% busy against 87%), 128 x 256 at H = 4096 and 8192.
     // Not recompute mode's, one launch per vocabulary chunk adding into fp32 partial sums, where
     // ping-pong hides each tile's epilogue: there 64 x 256 ping-pong won gemma2-2b's sweep
-    // (test-results/2026-11-30-h200-session6-run3), and 128 x 192 cost its backward 46.7 -> 49.5
-    // ms in session 14 run 4 (one run, interleaved).
+    // (docs/measurements.md#backward-tiles), and 128 x 192 cost its backward 46.7 -> 49.5 ms
+    // (H200, N = 8192, one interleaved run; commit 080f66a).
     const int64_t rows = token_chunk_;
     auto busy = [&](const TileConfig& c) {
       const int64_t tiles = ceil_div(rows, c.bm) * ceil_div(p_.hidden, c.bn), slots = device_ctas(c);

@@ -7,7 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install_deps.sh
 bash scripts/build.sh
-export LFCE_LIBRARY="$PWD/build/liblfce.so" PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
+# python/ for the package, the root for the benchmark harness (bench/) the GPU main job runs.
+export LFCE_LIBRARY="$PWD/build/liblfce.so" PYTHONPATH="$PWD/python:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 PYTHON=${PYTHON:-python3}
 "$PYTHON" -c "import torch" 2>/dev/null || PYTHON=/usr/bin/python3
 if [ $# -eq 0 ]; then set -- --model llama3-8b; fi

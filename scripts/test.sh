@@ -23,15 +23,16 @@ if [ "${CI:-}" = true ]; then export LFCE_TEST_PIP_INSTALL="${LFCE_TEST_PIP_INST
 start=$SECONDS
 bash scripts/build.sh
 echo "--- build: $((SECONDS - start)) s ---"
-# Lint step: ruff's default rules (config: ruff.toml) on the Python package and its tests. The
-# version is pinned because ruff's default rule set changes between releases. Only CI (CI=true)
-# fails when ruff cannot be installed (e.g. on a machine without PyPI); elsewhere the step is skipped.
+# Lint step: ruff's default rules (config: ruff.toml) on the Python package, its tests and the
+# benchmark harness. The version is pinned because ruff's default rule set changes between releases.
+# Only CI (CI=true) fails when ruff cannot be installed (e.g. on a machine without PyPI); elsewhere the
+# step is skipped.
 RUFF_VERSION=0.17.6
-echo "--- lint: ruff $RUFF_VERSION check python tests/python ---"
+echo "--- lint: ruff $RUFF_VERSION check python tests/python bench ---"
 if python3 -m ruff --version 2>/dev/null | grep -qx "ruff $RUFF_VERSION" \
     || python3 -m pip install -q "ruff==$RUFF_VERSION" \
     || python3 -m pip install -q --break-system-packages "ruff==$RUFF_VERSION"; then
-  python3 -m ruff check python tests/python
+  python3 -m ruff check python tests/python bench
 elif [ "${CI:-}" = true ]; then
   echo "error: could not install ruff $RUFF_VERSION" >&2
   exit 1

@@ -325,7 +325,7 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
     auto& ir = kb_.ir();
     // Opaque: with a small constant K (H = 512: 8 slices) LLVM unrolled this loop whole, and the
     // addresses it computed ahead did not fit the producer's 32 registers (ptxas spilled 116
-    // bytes; the driver's JIT 48: session 13 run 2).
+    // bytes; the driver's JIT 48: H200, commit baaf8ed).
     k_tiles = kb_.opaque_i32(at_least_one(k_tiles));
     Value* map_a = kb_.tensor_map("tma_a");
     Value* map_b = kb_.tensor_map("tma_b");

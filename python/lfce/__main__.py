@@ -1,10 +1,11 @@
 """``python -m lfce --model llama3-8b``: lfce on one model's output layer.
 
 With a CUDA GPU: times forward and backward and measures memory against the PyTorch
-baseline (lfce.bench, the one benchmark harness; its JSON records the commit, the generator
-version and whether tuned winners ran). Without one (or with --ptxas): generates the kernels for sm_90a and
-sm_80, assembles each with ptxas and prints their resources; exits non-zero if
-ptxas rejects any.
+baseline, through the benchmark harness (bench/ at the root of a checkout, not installed with the
+package). Without one (or with --ptxas): generates the kernels for sm_90a and sm_80, assembles each
+with ptxas and prints their resources; exits non-zero if ptxas rejects any. Either way it prints a
+table; --json PATH also writes every figure as JSON (with a GPU: the commit, the generator version
+and whether tuned winners ran).
 """
 
 import argparse
@@ -37,7 +38,7 @@ def _parse_args(argv):
     parser.add_argument("--mode", default="recompute", choices=("recompute", "eager"))
     parser.add_argument("--ptxas", action="store_true",
                         help="report the generated kernels through ptxas even when a GPU is present")
-    parser.add_argument("--json", metavar="PATH", help="also write all figures as JSON to PATH")
+    parser.add_argument("--json", metavar="PATH", help="also write every figure as JSON to PATH")
     args = parser.parse_args(argv)
     if not 1 <= args.tokens <= 2**63 - 1:
         parser.error(f"--tokens must be in [1, 2**63 - 1], got {args.tokens}")
@@ -100,26 +101,39 @@ def main(argv=None):
     else:
         import torch
 
-        from . import bench
-
+        bench = _import_bench()
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
         entry = bench.run(args.model, hidden, vocab, args.tokens, dtype=dtype, methods=(f"lfce_{args.mode}", "torch"))
         print("\n".join(bench.format_result(entry)))
         result = bench.metadata("python3 -m lfce " + " ".join(sys.argv[1:] if argv is None else argv))
         result["results"] = [entry]
         status = 0
-    line = json.dumps(result, sort_keys=True)
-    print(line)
     if args.json:
         with open(args.json, "w") as f:
-            f.write(line + "\n")
+            json.dump(result, f, indent=1, sort_keys=True)
+            f.write("\n")
+        print("wrote", args.json)
     return status
+
+
+def _import_bench():
+    """The benchmark harness, bench/ at the root of a checkout (scripts/run.sh puts it on the path)."""
+    try:
+        import bench
+    except ModuleNotFoundError as error:
+        if error.name != "bench":
+            raise
+        raise ImportError(
+            "the GPU main job needs the benchmark harness (bench/ at the root of lfce's repository), which "
+            "is not part of the installed package: run it from a checkout (bash scripts/run.sh, or "
+            f"PYTHONPATH=<checkout> python3 -m lfce); ({error})") from None
+    return bench
 
 
 def _entry():
     try:
         return main()
-    except (OSError, CompileError, CudaError, ValueError) as error:
+    except (OSError, ImportError, CompileError, CudaError, ValueError) as error:
         print(f"lfce: error: {error}", file=sys.stderr)
         return 2
 

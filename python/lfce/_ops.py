@@ -172,7 +172,7 @@ def _eager_budget(hidden, weight):
 def _allocator_bytes(device):
     """(reserved, allocated) bytes of the caching allocator on ``device``. torch.cuda.memory_reserved
     and memory_allocated each flatten the allocator's whole statistics dictionary in Python (1 ms of
-    host time an eager call at llama3-8b, session 14 run 2): its two counters are read from the
+    host time an eager call at llama3-8b, docs/measurements.md#eager-scaling): its two counters are read from the
     nested dictionary itself where this PyTorch has it."""
     try:
         stats = torch._C._cuda_memoryStats(device.index if device.index is not None else torch.cuda.current_device())
@@ -470,9 +470,9 @@ def _backward_rule(ctx, grad_loss, grad_lse, *unused):
         # to a 16-bit gradient's dtype first: up to 2^-9 more relative error). Outside torch.compile
         # lfce's own kernel does it in place in the held gradients, which become the returned ones
         # (PyTorch's for a 16-bit tensor and an fp32 0-dim tensor is unvectorised: 2.45 of eager's
-        # 42.7 ms at llama3-8b, session 13); with an upstream gradient of 1 it writes nothing. So a
-        # second backward through the same forward (retain_graph) would see scaled gradients: it
-        # is refused. torch.compile fuses _scaled_reference's out-of-place product into one kernel.
+        # 42.7 ms at llama3-8b, docs/measurements.md#eager-scaling); with an upstream gradient of 1 it
+        # writes nothing. So a second backward through the same forward (retain_graph) would see
+        # scaled gradients: it is refused. torch.compile fuses _scaled_reference's out-of-place product into one kernel.
         if _compiling() or _tracing(*ctx.saved_tensors):
             scale = _scaled_reference
         else:

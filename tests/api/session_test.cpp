@@ -65,8 +65,8 @@ class SessionTest : public testing::Test {
   std::string a_, b_;
 };
 
-// The regression of issue 6: `lfce precompile --cache-dir X` compiled with the winners of the
-// environment's directory, not X's. A cache directory holds both; setting it moves both.
+// A regression: `lfce precompile --cache-dir X` compiled with the winners of the environment's
+// directory, not X's. A cache directory holds both; setting it moves both.
 TEST_F(SessionTest, SetCacheDirMovesKernelsAndTuningWinnersTogether) {
   store_winner(b_);
   Session session(runtime::Options::from_env());

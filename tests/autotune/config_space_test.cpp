@@ -101,7 +101,7 @@ TEST(ConfigSpace, ForwardSweepsTheCtaTarget) {
   EXPECT_EQ(ctas, (std::set<int64_t>{132, 264, 528}));
 }
 
-// Issue 6: on a 99 KiB GPU (RTX 30/40/50, A10, L4, L40S) the sweep's baseline was the H200's
+// On a 99 KiB GPU (RTX 30/40/50, A10, L4, L40S) the sweep's baseline was once the H200's
 // default tile, which does not fit there (three backward defaults need 131-136 KB). It is the
 // default the runtime runs on that device: default_tile() for that limit, one CTA per SM.
 TEST(ConfigSpace, DefaultCandidateOnA99KiBDeviceIsTheDefaultTileForThatLimit) {

@@ -64,7 +64,7 @@ TEST(ProblemData, IsReproducibleAndShapedAsDocumented) {
   EXPECT_NEAR(ignored, 400, 80);  // 1 in 17
 }
 
-// Issue 6: N * H was multiplied unchecked (a wrapped product allocated a tiny tensor, or
+// N * H was once multiplied unchecked (a wrapped product allocated a tiny tensor, or
 // threw bad_alloc): a product beyond int64 is a SpecError naming it.
 TEST(ProblemData, NamesASizeProductThatDoesNotFit) {
   runtime::Problem p;

@@ -147,7 +147,7 @@ TEST_F(StoreTest, LookupReturnsTheStoredWinnerForTheSameBucket) {
   EXPECT_EQ(stored_tuning(TuningStore(dir_), problem(8192), Arch::SM80), runtime::Tuning{});   // another arch
 }
 
-// Issue 6: a FIFO in place of a tuning file hung the first forward (std::ifstream blocks on
+// A FIFO in place of a tuning file once hung the first forward (std::ifstream blocks on
 // open until a writer comes). Now it is "not a regular file": logged, read as missing.
 TEST_F(StoreTest, AFifoInPlaceOfATuningFileReadsAsMissingWithoutBlocking) {
   TuningStore store(dir_);
@@ -160,7 +160,7 @@ TEST_F(StoreTest, AFifoInPlaceOfATuningFileReadsAsMissingWithoutBlocking) {
   EXPECT_EQ(stored_tuning(store, problem(), Arch::SM90A), runtime::Tuning{});
 }
 
-// Issue 6 item 2: one tuning per generated kernel. lse_forward's code does not read the mode,
+// One tuning per generated kernel. lse_forward's code does not read the mode,
 // so recompute and eager problems share its winner; dlogits_backward reads it, so they do not.
 TEST(TuningKey, ProblemsWhoseKernelIsTheSameCodeShareOneKey) {
   runtime::Problem recompute = problem(), eager = problem();
@@ -191,7 +191,7 @@ TEST_F(StoreTest, LookupIgnoresAWinnerThePrunerRejects) {
 }
 
 // Tuning files are data from disk: a winner that would overflow or divide by zero is logged,
-// naming the file and the field, and the kind runs with its default (issue 6).
+// naming the file and the field, and the kind runs with its default.
 TEST_F(StoreTest, LookupIgnoresAWinnerWhoseWarpsOverflowTheThreadCount) {
   TuningStore store(dir_);
   const Candidate bad{KernelKind::LseForward, TileConfig{128, 128, 64, 2, 67108864, 3}, 264, 0};

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The `lfce` command line with sizes beyond the library's limits (issue 6, "huge token counts"):
+# The `lfce` command line with sizes beyond the library's limits (huge token counts among them):
 # each must end promptly with an error that names the value, never loop, crash on a signal or
 # succeed. No GPU needed. Usage: huge_sizes_test.sh LFCE TEST
 set -uo pipefail

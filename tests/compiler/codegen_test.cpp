@@ -297,7 +297,8 @@ TEST(Codegen, EagerOperandFormsDzInRegistersWithoutCallsOrSpills) {
           EXPECT_EQ(count(rs), count(any)) << what;
           // The mainloop is unrolled twice: the k16 steps' A operands of one slice are other PTX
           // registers than the next slice's, which are written while the former's wgmmas may still
-          // read theirs (session 16 run 1: wrong gradients from a loop of one slice).
+          // read theirs (a loop of one slice gave wrong gradients:
+          // docs/measurements.md#eager-operand).
           const std::regex a_operand(R"(wgmma\.mma_async[^;]*\}, (\{%r\d+, %r\d+, %r\d+, %r\d+\}), %rd\d+)");
           std::set<std::string> operands;
           for (auto it = std::sregex_iterator(ptx.begin(), ptx.end(), a_operand); it != std::sregex_iterator(); ++it)

@@ -18,7 +18,8 @@ skips itself with ``pytest.skip(missing_dependency(reason))`` where it is absent
 instead where LFCE_REQUIRE_OPTIONAL_DEPS=1 (ctest's python.cpu.torch sets it: that run
 exists to have them).
 
-The package under test is the one in this checkout (python/), not an installed copy.
+The package under test is the one in this checkout (python/), not an installed copy; the
+benchmark harness (bench/, run from a checkout) is imported from the repository root.
 
 Numeric tests report what they measured through the ``record_error`` fixture: each
 value becomes a JUnit XML property (``<tensor>.rel_l2``, ``.elementwise``, ``.row``:
@@ -33,6 +34,7 @@ import sys
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, REPO)  # the benchmark harness, bench/ (not part of the package)
 sys.path.insert(0, os.path.join(REPO, "python"))
 
 import torch

@@ -1,5 +1,6 @@
-"""The benchmark harness (lfce.bench): its bookkeeping, FLOP counts, memory estimates, profile
-tables and plot without a GPU; one run of each measurement on a GPU."""
+"""The benchmark harness (bench/ at the repository root): its bookkeeping, FLOP counts, memory
+estimates, profile tables, data file, report table and plot without a GPU; one benchmark of each
+measurement on a GPU."""
 
 import collections
 import enum
@@ -13,9 +14,9 @@ import zipfile
 import pytest
 from conftest import missing_dependency
 
+import bench
 import lfce
-from lfce import bench
-from lfce.bench import ab, gemm_profile, impls, options, plot
+from bench import ab, data, gemm_profile, impls, options, report
 
 FAKE_GPU = {"gpu": "NVIDIA H200", "driver_version": "570.86.15", "driver_cuda_version": "12.8",
             "torch": "2.5.1", "torch_cuda": "12.4"}
@@ -66,7 +67,7 @@ def test_git_commit_without_a_checkout_or_lfce_commit_is_unknown(tmp_path, monke
 
 @pytest.mark.lib
 def test_metadata_records_commit_generator_version_gpu_and_baseline(checkout):
-    meta = bench.metadata("python3 -m lfce.bench --models llama3-8b", gpu_info=FAKE_GPU, root=str(checkout))
+    meta = bench.metadata("python3 -m bench --models llama3-8b", gpu_info=FAKE_GPU, root=str(checkout))
     assert meta["git_commit"] == git(checkout, "rev-parse", "HEAD") and meta["git_dirty"] is False
     assert meta["generator_version"] == lfce.generator_version()
     assert meta["generator_version"].startswith("lfce-gen-"), meta["generator_version"]
@@ -74,7 +75,7 @@ def test_metadata_records_commit_generator_version_gpu_and_baseline(checkout):
     for key, value in FAKE_GPU.items():
         assert meta[key] == value, key
     assert meta["date"][:4].isdigit() and meta["date"].endswith("+00:00"), meta["date"]
-    assert meta["lfce"] == lfce.__version__ and meta["command"].startswith("python3 -m lfce.bench")
+    assert meta["lfce"] == lfce.__version__ and meta["command"].startswith("python3 -m bench")
     for key in ("triton", "liger_kernel", "cut_cross_entropy"):  # the anchors' versions, None where absent
         assert key in meta, key
 
@@ -348,36 +349,99 @@ def test_timed_out_sees_a_shape_cut_by_the_time_limit():
     assert bench._timed_out(cut) and not bench._timed_out(entry())
 
 
-def result_file(tmp_path):
-    result = {"date": "2026-12-01T10:00:00+00:00", "git_commit": "0123456789abcdef0123", "gpu": "NVIDIA H200",
-              "results": [entry(tokens=n, scale=n / 8192) for n in (2048, 8192, 16384)]
-              + [entry("gemma2-2b", 8192)]}
-    return result, bench.write_json(result, str(tmp_path))
+def result(**extra):
+    return {"date": "2026-12-01T10:00:00+00:00", "git_commit": "0123456789abcdef0123", "gpu": "NVIDIA H200",
+            "driver_version": "580.1", "torch": "2.11.0", "generator_version": "lfce-gen-1", "complete": True,
+            "settings": {"iters": 14},
+            "results": [entry(tokens=n, scale=n / 8192) for n in (2048, 8192)] + [entry("gemma2-2b", 8192)],
+            **extra}
 
 
-def test_plot_series_leaves_out_skipped_and_failed_points(tmp_path):
-    result, _ = result_file(tmp_path)
-    table = plot.series(result)
-    assert list(table) == ["gemma2-2b", "llama3-8b"]
-    line = table["llama3-8b"]["lfce_recompute"]
-    assert line["tokens"] == [2048, 8192, 16384] and line["total_ms"] == [24.25, 97.0, 194.0]
-    assert table["llama3-8b"]["torch"]["total_ms"] == [None, None, None]
+def test_data_rows_are_one_per_measured_implementation_and_shape():
+    rows = data.rows(result())
+    assert [(r["model"], r["tokens"], r["impl"]) for r in rows] == [
+        ("llama3-8b", "2048", "cublas_4gemm"), ("llama3-8b", "2048", "lfce_recompute"),
+        ("llama3-8b", "8192", "cublas_4gemm"), ("llama3-8b", "8192", "lfce_recompute"),
+        ("gemma2-2b", "8192", "cublas_4gemm"), ("gemma2-2b", "8192", "lfce_recompute")]  # no failed or skipped row
+    row = rows[3]
+    assert list(row) == list(data.COLUMNS)
+    assert (row["commit"], row["gpu"], row["driver"], row["dtype"], row["iters"]) == (
+        "0123456789abcdef0123", "NVIDIA H200", "580.1", "bf16", "14")
+    assert (row["total_ms"], row["held_mib"], row["vs_cublas_4gemm"], row["tuned"], row["variant"]) == (
+        "97.000", "0.03", "1.9400", "1", "")
 
 
-def test_plot_from_a_result_json_writes_the_png_beside_it(tmp_path):
+def test_data_append_writes_the_header_once_and_reads_back(tmp_path):
+    path = str(tmp_path / "data" / "benchmark.csv")
+    assert data.append(path, data.rows(result())) == 6
+    assert data.append(path, data.rows(result(date="2026-12-02T10:00:00+00:00", complete=False))) == 6
+    rows = data.read(path)
+    with open(path) as f:
+        assert len(rows) == 12 and f.read().count("date,commit,") == 1
+    assert rows[0]["total_ms"] == 12.5 and rows[0]["tokens"] == 2048 and rows[0]["complete"]
+    assert not rows[-1]["complete"]
+
+
+def test_data_append_refuses_a_file_with_other_columns(tmp_path):
+    path = tmp_path / "other.csv"
+    path.write_text("a,b\n1,2\n")
+    with pytest.raises(ValueError, match="header"):
+        data.append(str(path), data.rows(result()))
+
+
+def test_data_rows_of_the_options_benchmark_name_each_variant():
+    options_result = {"date": "2026-12-01T10:00:00+00:00", "git_commit": "abc", "model": "llama3-8b", "tokens": 8192,
+                      "hidden": 4096, "vocab": 128256, "dtype": "bf16", "mode": "recompute", "iters": 10,
+                      "results": {"plain": {"forward_ms": 10.0, "total_ms": 50.0},
+                                  "softcap": {"forward_ms": 11.0, "total_ms": 52.0},
+                                  "class_weight": {"error": "ValueError: class_weight"}}}
+    rows = data.rows(options_result)
+    assert [(r["impl"], r["variant"], r["total_ms"]) for r in rows] == [
+        ("lfce_recompute", "plain", "50.000"), ("lfce_recompute", "softcap", "52.000")]
+
+
+def csv_file(tmp_path):
+    path = str(tmp_path / "benchmark.csv")
+    data.append(path, data.rows(result()))
+    data.append(path, data.rows(result(date="2026-12-02T10:00:00+00:00", complete=False)))  # cut: not current
+    return path
+
+
+def test_report_table_is_the_newest_complete_benchmark_with_each_modes_floor_ratio(tmp_path):
+    rows = report.current(data.read(csv_file(tmp_path)))
+    assert {r["date"] for r in rows} == {"2026-12-01T10:00:00+00:00"}
+    lines = report.table(rows)
+    assert "median of 14" in lines[0] and "0123456789ab" in lines[0], lines[0]
+    assert lines[2] == "| shape (N, H, V) | 4 cuBLAS GEMMs | lfce recompute |", lines[2]
+    assert lines[5] == "| llama3-8b (8192, 4096, 128256) | 50.0 | 97.0 (1.94×) |", lines[5]
+    assert lines[-1] == "| held / peak MiB, llama3-8b N = 2048 | 0 / – | 0.03 / 1450 |", lines[-1]
+
+
+def test_report_picks_a_benchmark_by_date_and_names_a_missing_one(tmp_path):
+    rows = data.read(csv_file(tmp_path))
+    assert {r["date"] for r in report.current(rows, "2026-12-02")} == {"2026-12-02T10:00:00+00:00"}
+    with pytest.raises(ValueError, match="dated 2027"):
+        report.current(rows, "2027")
+
+
+def test_report_plot_writes_a_png(tmp_path):
     try:
         import matplotlib  # noqa: F401
     except ImportError:
         pytest.skip(missing_dependency("matplotlib is not installed: the plot is not tested"))
-    _, path = result_file(tmp_path)
-    assert bench.main(["--plot-from", path, "--out", str(tmp_path / "png")]) == 0
-    png = tmp_path / "png" / "bench-2026-12-01-0123456789ab.png"
+    png = tmp_path / "plot.png"
+    assert report.main(["--csv", csv_file(tmp_path), "--plot", str(png)]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_plot_from_names_a_missing_json(tmp_path, capsys):
-    assert bench.main(["--plot-from", str(tmp_path / "none.json"), "--out", str(tmp_path)]) == 2
-    assert f"--plot-from '{tmp_path / 'none.json'}'" in capsys.readouterr().err
+def test_report_names_a_missing_data_file(tmp_path, capsys):
+    assert report.main(["--csv", str(tmp_path / "none.csv"), "--table"]) == 2
+    assert "none.csv" in capsys.readouterr().err
+
+
+def test_the_checkouts_data_file_has_a_current_benchmark():
+    rows = data.read(data.DEFAULT_CSV)
+    assert report.table(report.current(rows)) and report.options_table(report.current(rows, options=True))
 
 
 # ---- options: each loss option's cost -----------------------------------------------------------
@@ -501,17 +565,18 @@ def test_interleave_takes_the_median_of_the_timed_rounds_only():
 
 
 @pytest.mark.lib
-def test_options_main_writes_the_json_and_prints_the_table(tmp_path, capsys, monkeypatch):
+def test_options_main_writes_the_json_and_the_csv_and_prints_the_table(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("LFCE_COMMIT", "0123456789abcdef0123")
-    argv = ["--options", "softcap,class_weight", "--iters", "2", "--warmup", "1", "--out", str(tmp_path)]
+    path, csv_path = tmp_path / "options.json", tmp_path / "data.csv"
+    argv = ["--options", "softcap,class_weight", "--iters", "2", "--warmup", "1", "--json", str(path),
+            "--csv", str(csv_path)]
     calls = []
     assert options.main(argv, fake_step({"plain": 20.0, "softcap": 21.0}, calls), gpu_info=FAKE_GPU) == 0
-    [path] = list(tmp_path.iterdir())
-    assert path.name.startswith("options-") and path.name.endswith("-0123456789ab.json"), path.name
+    assert [(r["variant"], r["total_ms"]) for r in data.read(str(csv_path))] == [("plain", 20.0), ("softcap", 21.0)]
     result = json.loads(path.read_text())
     assert result["git_commit"] == "0123456789abcdef0123" and result["gpu"] == "NVIDIA H200"
     assert result["generator_version"] == lfce.generator_version()
-    assert result["command"] == "python3 -m lfce.bench options " + " ".join(argv)
+    assert result["command"] == "python3 -m bench options " + " ".join(argv)
     assert calls == ["plain", "softcap", "class_weight", "plain", "softcap", "plain", "softcap"]  # then two alternate
     assert (result["model"], result["tokens"], result["hidden"], result["dtype"], result["mode"]) == (
         "llama3-8b", 8192, 4096, "bf16", "recompute")
@@ -522,7 +587,7 @@ def test_options_main_writes_the_json_and_prints_the_table(tmp_path, capsys, mon
     assert lines[0].startswith("llama3-8b: N=8192 H=4096 V=128256 bf16 mode=recompute"), lines[0]
     assert lines[3].split() == ["softcap", "10.50", "1.050", "21.00", "1.050"], lines[3]
     assert lines[4].startswith("class_weight             ValueError: class_weight"), lines[4]
-    assert lines[5] == f"wrote {path}"
+    assert lines[5:] == [f"wrote {path}", f"appended 2 rows to {csv_path}"]
 
 
 # ---- on a GPU --------------------------------------------------------------------------------
@@ -567,28 +632,26 @@ def test_profile_times_each_lfce_gemm_kernel_against_cublas():
 
 
 @pytest.mark.gpu
-def test_main_writes_the_json_with_every_shape_and_the_plot(tmp_path):
-    out = tmp_path / "out"
+def test_main_writes_the_json_and_the_csv_with_every_shape(tmp_path):
+    path, csv_path = tmp_path / "out" / "bench.json", tmp_path / "data.csv"
     assert bench.main(["--models", "llama3-8b", "--tokens", "256,512", "--impls", "cublas_4gemm,lfce_recompute",
-                       "--iters", "1", "--warmup", "1", "--profile-steps", "1", "--out", str(out)]) == 0
-    [path] = [p for p in out.iterdir() if p.suffix == ".json"]
+                       "--iters", "1", "--warmup", "1", "--profile-steps", "1", "--json", str(path),
+                       "--csv", str(csv_path)]) == 0
+    rows = data.read(str(csv_path))
+    assert [(r["tokens"], r["impl"]) for r in rows] == [(256, "cublas_4gemm"), (256, "lfce_recompute"),
+                                                        (512, "cublas_4gemm"), (512, "lfce_recompute")]
     result = json.loads(path.read_text())
     assert result["complete"] is True and result["gpu"] and "git_commit" in result
     assert [(e["model"], e["tokens"]) for e in result["results"]] == [("llama3-8b", 256), ("llama3-8b", 512)]
     for e in result["results"]:
         assert "error" not in e["profile"] and set(e["methods"]) == {"cublas_4gemm", "lfce_recompute"}, e
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        return
-    assert path.with_suffix(".png").is_file()
 
 
 @pytest.mark.gpu
 def test_options_times_every_option_against_plain(tmp_path):
+    path = tmp_path / "options.json"
     assert bench.main(["options", "--model", "llama3-8b", "--tokens", "256", "--iters", "2", "--warmup", "1",
-                       "--out", str(tmp_path)]) == 0
-    [path] = list(tmp_path.iterdir())
+                       "--json", str(path), "--no-csv"]) == 0
     result = json.loads(path.read_text())
     assert sorted(result["results"]) == sorted(options.OPTIONS) and result["gpu"]  # the JSON sorts its keys
     for name, row in result["results"].items():
@@ -598,7 +661,7 @@ def test_options_times_every_option_against_plain(tmp_path):
 
 @pytest.mark.gpu
 def test_ab_runs_the_forced_tile_and_samples_both_sides(tmp_path):
-    """lfce.bench ab end to end: a forced grad_weight tile runs (its check passes), both sides get
+    """bench ab end to end: a forced grad_weight tile runs (its check passes), both sides get
     nvidia-smi samples (half a second or more of steps a phase), and the JSON has the summary."""
     argv = ["ab", "--model", "llama3-8b", "--tokens", "2048", "--steps", "60", "--settle", "2", "--rounds", "1",
             "--force", "grad_weight=128x128x64/wg2/s4", "--label", "test", "--out", str(tmp_path)]
@@ -620,7 +683,7 @@ def test_interleaved_times_every_implementation_in_turn_after_its_first_step_alo
     there gets its error and no rounds, the others warmup - 1 + iters balanced rounds; backward_ms is
     total less forward."""
     pytest.importorskip("torch")
-    from lfce.bench import measure
+    from bench import measure
 
     first = []
 

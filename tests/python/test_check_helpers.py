@@ -121,7 +121,7 @@ def test_bf16_rounded_logits_fail_the_peaked_case():
 
 def test_fp16_underflowing_dz_fails():
     """dz = p / N rounded to fp16 as it is (most entries below fp16's range at this N) fails;
-    scaled by a power of two before the rounding and unscaled after (issue 6 item 4) passes."""
+    scaled by a power of two before the rounding and unscaled after (as the kernels do) passes."""
     x, w, b, y = checks.make_inputs(256, 64, 2048, torch.float16, device="cpu")
     grad = checks.upstream("mean", (), torch.float16, device="cpu")
     ref = chunked_reference(x, w, b, y, "mean", grad)

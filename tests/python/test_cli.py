@@ -1,5 +1,6 @@
 """``python -m lfce``'s pieces that need no GPU."""
 
+import json
 import os
 import subprocess
 import sys
@@ -79,3 +80,24 @@ def test_cli_names_tokens_too_wide_for_int64(capsys):
         cli._parse_args(["--tokens", str(2**64)])
     assert exit_info.value.code == 2
     assert str(2**64) in capsys.readouterr().err
+
+
+@pytest.mark.lib
+def test_main_job_prints_a_table_and_writes_json_only_to_the_json_path(tmp_path):
+    library = os.environ.get("LFCE_LIBRARY") or os.path.join(REPO, "build", "liblfce.so")
+    path = tmp_path / "main.json"
+    done = run_cli(["--model", "gemma2-2b", "--tokens", "1024", "--ptxas", "--json", str(path)], library)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert any(line.startswith("sm_90a  lse_forward") for line in lines), done.stdout
+    assert not any(line.lstrip().startswith("{") for line in lines), done.stdout  # no JSON on stdout
+    assert lines[-1] == f"wrote {path}", lines[-1]
+    result = json.loads(path.read_text())
+    assert (result["model"], result["tokens"], result["vocab"]) == ("gemma2-2b", 1024, 256000)
+    assert {row["arch"] for row in result["kernels"]} == {"sm_90a", "sm_80"}
+
+
+def test_gpu_main_job_names_the_missing_benchmark_harness(monkeypatch):
+    monkeypatch.setitem(sys.modules, "bench", None)  # as in an installed wheel: bench/ is not importable
+    with pytest.raises(ImportError, match="from a checkout"):
+        cli._import_bench()

@@ -393,7 +393,7 @@ def test_the_group_still_works_after_every_misuse(misuse_results):
 
 
 def test_parallel_bench_names_a_bad_layout(capsys):
-    from lfce.bench import parallel
+    from bench import parallel
 
     assert parallel.parse_args([]).layouts == ["tensor", "sequence"]
     with pytest.raises(SystemExit):

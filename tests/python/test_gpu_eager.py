@@ -1,4 +1,4 @@
-"""Eager mode's three-GEMM schedule (lfce_forward_backward; issue 8) on the GPU: the logits GEMM
+"""Eager mode's three-GEMM schedule (lfce_forward_backward) on the GPU: the logits GEMM
 stores p̃ = exp(u - tile max), eager_dz forms dz from it once the LSE is known, and the two
 gradient GEMMs read it. Checked against the fp64 references of checks.py and
 test_gpu_numerics_options.py, at one token chunk (the default) and at several (chunk_size /
@@ -198,12 +198,12 @@ def test_eager_matches_recompute_within_the_rounding_of_p(chunks, record_error):
 @pytest.mark.parametrize("grad_id", ["upstream_1", "upstream_random"])
 @pytest.mark.parametrize("chunks", [{}, {"chunk_size": 64}], ids=["one_chunk", "chunks_of_64"])
 def test_eager_peaked_logits_bf16(chunks, grad_id, record_error):
-    """The peaked-logits bar of issue 8: gradient rel. L2 <= 2.5e-3 at V = 256000, as recompute mode
+    """The peaked-logits bar of eager mode: gradient rel. L2 <= 2.5e-3 at V = 256000, as recompute mode
     (2.4e-3 there). The target's dz comes from its fp32 logit, and p̃ is stored in fp16 (11 bits), so
     the kernels add nearly nothing to recompute's error. That holds for the gradients eager mode
     computes, those of an upstream gradient of 1 (loss.backward()); another upstream gradient g
     scales the bf16 gradients in the autograd backward, one more rounding of each (2.96e-3 for
-    grad_weight with the old eager schedule, session 9): bounded there by recompute's own test
+    grad_weight with an earlier eager schedule): bounded there by recompute's own test
     tolerance, PEAKED_REL_L2."""
     n, h, v = 256, 2056, 256000
     assert_three_gemm(n, h, v, torch.bfloat16, 4 if chunks else 1, **chunks)
@@ -220,9 +220,9 @@ def test_eager_peaked_logits_bf16(chunks, grad_id, record_error):
 
 # The options eager_dz forms dz for (docs/design.md), on the three GEMMs at several token chunks (one
 # chunk runs test_gpu_numerics_options.py's eager cases), with those tests' shape, inputs and
-# tolerances, against the fp64 reference written there from the definitions. (On run 2's shape,
-# N = 1000, H = 1032, V = 50257, one grad_bias block of the temperature case was 1.06x the per-row
-# tolerance in recompute and eager mode alike: test-results/2026-12-01-h200-session13-run3.)
+# tolerances, against the fp64 reference written there from the definitions. (At N = 1000,
+# H = 1032, V = 50257 one grad_bias block of the temperature case was 1.06x the per-row tolerance
+# in recompute and eager mode alike: docs/measurements.md#eager-accuracy.)
 OPTIONS = {
     "temperature": {"temperature": 0.6},
     "z_loss": {"z_loss_scale": 0.05},

@@ -46,8 +46,8 @@ EVERY_OUTPUT = {"return_lse": True, "return_entropy": True, "return_logprob": Tr
 # Two logits of a token closer than this (in units of u) may come out of the fp32 GEMM in either order.
 NEAR_TIE = 1e-3
 # The outputs are fp32 values from the same (dtype-rounded) inputs as the reference: only the
-# kernels' fp32 sums and exponentials differ from it. Measured on the H200 (2026-12-01, 35cad34,
-# test-results/2026-12-01-h200-session9-run5 to -run7): relative L2 up to 2.4e-7 for lse, entropy
+# kernels' fp32 sums and exponentials differ from it. Measured on the H200
+# (docs/measurements.md#extra-outputs-accuracy): relative L2 up to 2.4e-7 for lse, entropy
 # and logprob, and with peaked logits at V = 256000 1.2e-6 for the small entropies and 5.9e-6 for the
 # logprobs near 0 (u_y - LSE: about one fp32 ulp of |LSE| ~ 15 absolute); elementwise at most a sixth
 # of these bounds (about 2e-6 absolute at |LSE| ~ 11; the entropy as ln s - t / s, no cancellation
@@ -231,7 +231,7 @@ def test_extra_outputs_and_their_gradients_match_an_fp64_reference(mode, reducti
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("mode", ["recompute", "eager"])
 def test_output_combinations_at_a_large_vocabulary(mode, reduction, dtype, case, record_error):
-    """Issue 9's two combinations of outputs (temperature with the entropy; lse, logprob, accuracy and
+    """The two named combinations of outputs (temperature with the entropy; lse, logprob, accuracy and
     predicted together) at V = 256000, in the whole matrix."""
     check_case(case, 64, 256000, mode, reduction, dtype, record_error)
 

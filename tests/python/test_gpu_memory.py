@@ -119,7 +119,7 @@ def test_eager_holds_the_gradients(inputs, record_property):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bfloat16", "float32"])
 @pytest.mark.parametrize("mode", ["recompute", "eager"])
 def test_odd_hidden_size_makes_no_padded_copy(mode, dtype):
-    """H = 4093 (rows not a multiple of 16 bytes) is read in place (issue 6 item 8). Padding hidden
+    """H = 4093 (rows not a multiple of 16 bytes) is read in place. Padding hidden
     and weight to a multiple of 8 (F.pad, as lfce did before) copies them: the weight's copy
     alone is about the weight's bytes, allocated in the forward and saved for the backward. So
     the forward's peak beyond what it started with, and what it leaves held, stay below half
@@ -147,7 +147,7 @@ def test_odd_hidden_size_makes_no_padded_copy(mode, dtype):
 
 @pytest.mark.parametrize("budget", [None, 256 * MIB], ids=["one_chunk", "budget_256MiB"])
 def test_eager_forward_peak_is_the_gradients_and_its_workspace(inputs, budget, record_property):
-    """Eager mode's three-GEMM forward (issue 8) allocates the gradients it returns and its workspace,
+    """Eager mode's three-GEMM forward allocates the gradients it returns and its workspace,
     nothing else of size: one token chunk's [chunk, V] exponentials in bf16 and its partials, and
     with several chunks (a 256 MiB budget: 4 chunks of 1024 tokens here) the fp32 grad_weight sum
     [V, H]. Peak beyond the forward's start <= gradients + workspace + 1 MiB; held afterwards: the

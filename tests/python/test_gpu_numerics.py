@@ -128,7 +128,7 @@ def test_peaked_logits_bf16(mode, vocab, record_error):
 @pytest.mark.parametrize("mode", MODES)
 def test_float16_mean_over_8192_tokens(mode, record_error):
     """dz = p / N is below fp16's smallest subnormal for most entries at this N unless the
-    kernel keeps it representable (issue 6 item 4): zeroed grad_weight rows fail the per-row
+    kernel keeps it representable (docs/options.md, fp16): zeroed grad_weight rows fail the per-row
     check and the rel. L2 (about 1.5e-2 when dz underflows)."""
     x, w, b, y = make_inputs(8192, 2304, 50257, torch.float16, bias=True)
     grad = upstream("mean", (), torch.float16)
@@ -188,8 +188,7 @@ def test_three_dimensional_hidden(reduction, record_error):
     assert_gradients_match(ours, reference(x, w, b, y, reduction, grad), torch.bfloat16, reduction, record_error)
 
 
-# Rows of H elements that are not a multiple of 16 bytes, read in place (no padded copy; issue 6
-# item 8): the kernels copy them in the widest piece H allows (hidden_row_align), never by TMA.
+# Rows of H elements that are not a multiple of 16 bytes, read in place (no padded copy): the kernels copy them in the widest piece H allows (hidden_row_align), never by TMA.
 # (N, H, V, dtype): bf16 H odd -> 2-byte element loads, 2 mod 4 -> 4-byte cp.async, 4 mod 8 ->
 # 8 bytes; fp32 odd -> 4 bytes, 2 mod 4 -> 8 bytes; H = 7 and 3 are under one K tile.
 ODD_HIDDEN = [

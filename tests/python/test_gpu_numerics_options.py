@@ -226,8 +226,8 @@ LARGE_VOCABULARY_OPTIONS = {
 
 # fp32 with softcap 3 checks the cap's slope where it saturates: taken as 1 - t^2 from t = tanh, its
 # relative error grows as t nears 1 and grad_weight rows of rare classes came out 1.39e-4 from fp64
-# (H200, 2026-12-01, test-results/2026-12-01-h200-session9-run9); the kernels take it as s (2 - s),
-# s = 2 / (e^(2|x|) + 1) (template_util.h capped_logit_with_slope).
+# (docs/measurements.md#softcap-slope); the kernels take it as s (2 - s), s = 2 / (e^(2|x|) + 1)
+# (template_util.h capped_logit_with_slope).
 LARGE_VOCABULARY_CASES = [(dtype, option) for dtype in ("bf16", "fp32") for option in LARGE_VOCABULARY_OPTIONS]
 
 
@@ -243,11 +243,12 @@ def test_each_option_alone_at_a_large_vocabulary(mode, reduction, dtype_name, op
     check_predicted_case((x, w, b, y), options, mode, reduction, dtype, record_error)
 
 
-# Issue 9's named combinations at the large vocabulary, in the whole matrix (the outputs' two are in
+# The named option combinations at the large vocabulary, in the whole matrix (the outputs' two are in
 # test_gpu_extra_outputs.py): softcap with z-loss, and label smoothing with class weights (every fifth
 # token ignored, predicted_inputs). With z_loss_scale 0.05 beside softcap 3, dropping the cap moved the
-# bf16 "mean" loss by only 7x its tolerance (their changes partly cancel; H200, test-results/2026-12-01-
-# h200-session10-run8); 0.2, as at V = 64007, moves each by 34x or more (fp64 reference on the CPU).
+# bf16 "mean" loss by only 7x its tolerance (their changes partly cancel;
+# docs/measurements.md#option-combinations); 0.2, as at V = 64007, moves each by 34x or more (fp64
+# reference on the CPU).
 LARGE_VOCABULARY_COMBINATIONS = {
     "softcap_z_loss": {"softcap": 3.0, "z_loss_scale": 0.2},
     "smoothing_class_weight": {"label_smoothing": 0.2, "class_weight": True},

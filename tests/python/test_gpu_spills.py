@@ -116,12 +116,12 @@ def test_eager_kernels_do_not_spill_under_the_driver_jit(options, bias):
 
 
 # What the driver's JIT reported beyond spills: lfce warns with each "Potential Performance Loss" line
-# of its log (a setmaxnreg ignored, wgmma serialised). Until session 12 the kernel cache compiled every
-# kernel by linking (cuLinkAddData, to keep the cubin), which compiles relocatable code, where the
-# driver ignores setmaxnreg (C7504, "to maintain compatibility across compilation units"): all
-# warpgroups of the warp-specialised kernels ran on the flat share of registers (168), and the
-# ping-pong dlogits_backward spilled. A fresh process and an empty cache, so that every kernel goes
-# through the JIT and its log is read.
+# of its log (a setmaxnreg ignored, wgmma serialised). A kernel cache that compiled every kernel by
+# linking (cuLinkAddData, to keep the cubin), which compiles relocatable code, where the
+# driver ignores setmaxnreg (C7504, "to maintain compatibility across compilation units"), ran all
+# warpgroups of the warp-specialised kernels on the flat share of registers (168), and the
+# ping-pong dlogits_backward spilled (docs/measurements.md#compiled-whole). A fresh process and an
+# empty cache, so that every kernel goes through the JIT and its log is read.
 JIT_SCRIPT = """
 import torch, lfce
 from checks import make_inputs

@@ -104,6 +104,9 @@ def test_pip_install_into_a_fresh_venv_gives_a_working_package(tmp_path):
     assert package_dir.startswith(str(venv)), f"imported {package_dir}, not the installed package"
     assert out[2] == os.path.join(package_dir, "liblfce.so"), f"loaded {out[2]}"
     assert int(out[3]) > 0
+    # The library and the package only: the benchmark harness (bench/) stays in the checkout.
+    assert not os.path.exists(os.path.join(package_dir, "bench")), os.listdir(package_dir)
+    assert not list((venv / "lib").glob("python*/site-packages/bench"))
 
     # The console entry point runs the command line in the package, which loads the library beside it.
     lfce_command = str(venv / "bin" / "lfce")

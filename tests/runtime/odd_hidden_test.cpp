@@ -1,4 +1,4 @@
-// Any hidden size H with no padded copy of hidden or weight (issue 6, item 8): rows of H
+// Any hidden size H with no padded copy of hidden or weight: rows of H
 // elements that are not a multiple of 16 bytes are copied in narrower pieces and never take
 // the sm_90a TMA + wgmma pipeline. The kernels a plan runs for such H generate, assemble with
 // ptxas for sm_90a and sm_80 without spills, and use the pieces hidden_row_align allows; aligned

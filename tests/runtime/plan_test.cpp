@@ -489,7 +489,7 @@ TEST(Plan, SpecsAreSharedAcrossFieldsTheKernelDoesNotRead) {
     EXPECT_EQ(spec_text(recompute, kind), spec_text(summed, kind)) << kind_name(kind);
 }
 
-// Per-GPU limits (issue 6 item 3): a 99 KiB GPU (RTX 30/40/50, A10, L4, L40S) gets default
+// Per-GPU limits: a 99 KiB GPU (RTX 30/40/50, A10, L4, L40S) gets default
 // tiles that fit, and the forward aims for one CTA per SM of the device.
 TEST(Plan, DefaultTilesFitA99KibGpu) {
   constexpr int64_t kSmall = 99 * 1024;
@@ -704,7 +704,7 @@ TEST(ProblemFromC, NamesNegativeChunk) {
   EXPECT_NE(error_of(p).find("chunk_size"), std::string::npos) << error_of(p);
 }
 
-// ---- bounds: every size is checked before it is used (issue 6, "huge token counts") ----
+// ---- bounds: every size is checked before it is used (huge token counts among them) ----
 
 TEST(ProblemFromC, NamesTokensAboveTheLimit) {
   lfce_problem p = llama3(4611686018427387905);  // once looped forever in next_pow2
