@@ -6,7 +6,9 @@
 #include <string>
 #include <utility>
 
+#include "api/args_from_c.h"
 #include "api/session.h"
+#include "api/struct_layout.h"
 #include "autotune/tuner.h"
 #include "compiler/errors.h"
 #include "compiler/nvptx_backend.h"
@@ -76,6 +78,12 @@ lfce::runtime::Plan host_plan(const lfce_problem* problem) {
   return lfce::runtime::Plan(lfce::runtime::problem_from_c(problem), lfce::Arch::SM90A);
 }
 
+// The layout of lfce.h's struct `name`, else SpecError.
+const lfce::api::StructLayout& known_struct(const char* name) {
+  if (const lfce::api::StructLayout* s = lfce::api::struct_layout(name)) return *s;
+  throw lfce::SpecError(std::string("no struct named '") + name + "' in lfce.h");
+}
+
 }  // namespace
 
 extern "C" {
@@ -88,24 +96,15 @@ int lfce_struct_size(const char* name, size_t* bytes) {
   return guarded("lfce_struct_size", [&] {
     require_out(name, "name");
     require_out(bytes, "bytes");
-    static const std::pair<const char*, size_t> sizes[] = {
-        {"lfce_problem", sizeof(lfce_problem)},
-        {"lfce_forward_args", sizeof(lfce_forward_args)},
-        {"lfce_backward_args", sizeof(lfce_backward_args)},
-        {"lfce_kernel_info", sizeof(lfce_kernel_info)},
-        {"lfce_precompiled", sizeof(lfce_precompiled)},
-        {"lfce_device_limits", sizeof(lfce_device_limits)},
-        {"lfce_cache_entry", sizeof(lfce_cache_entry)},
-        {"lfce_kernel_load", sizeof(lfce_kernel_load)},
-        {"lfce_tune_options", sizeof(lfce_tune_options)},
-        {"lfce_tune_result", sizeof(lfce_tune_result)},
-    };
-    for (const auto& [known, size] : sizes)
-      if (std::string(known) == name) {
-        *bytes = size;
-        return;
-      }
-    throw lfce::SpecError(std::string("no struct named '") + name + "' in lfce.h");
+    *bytes = known_struct(name).size;
+  });
+}
+
+int lfce_struct_layout(const char* name, lfce_field_callback callback, void* user) {
+  return guarded("lfce_struct_layout", [&] {
+    require_out(name, "name");
+    if (!callback) throw lfce::SpecError("callback is NULL");
+    for (const lfce::api::FieldLayout& f : known_struct(name).fields) callback(f.name, f.offset, f.size, user);
   });
 }
 
@@ -152,7 +151,7 @@ int lfce_backward_chunk_size(const lfce_problem* problem, int64_t* chunk) {
 int lfce_forward(const lfce_problem* problem, const lfce_forward_args* args) {
   return guarded("lfce_forward", [&] {
     require_out(args, "args");
-    lfce::runtime::forward(lfce::runtime::problem_from_c(problem), *args, session_plan);
+    lfce::runtime::forward(lfce::runtime::problem_from_c(problem), lfce::api::forward_args_from_c(*args), session_plan);
   });
 }
 
@@ -162,7 +161,7 @@ int lfce_backward(const lfce_problem* problem, const lfce_backward_args* args) {
     lfce::runtime::Problem p = lfce::runtime::problem_from_c(problem);
     // The lse rows' gradients are a different dlogits_backward: part of the problem its plan is for.
     p.lse_grad = args->grad_lse != nullptr;
-    lfce::runtime::backward(p, *args, session_plan);
+    lfce::runtime::backward(p, lfce::api::backward_args_from_c(*args), session_plan);
   });
 }
 
@@ -177,8 +176,9 @@ int lfce_forward_backward(const lfce_problem* problem, const lfce_forward_args* 
                           void* grad_weight, void* grad_bias) {
   return guarded("lfce_forward_backward", [&] {
     require_out(args, "args");
-    lfce::runtime::forward_backward(lfce::runtime::problem_from_c(problem), *args, grad_hidden, grad_weight, grad_bias,
-                                    session_plan);
+    const lfce::runtime::ForwardBackwardArgs a{lfce::api::forward_args_from_c(*args), grad_hidden, grad_weight,
+                                               grad_bias};
+    lfce::runtime::forward_backward(lfce::runtime::problem_from_c(problem), a, session_plan);
   });
 }
 
@@ -206,7 +206,7 @@ int lfce_eager_schedule(const lfce_problem* problem, int32_t* three_gemm, int64_
 int lfce_generate(const lfce_problem* problem, const char* arch, lfce_kernel_callback callback, void* user) {
   return guarded("lfce_generate", [&] {
     require_out(arch, "arch");
-    require_out(reinterpret_cast<const void*>(callback), "callback");
+    if (!callback) throw lfce::SpecError("callback is NULL");
     lfce::runtime::Plan plan(lfce::runtime::problem_from_c(problem), lfce::parse_arch(arch));
     for (const lfce::KernelSpec& spec : plan.launched_specs()) {
       lfce::GeneratedKernel kernel = lfce::generate_kernel(spec);
@@ -283,7 +283,7 @@ int lfce_precompile_for(const lfce_problem* problem, const char* arch, const lfc
 
 int lfce_cache_list(lfce_cache_entry_callback callback, void* user) {
   return guarded("lfce_cache_list", [&] {
-    require_out(reinterpret_cast<const void*>(callback), "callback");
+    if (!callback) throw lfce::SpecError("callback is NULL");
     for (const lfce::runtime::EntryRecord& r : session_cache()->list()) {
       std::string kind(lfce::runtime::entry_kind_name(r.kind));
       lfce_cache_entry e{r.key.c_str(), kind.c_str(), r.spec.c_str(), r.arch.c_str(),
@@ -296,7 +296,7 @@ int lfce_cache_list(lfce_cache_entry_callback callback, void* user) {
 int lfce_cache_info(const char* key, lfce_text_callback callback, void* user) {
   return guarded("lfce_cache_info", [&] {
     require_out(key, "key");
-    require_out(reinterpret_cast<const void*>(callback), "callback");
+    if (!callback) throw lfce::SpecError("callback is NULL");
     callback(session_cache()->info(key).c_str(), user);
   });
 }
@@ -332,7 +332,7 @@ int lfce_cache_clear(double older_than_days, int64_t* removed, int64_t* bytes) {
 
 int lfce_kernel_load_stats(lfce_kernel_load_callback callback, void* user) {
   return guarded("lfce_kernel_load_stats", [&] {
-    require_out(reinterpret_cast<const void*>(callback), "callback");
+    if (!callback) throw lfce::SpecError("callback is NULL");
     for (const auto& s : lfce::runtime::kernel_load_stats()) {
       lfce_kernel_load l{s.spec.c_str(), s.device, s.source.c_str(), s.llvm_ms, s.jit_ms, s.disk_ms, s.load_ms,
                          s.total_ms, s.registers, s.local_bytes};
@@ -388,7 +388,7 @@ int lfce_plan_is_tuned(const lfce_problem* problem, int32_t device, int32_t* tun
     const lfce::runtime::DeviceInfo& info = lfce::runtime::device_info(device);
     const lfce::runtime::DeviceLimits limits{info.max_smem_optin, info.sm_count};
     // The session's tuning, as the next forward and backward run with (the environment's
-    // LFCE_EAGER_OPERAND and LFCE_EAGER_FIXUP switches are not a tuning).
+    // LFCE_EXPERIMENTAL switches are not a tuning).
     lfce::runtime::Tuning tuning = lfce::api::Session::get().tuning(p, info.arch(), limits);
     tuning.eager_operand = lfce::runtime::Tuning{}.eager_operand;
     tuning.eager_fixup = lfce::runtime::Tuning{}.eager_fixup;

@@ -6,7 +6,7 @@
 #include "runtime/driver.h"
 #include "runtime/kernel_cache.h"
 #include "runtime/logging.h"
-#include "runtime/tuning_store.h"
+#include "runtime/tuning_files.h"
 
 namespace lfce::api {
 

@@ -4,7 +4,7 @@
 //   cache     the one cache directory, for the kernels (runtime's disk cache) and the tuning
 //             winners (<cache dir>/tuning) alike: set_cache_dir() moves both;
 //   tunings   the persisted winners of each problem, read once per problem, device limits and
-//             cache directory (the runtime reads the files: runtime/tuning_store.h; no sweep
+//             cache directory (the runtime reads the files: runtime/tuning_files.h; no sweep
 //             ever runs here: `lfce tune` or lfce.tune() produce them);
 //   plans     the launch plan of each (problem, device), built once.
 //

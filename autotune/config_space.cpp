@@ -123,16 +123,16 @@ std::vector<int64_t> ctas_choices(bool small, int64_t sm_count) {
 
 // Candidates for `kind` with tiles from `tiles`: every tile crossed with the kind's extra
 // axis (CTA target or chunk); in the small space, only the first tile is crossed.
-std::vector<Candidate> cross(KernelKind kind, const Problem& problem, const std::vector<TileConfig>& tiles,
+std::vector<runtime::Candidate> cross(KernelKind kind, const Problem& problem, const std::vector<TileConfig>& tiles,
                              bool small, int64_t sm_count) {
   std::vector<int64_t> ctas = kind == KernelKind::LseForward ? ctas_choices(small, sm_count) : std::vector<int64_t>{0};
   std::vector<int64_t> chunks =
       kind == KernelKind::DlogitsBackward ? chunk_choices(problem, small) : std::vector<int64_t>{0};
-  std::vector<Candidate> out;
+  std::vector<runtime::Candidate> out;
   for (size_t i = 0; i < tiles.size(); ++i)
     for (size_t f = 0; f < ctas.size(); ++f)
       for (size_t c = 0; c < chunks.size(); ++c)
-        if (!small || i == 0 || (f == 0 && c == 0)) out.push_back(Candidate{kind, tiles[i], ctas[f], chunks[c]});
+        if (!small || i == 0 || (f == 0 && c == 0)) out.push_back(runtime::Candidate{kind, tiles[i], ctas[f], chunks[c]});
   return out;
 }
 
@@ -150,17 +150,17 @@ const std::vector<KernelKind>& tuned_kinds() {
 
 bool is_tuned_kind(KernelKind kind) { return kind_info(kind).gemm && !kind_info(kind).eager; }
 
-Candidate default_candidate(KernelKind kind, const Problem& problem, Arch arch, const runtime::DeviceLimits& limits) {
+runtime::Candidate default_candidate(KernelKind kind, const Problem& problem, Arch arch, const runtime::DeviceLimits& limits) {
   return candidate_of(kind, problem, Tuning{}, arch, limits);
 }
 
-Candidate candidate_of(KernelKind kind, const Problem& problem, const Tuning& tuning, Arch arch,
+runtime::Candidate candidate_of(KernelKind kind, const Problem& problem, const Tuning& tuning, Arch arch,
                        const runtime::DeviceLimits& limits) {
   // What a Plan on that device runs (runtime/plan.cpp), whose unknowns are filled as the
   // tuning key fills them.
   const runtime::DeviceLimits device = runtime::effective_limits(arch, limits);
   const runtime::Plan plan(problem, arch, tuning, device);
-  Candidate c{kind, plan.tile(kind), 0, 0};
+  runtime::Candidate c{kind, plan.tile(kind), 0, 0};
   if (kind == KernelKind::LseForward)
     c.forward_ctas = std::min(tuning.forward_ctas > 0 ? tuning.forward_ctas : device.sm_count, runtime::kMaxForwardCtas);
   if (kind == KernelKind::DlogitsBackward) c.chunk = plan.chunk();
@@ -185,7 +185,7 @@ int estimated_registers(const TileConfig& t, DType dtype) {
   return accumulators + fragments + kRegisterOverhead;
 }
 
-std::optional<std::string> rejection(const Candidate& c, const Problem& problem, Arch arch,
+std::optional<std::string> rejection(const runtime::Candidate& c, const Problem& problem, Arch arch,
                                      const runtime::DeviceLimits& limits) {
   if (auto reason = runtime::unrunnable(c, problem, arch, limits)) return reason;
   const ArchInfo& info = arch_info(arch);
@@ -245,9 +245,9 @@ ConfigSpace config_space(KernelKind kind, const Problem& problem, Arch arch, std
     tiles.insert(tiles.begin(), hopper.begin(), hopper.end());
   }
   ConfigSpace space;
-  const Candidate fallback = default_candidate(kind, problem, arch, limits);
+  const runtime::Candidate fallback = default_candidate(kind, problem, arch, limits);
   space.kept.push_back(fallback);  // measured first: every speed-up is relative to it
-  for (const Candidate& c : cross(kind, problem, tiles, small, runtime::effective_limits(arch, limits).sm_count)) {
+  for (const runtime::Candidate& c : cross(kind, problem, tiles, small, runtime::effective_limits(arch, limits).sm_count)) {
     if (c == fallback) continue;
     if (auto reason = rejection(c, problem, arch, limits))
       space.rejected.push_back({c, *reason});

@@ -42,8 +42,8 @@ bool sticky(CUresult code) {
 
 bool is_forward(KernelKind kind) { return !kind_info(kind).backward; }
 
-Measurement failure(std::string reason) {
-  Measurement m;
+runtime::Measurement failure(std::string reason) {
+  runtime::Measurement m;
   m.error = std::move(reason);
   return m;
 }
@@ -56,7 +56,7 @@ class GpuBench final : public Bench {
 
   std::string device_name() const override { return runtime::device_info(device_).name; }
 
-  Measurement measure(KernelKind kind, const Tuning& tuning) override {
+  runtime::Measurement measure(KernelKind kind, const Tuning& tuning) override {
     try {
       const bool fwd = is_forward(kind);
       if (!fwd && !lse_from_default_) {  // the backward reads the forward's LSE and count
@@ -67,12 +67,12 @@ class GpuBench final : public Bench {
       run(fwd, tuning);  // the first run: a launch failure shows here, before any timing
       if (fwd) lse_from_default_ = false;
       synchronize();
-      Measurement m;
+      runtime::Measurement m;
       if (options_.verify) {
         const Verdict v = verify(fwd, tuning);
         m.verify_error = v.score;
         if (!v.ok()) {
-          Measurement rejected = failure("verify against the fp64 host reference (first " +
+          runtime::Measurement rejected = failure("verify against the fp64 host reference (first " +
                                          std::to_string(verify_problem(p_, 0).tokens) + " tokens): " + v.failure);
           rejected.verify_error = v.score;
           return rejected;
@@ -149,19 +149,36 @@ class GpuBench final : public Bench {
   runtime::Plan plan_of(const Problem& p, const Tuning& tuning) const { return runtime::Plan(p, arch_, tuning, limits_); }
 
   void forward(const Problem& p, const Tuning& tuning, const ForwardOut& out) {
-    lfce_forward_args a{hidden_.get(), weight_.get(), p.bias ? bias_.get() : nullptr, targets_.get(), nullptr,
-                        static_cast<float*>(out.lse->get()), static_cast<float*>(out.token_loss->get()),
-                        static_cast<float*>(out.loss->get()), static_cast<float*>(out.count->get()), nullptr,
-                        out.workspace->get(), out.workspace->bytes(), device_, nullptr};
+    runtime::ForwardArgs a;
+    a.hidden = hidden_.get();
+    a.weight = weight_.get();
+    a.bias = p.bias ? bias_.get() : nullptr;
+    a.targets = targets_.get();
+    a.lse = static_cast<float*>(out.lse->get());
+    a.token_loss = static_cast<float*>(out.token_loss->get());
+    a.loss = static_cast<float*>(out.loss->get());
+    a.valid_count = static_cast<float*>(out.count->get());
+    a.workspace = out.workspace->get();
+    a.workspace_bytes = out.workspace->bytes();
+    a.device = device_;
     runtime::forward(p, a, [&](const Problem& q, int) { return plan_of(q, tuning); });
   }
 
   void backward(const Problem& p, const Tuning& tuning, const BackwardIn& in) {
-    lfce_backward_args a{hidden_.get(), weight_.get(), p.bias ? bias_.get() : nullptr, targets_.get(), nullptr,
-                         static_cast<const float*>(in.lse->get()), static_cast<const float*>(in.count->get()),
-                         static_cast<const float*>(grad_loss_.get()), nullptr, grad_hidden_.get(), grad_weight_.get(),
-                         p.bias ? grad_bias_.get() : nullptr, in.workspace->get(), in.workspace->bytes(), device_,
-                         nullptr};
+    runtime::BackwardArgs a;
+    a.hidden = hidden_.get();
+    a.weight = weight_.get();
+    a.bias = p.bias ? bias_.get() : nullptr;
+    a.targets = targets_.get();
+    a.lse = static_cast<const float*>(in.lse->get());
+    a.valid_count = static_cast<const float*>(in.count->get());
+    a.grad_loss = static_cast<const float*>(grad_loss_.get());
+    a.grad_hidden = grad_hidden_.get();
+    a.grad_weight = grad_weight_.get();
+    a.grad_bias = p.bias ? grad_bias_.get() : nullptr;
+    a.workspace = in.workspace->get();
+    a.workspace_bytes = in.workspace->bytes();
+    a.device = device_;
     runtime::backward(p, a, [&](const Problem& q, int) { return plan_of(q, tuning); });
   }
 

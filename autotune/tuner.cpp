@@ -32,8 +32,8 @@ std::vector<KernelKind> kinds_in_order(const TuneOptions& options) {
 struct KindSweep {
   KernelKind kind;
   ConfigSpace space;
-  std::optional<TuningEntry> stored;
-  std::vector<Candidate> todo;
+  std::optional<runtime::TuningEntry> stored;
+  std::vector<runtime::Candidate> todo;
 };
 
 // Counts candidates over all kinds and estimates the time left from the mean so far.
@@ -41,7 +41,7 @@ class ProgressMeter {
  public:
   ProgressMeter(int total, const std::function<void(const Progress&)>& report)
       : total_(total), report_(report), start_(Clock::now()) {}
-  void about_to_measure(KernelKind kind, const Candidate& c) const { emit(kind, c.text()); }
+  void about_to_measure(KernelKind kind, const runtime::Candidate& c) const { emit(kind, c.text()); }
   void measured() { ++done_; }
   void finish(KernelKind kind) const { emit(kind, ""); }
   int done() const { return done_; }
@@ -68,7 +68,7 @@ std::map<std::string, std::string> context_of(KernelKind kind, const Problem& pr
   return out;
 }
 
-void save_or_warn(const TuningStore& store, const TuningEntry& entry, bool& warned) {
+void save_or_warn(const TuningStore& store, const runtime::TuningEntry& entry, bool& warned) {
   try {
     store.save(entry);
   } catch (const std::exception& e) {
@@ -78,13 +78,13 @@ void save_or_warn(const TuningStore& store, const TuningEntry& entry, bool& warn
   }
 }
 
-KindResult result_of(const KindSweep& s, const TuningEntry& entry, const TuningStore& store, int measured) {
+KindResult result_of(const KindSweep& s, const runtime::TuningEntry& entry, const TuningStore& store, int measured) {
   KindResult r;
   r.kind = s.kind;
   r.path = store.path(entry.key);
   r.default_config = entry.default_config;
-  if (const Record* d = entry.find(entry.default_config)) r.default_ms = d->result.ms;
-  if (const Record* w = entry.winner()) {
+  if (const runtime::Record* d = entry.find(entry.default_config)) r.default_ms = d->result.ms;
+  if (const runtime::Record* w = entry.winner()) {
     r.winner = w->candidate;
     r.winner_ms = w->result.ms;
   }
@@ -92,16 +92,16 @@ KindResult result_of(const KindSweep& s, const TuningEntry& entry, const TuningS
   r.measured = measured;
   r.reused = static_cast<int>(s.space.kept.size() - s.todo.size());
   r.failed = static_cast<int>(std::count_if(entry.records.begin(), entry.records.end(),
-                                            [](const Record& rec) { return !rec.result.ok(); }));
+                                            [](const runtime::Record& rec) { return !rec.result.ok(); }));
   r.rejected = static_cast<int>(s.space.rejected.size());
   return r;
 }
 
 }  // namespace
 
-std::vector<Candidate> remaining(const std::optional<TuningEntry>& entry, const std::vector<Candidate>& candidates) {
-  std::vector<Candidate> out;
-  for (const Candidate& c : candidates)
+std::vector<runtime::Candidate> remaining(const std::optional<runtime::TuningEntry>& entry, const std::vector<runtime::Candidate>& candidates) {
+  std::vector<runtime::Candidate> out;
+  for (const runtime::Candidate& c : candidates)
     if (!entry || !entry->find(c)) out.push_back(c);
   return out;
 }
@@ -112,7 +112,7 @@ TuneResult tune_with(Bench& bench, const Problem& problem, Arch arch, const Tune
   int total = 0;
   for (KernelKind kind : kinds_in_order(options)) {
     KindSweep s{kind, config_space(kind, problem, arch, options.space, options.limits),
-                store.load(TuningKey::of(kind, problem, arch, options.limits)), {}};
+                store.load(runtime::TuningKey::of(kind, problem, arch, options.limits)), {}};
     s.todo = remaining(s.stored, s.space.kept);
     // The default first (every speed-up is relative to it), the rest in a fixed shuffled
     // order: a sweep cut short by its budget has then sampled the whole space, not a corner.
@@ -132,17 +132,17 @@ TuneResult tune_with(Bench& bench, const Problem& problem, Arch arch, const Tune
   ProgressMeter meter(total, options.progress);
   TuneResult result;
   // Kinds not tuned now run with their stored winners while the others are measured.
-  Tuning fixed = stored_tuning(store, problem, arch, options.limits);
+  Tuning fixed = runtime::stored_tuning(store, problem, arch, options.limits);
   bool warned = false, prepared = false;
   for (KindSweep& s : sweeps) {
-    TuningEntry entry = s.stored ? *s.stored : TuningEntry{};
-    entry.key = TuningKey::of(s.kind, problem, arch, options.limits);
+    runtime::TuningEntry entry = s.stored ? *s.stored : runtime::TuningEntry{};
+    entry.key = runtime::TuningKey::of(s.kind, problem, arch, options.limits);
     entry.tokens = problem.tokens;
     entry.device = bench.device_name();
     entry.default_config = s.space.kept.front();
     entry.measured_with = context_of(s.kind, problem, fixed, arch, options.limits);
     int measured = 0;
-    for (const Candidate& c : s.todo) {
+    for (const runtime::Candidate& c : s.todo) {
       if (Clock::now() >= deadline) {
         result.stopped_by_budget = true;
         break;
@@ -150,13 +150,13 @@ TuneResult tune_with(Bench& bench, const Problem& problem, Arch arch, const Tune
       if (!prepared) bench.prepare();
       prepared = true;
       meter.about_to_measure(s.kind, c);
-      Measurement m;
+      runtime::Measurement m;
       try {
         m = bench.measure(s.kind, c.apply(fixed));
       } catch (const std::exception& e) {
         // The device is unusable: keep the culprit as a failure, so that a resumed sweep
         // (in a fresh process) skips it, and stop.
-        Measurement fatal;
+        runtime::Measurement fatal;
         fatal.error = std::string("fatal: ") + e.what();
         entry.records.push_back({c, fatal});
         save_or_warn(store, entry, warned);
@@ -168,7 +168,7 @@ TuneResult tune_with(Bench& bench, const Problem& problem, Arch arch, const Tune
       meter.measured();
       ++measured;
     }
-    if (const Record* w = entry.winner()) fixed = w->candidate.apply(fixed);
+    if (const runtime::Record* w = entry.winner()) fixed = w->candidate.apply(fixed);
     result.kinds.push_back(result_of(s, entry, store, measured));
     if (!s.todo.empty()) meter.finish(s.kind);
   }

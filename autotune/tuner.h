@@ -46,8 +46,8 @@ struct TuneOptions {
 struct KindResult {
   KernelKind kind = KernelKind::LseForward;
   std::string path;  // the tuning file
-  Candidate default_config;
-  std::optional<Candidate> winner;
+  runtime::Candidate default_config;
+  std::optional<runtime::Candidate> winner;
   double default_ms = std::numeric_limits<double>::infinity();
   double winner_ms = std::numeric_limits<double>::infinity();
   std::optional<double> speedup;  // default_ms / winner_ms
@@ -74,11 +74,11 @@ class Bench {
   // Time of the forward (lse_forward) or the backward (the other kinds) run with `tuning`.
   // Failures are returned as data (+inf and the reason), not thrown, unless the device is
   // unusable afterwards (a sticky CUDA error): then it throws and the sweep ends.
-  virtual Measurement measure(KernelKind kind, const runtime::Tuning& tuning) = 0;
+  virtual runtime::Measurement measure(KernelKind kind, const runtime::Tuning& tuning) = 0;
 };
 
 // The candidates of `candidates` that `entry` has no record of, in order.
-std::vector<Candidate> remaining(const std::optional<TuningEntry>& entry, const std::vector<Candidate>& candidates);
+std::vector<runtime::Candidate> remaining(const std::optional<runtime::TuningEntry>& entry, const std::vector<runtime::Candidate>& candidates);
 
 // The sweep with any bench: pruning, resuming, saving, winners, progress and budget.
 TuneResult tune_with(Bench& bench, const runtime::Problem& problem, Arch arch, const TuneOptions& options);

@@ -13,7 +13,7 @@ namespace fs = std::filesystem;
 // Ordered: the file reads key, winner, then the candidates, as written.
 using json = nlohmann::ordered_json;
 
-json record_json(const Record& r) {
+json record_json(const runtime::Record& r) {
   json j = {{"config", r.candidate.text()}};
   j["ms"] = r.result.ok() ? json(r.result.ms) : json(nullptr);  // JSON has no infinity
   if (!r.result.error.empty()) j["error"] = r.result.error;
@@ -21,21 +21,21 @@ json record_json(const Record& r) {
   return j;
 }
 
-json entry_json(const TuningEntry& e) {
+json entry_json(const runtime::TuningEntry& e) {
   json j = {{"format", runtime::kTuningFormat},
             {"key", runtime::key_json(e.key)},
             {"tokens", e.tokens},
             {"device", e.device},
             {"default", e.default_config.text()},
             {"measured_with", e.measured_with}};
-  if (const Record* w = e.winner()) {
+  if (const runtime::Record* w = e.winner()) {
     j["winner"] = {{"config", w->candidate.text()}, {"ms", w->result.ms}};
     if (auto s = e.speedup()) j["winner"]["speedup_vs_default"] = *s;
   } else {
     j["winner"] = nullptr;
   }
   j["candidates"] = json::array();
-  for (const Record& r : e.records) j["candidates"].push_back(record_json(r));
+  for (const runtime::Record& r : e.records) j["candidates"].push_back(record_json(r));
   return j;
 }
 
@@ -51,7 +51,7 @@ void write_entry(const fs::path& path, const std::string& text) {
 
 }  // namespace
 
-void TuningStore::save(const TuningEntry& entry) const {
+void TuningStore::save(const runtime::TuningEntry& entry) const {
   if (dir().empty()) throw std::runtime_error("tuning store: no cache directory (set LFCE_CACHE_DIR)");
   write_entry(path(entry.key), entry_json(entry).dump(2) + "\n");
 }

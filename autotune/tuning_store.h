@@ -1,22 +1,13 @@
 // Writing tuning results: the autotuner is the only producer of the files that the runtime
-// reads (runtime/tuning_store.h: the key, the entry, the format and the reader). A
+// reads (runtime/tuning_files.h: the key, the entry, the format and the reader). A
 // TuningStore is the runtime's reader of one cache directory plus save().
 #pragma once
 
 #include <string>
 
-#include "runtime/tuning_store.h"
+#include "runtime/tuning_files.h"
 
 namespace lfce::autotune {
-
-// The runtime's tuning types, under the names the autotuner has always used.
-using runtime::Candidate;
-using runtime::Measurement;
-using runtime::Record;
-using runtime::stored_tuning;
-using runtime::token_bucket;
-using runtime::TuningEntry;
-using runtime::TuningKey;
 
 class TuningStore : public runtime::TuningFiles {
  public:
@@ -25,7 +16,7 @@ class TuningStore : public runtime::TuningFiles {
 
   // Writes atomically (temp file in the same directory, fsync, rename): readers see the old
   // entry or the new one, never a part. Throws std::runtime_error naming the path.
-  void save(const TuningEntry& entry) const;
+  void save(const runtime::TuningEntry& entry) const;
 };
 
 }  // namespace lfce::autotune

@@ -81,7 +81,7 @@ def with_chunk(kind, candidate, chunk):
 def tuning_entry(kind, candidate, vocab, hidden, tokens, mode, arch, smem_per_block, sm_count, dtype="bf16"):
     """(file name, JSON) of the tuning entry that makes ``candidate`` the winner of ``kind`` for one
     problem (mean reduction, int64 targets, no bias) on a device with these limits: the key and
-    file name runtime/tuning_store.cpp reads (TuningKey::text, key_json; format 2)."""
+    file name runtime/tuning_files.cpp reads (TuningKey::text, key_json; format 2)."""
     bucket = 1 << max(0, (int(tokens) - 1).bit_length())
     key = {"kind": kind, "vocab": int(vocab), "hidden": int(hidden), "dtype": dtype, "mode": mode, "bias": False,
            "reduction": "mean", "targets": "i64", "arch": arch, "smem_per_block": int(smem_per_block),
@@ -202,7 +202,7 @@ def parse_args(argv):
 
 
 # The opt-in shared memory per block of each arch's table (runtime/arch.cpp): the tuning key holds the
-# device's limit capped by it (runtime/tuning_store.cpp, effective_limits).
+# device's limit capped by it (runtime/tuning_files.cpp, effective_limits).
 ARCH_SMEM = {"sm_90a": 232448, "sm_80": 166912}
 
 

@@ -3,6 +3,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace lfce {
 
@@ -12,10 +13,16 @@ class SpecError : public std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
-// LLVM or the driver's JIT rejected a module; the message carries its log.
+// LLVM or the driver's JIT rejected a module: what() says which kernel and why, followed by
+// the toolchain's log; log() is the log alone ("" where there is none).
 class CompileError : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit CompileError(const std::string& message, std::string log = "")
+      : std::runtime_error(log.empty() ? message : message + "\n" + log), log_(std::move(log)) {}
+  const std::string& log() const { return log_; }
+
+ private:
+  std::string log_;
 };
 
 // A bug in lfce.

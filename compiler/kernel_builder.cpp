@@ -15,6 +15,9 @@ KernelBuilder::KernelBuilder(llvm::Module& module, const std::string& name,
   llvm::LLVMContext& c = module.getContext();
   std::vector<llvm::Type*> types;
   for (const Param& p : params) {
+    for (const KernelParam& earlier : signature_)
+      if (earlier.name == p.name) throw InternalError(name + " declares the parameter " + p.name + " twice");
+    signature_.push_back({p.name, p.type});
     switch (p.type) {
       case ParamType::GlobalPtr: types.push_back(llvm::PointerType::get(c, 1)); break;
       case ParamType::I64: types.push_back(llvm::Type::getInt64Ty(c)); break;

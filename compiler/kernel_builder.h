@@ -11,12 +11,11 @@
 #include <string>
 #include <vector>
 
+#include "compiler/kernel_signature.h"
+
 namespace lfce {
 
-// TensorMap: a 128-byte CUtensorMap passed by value (byval, 64-byte aligned, grid_constant),
-// read in place by TMA instructions through tensor_map().
-enum class ParamType { GlobalPtr, I64, I32, F32, TensorMap };
-
+// One parameter as a template declares it (ParamType: compiler/kernel_signature.h).
 struct Param {
   std::string name;
   ParamType type;
@@ -32,6 +31,9 @@ class KernelBuilder {
   llvm::IRBuilder<>& ir() { return ir_; }
   llvm::LLVMContext& ctx() { return module_.getContext(); }
   llvm::Value* arg(const std::string& name) const;
+  // The parameters' names and types, in order: what the template's KernelShape returns, so
+  // that the runtime binds arguments by these names.
+  const KernelSignature& signature() const { return signature_; }
   int threads() const { return threads_; }
   // .minnctapersm: ptxas keeps registers low enough for `ctas` CTAs per SM.
   void set_min_ctas_per_sm(int ctas);
@@ -203,6 +205,7 @@ class KernelBuilder {
   llvm::BasicBlock* entry_;
   llvm::GlobalVariable* smem_;
   int threads_;
+  KernelSignature signature_;
 };
 
 }  // namespace lfce

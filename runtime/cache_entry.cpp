@@ -18,8 +18,9 @@ namespace {
 
 using nlohmann::json;
 
-// 2: metadata_sha256, and every number range-checked.
-constexpr int kMetadataFormat = 2;
+// 2: metadata_sha256, and every number range-checked. 3: the kernel's parameters (an entry
+// without them reads as invalid: rebuilt).
+constexpr int kMetadataFormat = 3;
 // Far above any kernel's PTX or cubin (hundreds of KB); a larger payload is not read.
 constexpr std::uint64_t kMaxPayloadBytes = std::uint64_t{256} << 20;
 // 9999-12-31T23:59:59Z: later times do not fit the calendar functions.
@@ -77,6 +78,25 @@ std::string metadata_digest(json j) {
   return sha256_hex(j.dump());
 }
 
+json params_json(const KernelSignature& params) {
+  json list = json::array();
+  for (const KernelParam& p : params) list.push_back({{"name", p.name}, {"type", param_type_name(p.type)}});
+  return list;
+}
+
+KernelSignature params_from_json(const json& list) {
+  if (!list.is_array()) throw std::invalid_argument("params is " + list.dump() + ", not a list");
+  KernelSignature params;
+  for (const json& p : list) {
+    const std::string name = p.at("name").get<std::string>();
+    const std::string type = p.at("type").get<std::string>();
+    const std::optional<ParamType> parsed = parse_param_type(type);
+    if (name.empty() || !parsed) throw std::invalid_argument("params: '" + name + "' of unknown type '" + type + "'");
+    params.push_back({name, *parsed});
+  }
+  return params;
+}
+
 json to_json(const EntryRecord& r) {
   const auto known = [](int value) { return value < 0 ? json(nullptr) : json(value); };
   json j = {
@@ -91,6 +111,7 @@ json to_json(const EntryRecord& r) {
       {"entry", r.entry},
       {"threads", r.threads},
       {"dynamic_smem_bytes", r.dynamic_smem_bytes},
+      {"params", params_json(r.params)},
       {"compile_ms", r.compile_ms},
       {"registers", known(r.registers)},
       {"local_bytes", known(r.local_bytes)},
@@ -154,6 +175,7 @@ std::string record_problem(const EntryRecord& r, const std::string& key) {
   if (r.kind == EntryKind::Cubin) derived = cubin_key(derived, r.target);
   if (derived != key) return "its spec, versions and target give key " + derived + ", not its own";
   if (r.entry.empty()) return "it has no entry name";
+  if (r.params.empty()) return "it has no parameter list";
   return "";
 }
 
@@ -228,6 +250,7 @@ Metadata record_from_json(const std::string& text) {
   r.entry = j.at("entry").get<std::string>();
   r.threads = static_cast<int>(integer(j, "threads", 1, 1024));
   r.dynamic_smem_bytes = small_integer(j, "dynamic_smem_bytes", kInt);
+  r.params = params_from_json(j.at("params"));
   r.compile_ms = j.at("compile_ms").get<double>();
   if (!std::isfinite(r.compile_ms) || r.compile_ms < 0)
     throw std::invalid_argument("compile_ms is " + j.at("compile_ms").dump());

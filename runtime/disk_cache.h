@@ -28,6 +28,7 @@
 #include <string_view>
 #include <vector>
 
+#include "compiler/kernel_signature.h"
 #include "compiler/kernel_spec.h"
 #include "runtime/options.h"
 #include "lfce_generator_version.h"  // generated: LFCE_GENERATOR_VERSION
@@ -100,6 +101,7 @@ struct EntryRecord {
   std::string entry;
   int threads = 0;
   int dynamic_smem_bytes = 0;
+  KernelSignature params;  // the kernel's parameters, as its template declared them
   double compile_ms = 0;  // LLVM (ptx) or driver JIT (cubin) time when it was produced
   // Cubin only: the target, and what ptxas allotted (-1: unknown, as for PTX entries).
   CubinTarget target;

@@ -68,6 +68,7 @@ PtxLookup lookup_ptx(DiskCache& cache, const KernelSpec& spec) {
     r.entry = kernel.shape.entry;
     r.threads = kernel.shape.threads;
     r.dynamic_smem_bytes = kernel.shape.smem_bytes;
+    r.params = std::move(kernel.shape.params);
     r.compile_ms = kernel.compile_ms;
     entry.payload = std::move(kernel.ptx);
     return entry;
@@ -79,7 +80,7 @@ std::unique_ptr<Kernel> load_cubin(int device, const Entry& cubin) {
   const EntryRecord& r = cubin.record;
   return std::unique_ptr<Kernel>(new Kernel{
       LoadedKernel::from_cubin(device, cubin.payload, r.entry, static_cast<unsigned>(r.dynamic_smem_bytes)),
-      r.threads});
+      r.threads, r.params, r.spec});
 }
 
 // A cubin from the cache, loaded; any failure to load it (a rejected image, an entry name or
@@ -118,10 +119,11 @@ std::unique_ptr<Kernel> load_whole(int device, const KernelSpec& spec, DiskCache
     const Clock::time_point jit = Clock::now();
     try {
       auto kernel = std::unique_ptr<Kernel>(new Kernel{
-          LoadedKernel(device, ptx.entry.payload, p.entry, static_cast<unsigned>(p.dynamic_smem_bytes)), p.threads});
+          LoadedKernel(device, ptx.entry.payload, p.entry, static_cast<unsigned>(p.dynamic_smem_bytes)), p.threads,
+          p.params, p.spec});
       stats.jit_ms = ms_since(jit);
       return kernel;
-    } catch (const lfce::CompileError& e) {
+    } catch (const CompileError& e) {
       if (!ptx.hit || attempt > 0) throw;
       spdlog::warn("kernel cache: the driver rejects the cached PTX {} ({}); generating it again", p.key, e.what());
       cache.remove(p.key);
@@ -158,7 +160,7 @@ std::unique_ptr<Kernel> load_kernel(int device, const KernelSpec& spec, const Cu
       try {
         try {
           image = compile_to_cubin(device, ptx.entry.payload, p.entry);
-        } catch (const lfce::CompileError& e) {
+        } catch (const CompileError& e) {
           if (!ptx.hit) throw;
           // A cached PTX entry the driver rejects is removed and generated again, once.
           spdlog::warn("kernel cache: the driver rejects the cached PTX {} ({}); generating it again",
@@ -170,12 +172,12 @@ std::unique_ptr<Kernel> load_kernel(int device, const KernelSpec& spec, const Cu
           step = Clock::now();
           image = compile_to_cubin(device, ptx.entry.payload, p.entry);
         }
-      } catch (const lfce::CompileError& e) {
+      } catch (const CompileError& e) {
         spdlog::warn("kernel cache: the driver could not make a cubin of {} ({}); loading its PTX, uncached",
                      p.spec, e.what());
         LoadedFromPtx fallback{std::unique_ptr<Kernel>(new Kernel{
             LoadedKernel(device, ptx.entry.payload, p.entry, static_cast<unsigned>(p.dynamic_smem_bytes)),
-            p.threads})};
+            p.threads, p.params, p.spec})};
         stats.jit_ms = ms_since(step);
         throw std::move(fallback);
       }
@@ -209,6 +211,18 @@ std::unique_ptr<Kernel> load_kernel(int device, const KernelSpec& spec, const Cu
 }
 
 }  // namespace
+
+bool Kernel::declares(std::string_view param) const {
+  for (const KernelParam& p : params)
+    if (p.name == param) return true;
+  return false;
+}
+
+void Kernel::launch(Dim3 grid, CUstream stream, const KernelArgs& args, int cluster) const {
+  std::vector<void*> pointers = args.bind(spec, params);
+  loaded.launch(grid, Dim3{static_cast<unsigned>(threads), 1, 1}, stream, pointers.data(),
+                static_cast<unsigned>(cluster));
+}
 
 bool compiled_whole(const KernelSpec& spec) { return kind_info(spec.kind).gemm && spec.tile.wgmma(); }
 

@@ -12,23 +12,27 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "compiler/kernel_spec.h"
 #include "runtime/disk_cache.h"
+#include "runtime/kernel_args.h"
 #include "runtime/module.h"
 
 namespace lfce::runtime {
 
 struct Kernel {
   LoadedKernel loaded;
-  int threads;  // the CTA size the kernel was generated for
+  int threads;              // the CTA size the kernel was generated for
+  KernelSignature params;   // its parameters, as its template declared them
+  std::string spec;         // KernelSpec::text(), naming it in errors
 
-  // Launches with the generated CTA size and shared memory, as clusters of `cluster` CTAs
-  // (the spec's TileConfig::cluster).
-  void launch(Dim3 grid, CUstream stream, void** params, int cluster = 1) const {
-    loaded.launch(grid, Dim3{static_cast<unsigned>(threads), 1, 1}, stream, params, static_cast<unsigned>(cluster));
-  }
+  bool declares(std::string_view param) const;
+  // Binds `args` to the kernel's parameters by name (runtime/kernel_args.h: InternalError naming
+  // the kernel and the argument, before the driver is called), then launches with the generated
+  // CTA size and shared memory, as clusters of `cluster` CTAs (the spec's TileConfig::cluster).
+  void launch(Dim3 grid, CUstream stream, const KernelArgs& args, int cluster = 1) const;
 };
 
 // The loaded kernel for `spec` on `device`, loading, compiling or generating it on first use.

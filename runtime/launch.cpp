@@ -5,11 +5,11 @@
 #include <cstdint>
 #include <initializer_list>
 #include <string>
-#include <vector>
 
 #include "compiler/checked_int.h"
 #include "compiler/errors.h"
 #include "runtime/driver.h"
+#include "runtime/kernel_args.h"
 #include "runtime/kernel_cache.h"
 
 namespace lfce::runtime {
@@ -99,24 +99,21 @@ Dim3 gemm_grid(const Plan& plan, const KernelSpec& spec, int64_t rows, int64_t c
   return {static_cast<unsigned>(ctas), 1, 1};
 }
 
-// Launches a GEMM kernel: `args` as the template declares them, then, for wgmma tiles, the
-// tensor maps of operands A and B (gemm_params in templates/gemm_skeleton.h).
-void launch_gemm(const Kernel& kernel, const KernelSpec& spec, Dim3 grid, CUstream stream,
-                 std::vector<void*> params, const Operand& a, const Operand& b) {
-  CUtensorMap maps[2];
-  if (spec.tile.wgmma()) {
+// Launches a GEMM kernel with `args`, plus, where it declares them (the wgmma pipeline's, gemm_params
+// in templates/gemm_skeleton.h), the tensor maps of its operands A and B.
+void launch_gemm(const Kernel& kernel, const KernelSpec& spec, Dim3 grid, CUstream stream, KernelArgs args,
+                 const Operand& a, const Operand& b) {
+  if (kernel.declares("tma_a")) {
     const KernelKindInfo& info = kind_info(spec.kind);
     const int shared_parts = spec.tile.cluster;  // the shared operand's share a CTA loads
-    maps[0] = operand_map(a, info.a, spec.dtype, spec.tile.bm, spec.tile.bk, spec.tile.cluster_n ? shared_parts : 1);
-    maps[1] = operand_map(b, info.b, spec.dtype, spec.tile.bn, spec.tile.bk, spec.tile.cluster_n ? 1 : shared_parts);
-    params.push_back(&maps[0]);
-    params.push_back(&maps[1]);
+    args.set("tma_a", operand_map(a, info.a, spec.dtype, spec.tile.bm, spec.tile.bk, spec.tile.cluster_n ? shared_parts : 1));
+    args.set("tma_b", operand_map(b, info.b, spec.dtype, spec.tile.bn, spec.tile.bk, spec.tile.cluster_n ? 1 : shared_parts));
   }
-  kernel.launch(grid, stream, params.data(), spec.tile.cluster);
+  kernel.launch(grid, stream, args, spec.tile.cluster);
 }
 
 // The forward's arguments (lfce_forward and lfce_forward_backward), each named where it is wrong.
-void check_forward_args(const Problem& problem, const lfce_forward_args& a) {
+void check_forward_args(const Problem& problem, const ForwardArgs& a) {
   require_rows_aligned(problem, a.hidden, "hidden");
   require_rows_aligned(problem, a.weight, "weight");
   if (problem.bias) require_aligned(a.bias, "bias", dtype_bytes(problem.dtype));
@@ -129,67 +126,54 @@ void check_forward_args(const Problem& problem, const lfce_forward_args& a) {
   if (problem.predicted) require_aligned(a.predicted, "predicted (the problem's outputs has LFCE_OUTPUT_PREDICTED)", 8);
 }
 
-void run_forward(const Problem& problem, const lfce_forward_args& a, const PlanFor& plan_for) {
+// The values every kernel may take whatever the schedule: the problem's options and shared inputs.
+void offer_problem(OfferedArgs& values, const Problem& problem, const void* weight, const void* bias,
+                   const float* class_weight) {
+  values.set("w", weight);
+  values.set("bias", bias ? bias : weight);  // never read without bias
+  values.set("class_weight", class_weight);
+  values.set("ignore_index", problem.ignore_index);
+  values.set("sequence_length", problem.sequence_length);
+}
+
+// lse_forward, lse_combine, loss_reduce.
+void run_forward(const Problem& problem, const ForwardArgs& a, const PlanFor& plan_for) {
   check_forward_args(problem, a);
   make_context_current(a.device);
   const Plan plan = plan_for(problem, a.device);
   const auto layout = plan.forward_layout();
   require_workspace(a.workspace, a.workspace_bytes, layout.bytes, "lfce_forward");
   auto stream = static_cast<CUstream>(a.stream);
+  const int64_t n = problem.tokens, h = problem.hidden, v = problem.vocab;
 
-  int64_t n = problem.tokens, ignore = problem.ignore_index, sequence_length = problem.sequence_length;
-  int32_t splits = static_cast<int32_t>(plan.splits());
-  void* x = const_cast<void*>(a.hidden);
-  void* w = const_cast<void*>(a.weight);
-  void* b = const_cast<void*>(a.bias ? a.bias : a.weight);  // never read without bias
-  void* y = const_cast<void*>(a.targets);
-  void* pmax = at(a.workspace, layout.partial_max);
-  void* psum = at(a.workspace, layout.partial_sum);
-  void* tlogit = at(a.workspace, layout.target_logit);
-  void* lse = a.lse;
-  void* token_loss = a.token_loss;
-  void* loss = a.loss ? static_cast<void*>(a.loss) : static_cast<void*>(a.valid_count);
-  void* count = a.valid_count;
-
-  // Label smoothing's partial logit sums (the templates take them, and the class weights, only
-  // with those options).
-  void* logit_sums = at(a.workspace, layout.partial_logit_sum);
-  void* class_weight = const_cast<float*>(a.class_weight);
-  // The extra outputs' partials (the entropy's t, the argmax) and the predicted ids.
-  void* entropy_partials = at(a.workspace, layout.partial_entropy);
-  void* argmax_partials = at(a.workspace, layout.partial_argmax);
-  void* predicted = a.predicted;
+  OfferedArgs values;
+  offer_problem(values, problem, a.weight, a.bias, a.class_weight);
+  values.set("x", a.hidden);
+  values.set("targets", a.targets);
+  values.set("n", n);
+  values.set("splits", static_cast<int32_t>(plan.splits()));
+  values.set("partial_max", at(a.workspace, layout.partial_max));
+  values.set("partial_sum", at(a.workspace, layout.partial_sum));
+  values.set("target_logit", at(a.workspace, layout.target_logit));
+  // Label smoothing's partial logit sums, the extra outputs' partials (the entropy's t, the argmax).
+  values.set("partial_logit_sum", at(a.workspace, layout.partial_logit_sum));
+  values.set("partial_entropy", at(a.workspace, layout.partial_entropy));
+  values.set("partial_argmax", at(a.workspace, layout.partial_argmax));
+  values.set("lse", a.lse);
+  values.set("token_loss", a.token_loss);
+  values.set("loss", a.loss ? a.loss : a.valid_count);
+  values.set("valid_count", a.valid_count);
+  values.set("predicted", a.predicted);
 
   const KernelSpec fwd = plan.spec(KernelKind::LseForward);
-  const int64_t h = problem.hidden, v = problem.vocab;
-  std::vector<void*> fwd_args = {&x, &w, &b, &y, &n, &pmax, &psum, &tlogit};
-  if (fwd.label_smoothing != 0.f) fwd_args.push_back(&logit_sums);
-  if (fwd.entropy) fwd_args.push_back(&entropy_partials);
-  if (fwd.argmax) fwd_args.push_back(&argmax_partials);
-  if (fwd.class_weight) fwd_args.push_back(&class_weight);
-  if (fwd.shift) fwd_args.push_back(&sequence_length);
-  launch_gemm(kernel_for(a.device, fwd), fwd, {static_cast<unsigned>(plan.row_groups()), static_cast<unsigned>(splits), 1}, stream,
-              fwd_args, Operand{x, h, n, h}, Operand{w, h, v, h});
-
-  const KernelSpec combine = plan.spec(KernelKind::LseCombine);
-  std::vector<void*> combine_args = {&pmax, &psum, &tlogit, &y, &n, &ignore, &splits, &lse, &token_loss};
-  if (combine.label_smoothing != 0.f) combine_args.push_back(&logit_sums);
-  if (combine.class_weight) combine_args.push_back(&class_weight);
-  if (combine.label_smoothing != 0.f && combine.class_weight) combine_args.push_back(&count);
-  if (combine.entropy) combine_args.push_back(&entropy_partials);
-  if (combine.argmax) combine_args.insert(combine_args.end(), {&argmax_partials, &predicted});
-  if (combine.shift) combine_args.push_back(&sequence_length);
-  kernel_for(a.device, combine).launch({grid_dim(n, 256, 'x'), 1, 1}, stream, combine_args.data());
-
-  const KernelSpec reduce = plan.spec(KernelKind::LossReduce);
-  std::vector<void*> reduce_args = {&token_loss, &y, &n, &ignore, &loss, &count};
-  if (reduce.class_weight) reduce_args.push_back(&class_weight);
-  if (reduce.z_loss_scale != 0.f) reduce_args.push_back(&lse);
-  if (reduce.shift) reduce_args.push_back(&sequence_length);
-  kernel_for(a.device, reduce).launch({1, 1, 1}, stream, reduce_args.data());
+  launch_gemm(kernel_for(a.device, fwd), fwd, {static_cast<unsigned>(plan.row_groups()), static_cast<unsigned>(plan.splits()), 1},
+              stream, values, Operand{a.hidden, h, n, h}, Operand{a.weight, h, v, h});
+  kernel_for(a.device, plan.spec(KernelKind::LseCombine)).launch({grid_dim(n, 256, 'x'), 1, 1}, stream, values);
+  kernel_for(a.device, plan.spec(KernelKind::LossReduce)).launch({1, 1, 1}, stream, values);
 }
 
-void run_backward(const Problem& problem, const lfce_backward_args& a, const PlanFor& plan_for) {
+// Per vocabulary chunk: dlogits_backward, then grad_weight, grad_bias and grad_input of the chunk.
+void run_backward(const Problem& problem, const BackwardArgs& a, const PlanFor& plan_for) {
   require_rows_aligned(problem, a.hidden, "hidden");
   require_rows_aligned(problem, a.weight, "weight");
   if (problem.bias) require_aligned(a.bias, "bias", dtype_bytes(problem.dtype));
@@ -227,25 +211,25 @@ void run_backward(const Problem& problem, const lfce_backward_args& a, const Pla
   const auto layout = plan.backward_layout();
   require_workspace(a.workspace, a.workspace_bytes, layout.bytes, "lfce_backward");
   auto stream = static_cast<CUstream>(a.stream);
-
-  int64_t n = problem.tokens, ignore = problem.ignore_index, ld = plan.ld();
-  int64_t sequence_length = problem.sequence_length;
-  const int64_t h = problem.hidden;
-  void* x = const_cast<void*>(a.hidden);
-  void* w = const_cast<void*>(a.weight);
-  void* b = const_cast<void*>(a.bias ? a.bias : a.weight);
-  void* y = const_cast<void*>(a.targets);
-  void* lse = const_cast<float*>(a.lse);
-  void* count = const_cast<float*>(a.valid_count);
-  void* grad_loss = const_cast<float*>(a.grad_loss ? a.grad_loss : a.valid_count);  // unread in eager mode
+  const int64_t n = problem.tokens, h = problem.hidden, ld = plan.ld();
   void* dz = at(a.workspace, layout.dz);
-  void* residual = at(a.workspace, layout.residual);  // unused (never read or written) for fp32
-  void* grad_hidden = a.grad_hidden;
-  void* acc = plan.needs_grad_input_accumulator() ? at(a.workspace, layout.grad_input_acc) : a.grad_hidden;
-  void* grad_weight = a.grad_weight;
-  void* grad_bias = a.grad_bias;
-  void* class_weight = const_cast<float*>(a.class_weight);
-  void* grad_lse = const_cast<float*>(a.grad_lse);
+
+  OfferedArgs values;
+  offer_problem(values, problem, a.weight, a.bias, a.class_weight);
+  values.set("x", a.hidden);
+  values.set("targets", a.targets);
+  values.set("n", n);
+  values.set("ld", ld);
+  values.set("lse", a.lse);
+  values.set("valid_count", a.valid_count);
+  values.set("grad_loss", a.grad_loss ? a.grad_loss : a.valid_count);  // unread in eager mode
+  values.set("grad_lse", a.grad_lse);
+  values.set("dz", dz);
+  values.set("residual", at(a.workspace, layout.residual));  // unused (never read or written) for fp32
+  values.set("grad_weight", a.grad_weight);
+  values.set("grad_bias", a.grad_bias);
+  values.set("acc", plan.needs_grad_input_accumulator() ? at(a.workspace, layout.grad_input_acc) : a.grad_hidden);
+  values.set("grad_input", a.grad_hidden);
 
   const KernelSpec dlogits = plan.spec(KernelKind::DlogitsBackward);
   const KernelSpec gw = plan.spec(KernelKind::GradWeight);
@@ -259,38 +243,25 @@ void run_backward(const Problem& problem, const lfce_backward_args& a, const Pla
   spdlog::debug("backward: N={} V={} H={} in {} chunk(s) of {}; grad_hidden {}, grad_weight {}, grad_bias {}", n,
                 problem.vocab, problem.hidden, chunks, plan.chunk(), want_hidden, want_weight, want_bias);
   for (int64_t c = 0; c < chunks; ++c) {
-    int64_t v_begin = c * plan.chunk();
-    int64_t v_len = std::min(plan.chunk(), problem.vocab - v_begin);
-    int32_t first = c == 0, last = c == chunks - 1;
+    const int64_t v_begin = c * plan.chunk();
+    const int64_t v_len = std::min(plan.chunk(), problem.vocab - v_begin);
+    OfferedArgs chunk(&values);
+    chunk.set("v_begin", v_begin);
+    chunk.set("v_len", v_len);
+    chunk.set("first", static_cast<int32_t>(c == 0));
+    chunk.set("last", static_cast<int32_t>(c == chunks - 1));
 
-    const Dim3 dlogits_grid = gemm_grid(plan, dlogits, n, v_len, "dlogits_backward");
     // The chunk's rows of W, as the templates address them.
-    const void* w_chunk = static_cast<const char*>(w) + v_begin * h * dtype_bytes(problem.dtype);
-    std::vector<void*> dlogits_args = {&x,  &w,       &b,     &y,  &lse, &grad_loss, &count,
-                                       &n,  &ignore,  &v_begin, &v_len, &ld, &dz,  &residual};
-    if (dlogits.class_weight) dlogits_args.push_back(&class_weight);
-    if (dlogits.lse_grad) dlogits_args.push_back(&grad_lse);
-    if (dlogits.shift) dlogits_args.push_back(&sequence_length);
-    launch_gemm(dlogits_kernel, dlogits, dlogits_grid, stream, dlogits_args, Operand{x, h, n, h},
-                Operand{w_chunk, h, v_len, h});
-
+    const void* w_chunk = static_cast<const char*>(a.weight) + v_begin * h * dtype_bytes(problem.dtype);
+    launch_gemm(dlogits_kernel, dlogits, gemm_grid(plan, dlogits, n, v_len, "dlogits_backward"), stream, chunk,
+                Operand{a.hidden, h, n, h}, Operand{w_chunk, h, v_len, h});
     if (gw_kernel)  // A = dzᵀ [v_len, ld] K-major; B = x [N, H] MN-major
-      launch_gemm(*gw_kernel, gw, gemm_grid(plan, gw, v_len, h, "grad_weight"), stream,
-                  {&dz, &x, &n, &ld, &v_begin, &v_len, &grad_weight, &grad_loss, &count}, Operand{dz, ld, v_len, ld},
-                  Operand{x, h, h, n});
-
-    if (gb_kernel) {
-      void* gb_args[] = {&dz, &n, &ld, &v_begin, &v_len, &grad_bias, &grad_loss, &count};
-      gb_kernel->launch({grid_dim(v_len, 8, 'x'), 1, 1}, stream, gb_args);
-    }
-
-    if (gx_kernel) {  // A = dzᵀ [v_len, ld] MN-major; B = W[chunk] [v_len, H] MN-major
-      std::vector<void*> gx_args = {&dz,   &w,         &n,         &ld,    &v_begin, &v_len, &acc,
-                                    &grad_hidden, &first, &last, &grad_loss, &count, &y,      &residual};
-      if (gx.shift) gx_args.push_back(&sequence_length);
-      launch_gemm(*gx_kernel, gx, gemm_grid(plan, gx, n, h, "grad_input"), stream, gx_args, Operand{dz, ld, n, v_len},
+      launch_gemm(*gw_kernel, gw, gemm_grid(plan, gw, v_len, h, "grad_weight"), stream, chunk,
+                  Operand{dz, ld, v_len, ld}, Operand{a.hidden, h, h, n});
+    if (gb_kernel) gb_kernel->launch({grid_dim(v_len, 8, 'x'), 1, 1}, stream, chunk);
+    if (gx_kernel)  // A = dzᵀ [v_len, ld] MN-major; B = W[chunk] [v_len, H] MN-major
+      launch_gemm(*gx_kernel, gx, gemm_grid(plan, gx, n, h, "grad_input"), stream, chunk, Operand{dz, ld, n, v_len},
                   Operand{w_chunk, h, h, v_len});
-    }
   }
 }
 
@@ -312,25 +283,15 @@ void zero_f32(void* buffer, int64_t floats, CUstream stream) {
 // stores only its constants too, and grad_weight's producer warpgroup rewrites the workspace into
 // dz ahead of its tiles (templates/eager_fixup.h), its work counters over eager_dz's partial
 // maxima (read by then; [ceil(V/64), ld] floats hold the 1 + ceil(V/BM) counters for any BM >= 64).
-void run_three_gemm(const Problem& problem, const Plan& plan, const lfce_forward_args& a, const Gradients& g) {
+void run_three_gemm(const Problem& problem, const Plan& plan, const ForwardArgs& a, const Gradients& g) {
   const auto layout = plan.eager_layout();
   auto stream = static_cast<CUstream>(a.stream);
-  int64_t n_total = problem.tokens;
+  const int64_t n_total = problem.tokens;
   const int64_t h = problem.hidden, v = problem.vocab, elem = dtype_bytes(problem.dtype);
   const int64_t target_bytes = problem.targets == IndexType::I64 ? 8 : 4;
-  int64_t ignore = problem.ignore_index, sequence_length = problem.sequence_length;
-  void* w = const_cast<void*>(a.weight);
-  void* b = const_cast<void*>(a.bias ? a.bias : a.weight);  // never read without bias
-  void* class_weight = const_cast<float*>(a.class_weight);
-  void* count = a.valid_count;
   void* dz = at(a.workspace, layout.dz);
   void* pmax = at(a.workspace, layout.partial_max);
   void* psum = at(a.workspace, layout.partial_sum);
-  void* tlogit = at(a.workspace, layout.target_logit);
-  void* residual = at(a.workspace, layout.residual);  // unused for fp32
-  void* coef = psum;  // (eager_operand: written by eager_dz after lse_combine has read the partial sums)
-  void* target_col = at(a.workspace, layout.target_col);
-  void* target_dz = at(a.workspace, layout.target_dz);
   const int64_t chunks = plan.token_chunks();
   const bool sums = chunks > 1;
   // Several chunks: grad_weight and grad_bias are fp32 sums, the output itself for fp32.
@@ -354,17 +315,7 @@ void run_three_gemm(const Problem& problem, const Plan& plan, const lfce_forward
   spdlog::debug("eager: N={} V={} H={} in {} token chunk(s) of {}; grad_hidden {}, grad_weight {}, grad_bias {}",
                 n_total, v, h, chunks, plan.token_chunk(), g.hidden != nullptr, g.weight != nullptr, g.bias != nullptr);
 
-  {  // The valid count (and Σ w_y) first: eager_dz divides by them.
-    void* y = const_cast<void*>(a.targets);
-    std::vector<void*> args = {&y, &n_total, &ignore, &count};
-    if (count_spec.class_weight) args.push_back(&class_weight);
-    if (count_spec.shift) args.push_back(&sequence_length);
-    kernel_for(a.device, count_spec).launch({1, 1, 1}, stream, args.data());
-  }
-  if (sums && gw_kernel) zero_f32(gw_out, checked_mul(v, h, "grad_weight elements"), stream);
-  if (sums && gb_kernel) zero_f32(gb_out, v, stream);
-  int32_t tiles = static_cast<int32_t>(plan.eager_tiles());
-  int64_t tile_n = logits.tile.bn, v_begin = 0, v_len = v;
+  const int64_t tile_n = logits.tile.bn;
   // The operand transform reads the constants of tile v / tile_n for whole slices of the
   // vocabulary (templates/eager_operand.h): BK = 64 in grad_input, BM in grad_weight, all from v = 0.
   for (const KernelSpec* s : {&gw, &gx})
@@ -372,78 +323,87 @@ void run_three_gemm(const Problem& problem, const Plan& plan, const lfce_forward
         (s->eager_fixup && tile_n % s->tile.bm != 0))
       throw InternalError("eager constants: eager_logits' tile width " + std::to_string(tile_n) + " splits a slice of " +
                           s->text());
-  // eager_dz's constants as the operand transform and the fix-up take them (add_eager_constant_params).
-  const std::vector<void*> constants = {&coef, &target_col, &target_dz, &tile_n};
-  int32_t first = 1, last = 1;
+
+  // The whole problem's values (token_count and loss_reduce read every token); each chunk's over them.
+  OfferedArgs values;
+  offer_problem(values, problem, a.weight, a.bias, a.class_weight);
+  values.set("targets", a.targets);
+  values.set("n", n_total);
+  values.set("lse", a.lse);
+  values.set("token_loss", a.token_loss);
+  values.set("loss", a.loss ? a.loss : a.valid_count);
+  values.set("valid_count", a.valid_count);
+  values.set("grad_loss", a.valid_count);  // eager mode's kernels do not read it
+  values.set("dz", dz);
+  values.set("partial_max", pmax);
+  values.set("partial_sum", psum);
+  values.set("target_logit", at(a.workspace, layout.target_logit));
+  values.set("residual", at(a.workspace, layout.residual));  // unused for fp32
+  values.set("splits", static_cast<int32_t>(plan.eager_tiles()));
+  // eager_dz's constants, as the operand transform and the fix-up take them (add_eager_constant_params);
+  // coef in the partial sums (written by eager_dz after lse_combine has read them).
+  values.set("coef", psum);
+  values.set("target_col", at(a.workspace, layout.target_col));
+  values.set("target_dz", at(a.workspace, layout.target_dz));
+  values.set("tile_n", tile_n);
+  values.set("ready", pmax);  // eager_fixup's counters (eager_dz has read the partial maxima)
+  // The GEMMs of the gradients run over the whole vocabulary, in one chunk of K = V.
+  values.set("vocab", v);
+  values.set("v_begin", int64_t{0});
+  values.set("v_len", v);
+  values.set("first", int32_t{1});
+  values.set("last", int32_t{1});
+  values.set("grad_weight", gw_out);
+  values.set("grad_bias", gb_out);
+
+  // The valid count (and Σ w_y) first: eager_dz divides by them.
+  kernel_for(a.device, count_spec).launch({1, 1, 1}, stream, values);
+  if (sums && gw_kernel) zero_f32(gw_out, checked_mul(v, h, "grad_weight elements"), stream);
+  if (sums && gb_kernel) zero_f32(gb_out, v, stream);
+  const int64_t tiles = plan.eager_tiles();
   for (int64_t c = 0; c < chunks; ++c) {
     const int64_t r0 = c * plan.token_chunk();
-    int64_t rows = std::min(plan.token_chunk(), n_total - r0), ld = round_up(rows, 8, "eager token stride");
+    const int64_t rows = std::min(plan.token_chunk(), n_total - r0), ld = round_up(rows, 8, "eager token stride");
     // The chunk's rows of every per-token array (whole sequences with a causal shift, so targets
     // t + 1 are read in place).
-    void* x = const_cast<char*>(static_cast<const char*>(a.hidden) + r0 * h * elem);
-    void* y = const_cast<char*>(static_cast<const char*>(a.targets) + r0 * target_bytes);
-    void* lse = a.lse + r0;
-    void* token_loss = a.token_loss + r0;
+    const void* x = static_cast<const char*>(a.hidden) + r0 * h * elem;
     void* grad_hidden = g.hidden ? static_cast<char*>(g.hidden) + r0 * h * elem : nullptr;
+    OfferedArgs chunk(&values);
+    chunk.set("x", x);
+    chunk.set("targets", static_cast<const char*>(a.targets) + r0 * target_bytes);
+    chunk.set("n", rows);
+    chunk.set("ld", ld);
+    chunk.set("lse", a.lse + r0);
+    chunk.set("token_loss", a.token_loss + r0);
+    chunk.set("acc", grad_hidden);  // straight to the output
+    chunk.set("grad_input", grad_hidden);
 
-    std::vector<void*> logits_args = {&x, &w, &b, &y, &rows, &ld, &dz, &pmax, &psum, &tlogit};
-    if (logits.shift) logits_args.push_back(&sequence_length);
-    launch_gemm(logits_kernel, logits, gemm_grid(plan, logits, rows, v, "eager_logits"), stream, logits_args,
-                Operand{x, h, rows, h}, Operand{w, h, v, h});
-
-    std::vector<void*> combine_args = {&pmax, &psum, &tlogit, &y, &rows, &ignore, &tiles, &lse, &token_loss};
-    if (combine.class_weight) combine_args.push_back(&class_weight);
-    if (combine.shift) combine_args.push_back(&sequence_length);
-    combine_kernel.launch({grid_dim(rows, 256, 'x'), 1, 1}, stream, combine_args.data());
-
-    std::vector<void*> dz_args = {&dz,  &pmax,   &lse,    &tlogit, &y,          &count,     &residual, &rows,
-                                  &ld,  &ignore, &v_len,  &tile_n, &coef,       &target_col, &target_dz};
-    if (dz_spec.class_weight) dz_args.push_back(&class_weight);
-    if (dz_spec.shift) dz_args.push_back(&sequence_length);
+    launch_gemm(logits_kernel, logits, gemm_grid(plan, logits, rows, v, "eager_logits"), stream, chunk,
+                Operand{x, h, rows, h}, Operand{a.weight, h, v, h});
+    combine_kernel.launch({grid_dim(rows, 256, 'x'), 1, 1}, stream, chunk);
     // eager_operand: each CTA's 8 row groups store 8 tiles' constants.
-    const unsigned dz_tiles = grid_dim(dz_spec.eager_operand ? ceil_div(int64_t{tiles}, int64_t{8}) : tiles, 1, 'y');
-    dz_kernel.launch({grid_dim(ld, 256, 'x'), dz_tiles, 1}, stream, dz_args.data());
-
+    const unsigned dz_tiles = grid_dim(dz_spec.eager_operand ? ceil_div(tiles, int64_t{8}) : tiles, 1, 'y');
+    dz_kernel.launch({grid_dim(ld, 256, 'x'), dz_tiles, 1}, stream, chunk);
     if (gw_kernel) {  // A = dzᵀ [V, ld] K-major; B = the chunk's x [rows, H] MN-major
-      std::vector<void*> gw_args = {&dz, &x, &rows, &ld, &v_begin, &v_len, &gw_out, &count, &count};
-      if (gw.eager_operand || gw.eager_fixup) gw_args.insert(gw_args.end(), constants.begin(), constants.end());
-      void* ready = pmax;  // eager_fixup's counters (eager_dz has read the partial maxima)
-      if (gw.eager_fixup) {
-        zero_f32(ready, 1 + ceil_div(v_len, int64_t{gw.tile.bm}), stream);
-        gw_args.push_back(&ready);
-      }
-      launch_gemm(*gw_kernel, gw, gemm_grid(plan, gw, v, h, "grad_weight"), stream, gw_args, Operand{dz, ld, v, ld},
+      if (gw_kernel->declares("ready")) zero_f32(pmax, 1 + ceil_div(v, int64_t{gw.tile.bm}), stream);
+      launch_gemm(*gw_kernel, gw, gemm_grid(plan, gw, v, h, "grad_weight"), stream, chunk, Operand{dz, ld, v, ld},
                   Operand{x, h, h, rows});
     }
-    if (gb_kernel) {
-      void* gb_args[] = {&dz, &rows, &ld, &v_begin, &v_len, &gb_out, &count, &count};
-      gb_kernel->launch({grid_dim(v, 8, 'x'), 1, 1}, stream, gb_args);
-    }
-    if (gx_kernel) {  // A = dzᵀ [V, ld] MN-major; B = W [V, H] MN-major; one chunk of K = V: straight to the output
-      std::vector<void*> gx_args = {&dz,   &w,    &rows,  &ld,    &v_begin, &v_len, &grad_hidden,
-                                    &grad_hidden, &first, &last, &count, &count, &y,      &residual};
-      if (gx.shift) gx_args.push_back(&sequence_length);
-      if (gx.eager_operand) gx_args.insert(gx_args.end(), constants.begin(), constants.end());
-      launch_gemm(*gx_kernel, gx, gemm_grid(plan, gx, rows, h, "grad_input"), stream, gx_args,
-                  Operand{dz, ld, rows, v}, Operand{w, h, h, v});
-    }
+    if (gb_kernel) gb_kernel->launch({grid_dim(v, 8, 'x'), 1, 1}, stream, chunk);
+    if (gx_kernel)  // A = dzᵀ [V, ld] MN-major; B = W [V, H] MN-major
+      launch_gemm(*gx_kernel, gx, gemm_grid(plan, gx, rows, h, "grad_input"), stream, chunk,
+                  Operand{dz, ld, rows, v}, Operand{a.weight, h, h, v});
   }
 
-  const KernelSpec reduce = plan.spec(KernelKind::LossReduce);
-  void* token_loss = a.token_loss;
-  void* y = const_cast<void*>(a.targets);
-  void* loss = a.loss ? static_cast<void*>(a.loss) : static_cast<void*>(a.valid_count);
-  void* lse = a.lse;
-  std::vector<void*> reduce_args = {&token_loss, &y, &n_total, &ignore, &loss, &count};
-  if (reduce.class_weight) reduce_args.push_back(&class_weight);
-  if (reduce.z_loss_scale != 0.f) reduce_args.push_back(&lse);
-  if (reduce.shift) reduce_args.push_back(&sequence_length);
-  kernel_for(a.device, reduce).launch({1, 1, 1}, stream, reduce_args.data());
+  kernel_for(a.device, plan.spec(KernelKind::LossReduce)).launch({1, 1, 1}, stream, values);
 
   if (sums && !f32) {
     const Kernel& convert = kernel_for(a.device, plan.spec(KernelKind::GradConvert));
     auto run_convert = [&](void* src, void* dst, int64_t elements) {
-      void* args[] = {&src, &dst, &elements};
+      KernelArgs args;
+      args.set("src", src);
+      args.set("dst", dst);
+      args.set("count", elements);
       convert.launch({static_cast<unsigned>(std::min<int64_t>(ceil_div(elements, 256), 4 * plan.device_ctas(TileConfig{}))), 1, 1},
                      stream, args);
     };
@@ -452,13 +412,13 @@ void run_three_gemm(const Problem& problem, const Plan& plan, const lfce_forward
   }
 }
 
-void run_forward_backward(const Problem& problem, const lfce_forward_args& a, const Gradients& g,
-                          const PlanFor& plan_for) {
+void run_forward_backward(const Problem& problem, const ForwardBackwardArgs& args, const PlanFor& plan_for) {
+  const ForwardArgs& a = args.forward;
   if (problem.mode != Mode::Eager)
     throw SpecError("lfce_forward_backward needs lfce_problem.mode = LFCE_MODE_EAGER (it computes the gradients for an "
                     "upstream gradient of 1), got LFCE_MODE_RECOMPUTE");
   check_forward_args(problem, a);
-  const Gradients grads{g.hidden, g.weight, problem.bias ? g.bias : nullptr};
+  const Gradients grads{args.grad_hidden, args.grad_weight, problem.bias ? args.grad_bias : nullptr};
   if (grads.hidden) require_aligned(grads.hidden, "grad_hidden", gradient_align(problem, dtype_bytes(problem.dtype)));
   if (grads.weight) require_aligned(grads.weight, "grad_weight", gradient_align(problem, dtype_bytes(problem.dtype)));
   if (grads.bias) require_aligned(grads.bias, "grad_bias", dtype_bytes(problem.dtype));
@@ -482,11 +442,22 @@ void run_forward_backward(const Problem& problem, const lfce_forward_args& a, co
   spdlog::debug("eager: the forward, then the backward with an upstream gradient of 1 (no three-GEMM schedule for {})",
                 problem_text(problem));
   run_forward(problem, a, plan_for);
-  const lfce_backward_args backward_args{a.hidden,      a.weight,     a.bias,        a.targets,   a.class_weight,
-                                         a.lse,         a.valid_count, nullptr,      nullptr,     grads.hidden,
-                                         grads.weight,  grads.bias,    a.workspace,  a.workspace_bytes, a.device,
-                                         a.stream};
-  run_backward(problem, backward_args, plan_for);
+  BackwardArgs backward;
+  backward.hidden = a.hidden;
+  backward.weight = a.weight;
+  backward.bias = a.bias;
+  backward.targets = a.targets;
+  backward.class_weight = a.class_weight;
+  backward.lse = a.lse;
+  backward.valid_count = a.valid_count;
+  backward.grad_hidden = grads.hidden;
+  backward.grad_weight = grads.weight;
+  backward.grad_bias = grads.bias;
+  backward.workspace = a.workspace;
+  backward.workspace_bytes = a.workspace_bytes;
+  backward.device = a.device;
+  backward.stream = a.stream;
+  run_backward(problem, backward, plan_for);
 }
 
 }  // namespace
@@ -501,15 +472,14 @@ unsigned grid_dim(int64_t extent, int64_t tile, char axis) {
   return static_cast<unsigned>(blocks);
 }
 
-void forward(const Problem& problem, const lfce_forward_args& args, const PlanFor& plan_for) {
+void forward(const Problem& problem, const ForwardArgs& args, const PlanFor& plan_for) {
   run_forward(problem, args, plan_for);
 }
-void backward(const Problem& problem, const lfce_backward_args& args, const PlanFor& plan_for) {
+void backward(const Problem& problem, const BackwardArgs& args, const PlanFor& plan_for) {
   run_backward(problem, args, plan_for);
 }
-void forward_backward(const Problem& problem, const lfce_forward_args& args, void* grad_hidden, void* grad_weight,
-                      void* grad_bias, const PlanFor& plan_for) {
-  run_forward_backward(problem, args, Gradients{grad_hidden, grad_weight, grad_bias}, plan_for);
+void forward_backward(const Problem& problem, const ForwardBackwardArgs& args, const PlanFor& plan_for) {
+  run_forward_backward(problem, args, plan_for);
 }
 
 void scale_gradient(DType dtype, const void* src, void* dst, int64_t count, const float* scale, int device,
@@ -526,10 +496,11 @@ void scale_gradient(DType dtype, const void* src, void* dst, int64_t count, cons
   spec.arch = device_info(device).arch();
   spec = spec.normalised();
   const Kernel& kernel = kernel_for(device, spec);
-  void* s = const_cast<void*>(src);
-  void* d = dst;
-  void* sc = const_cast<float*>(scale);
-  void* args[] = {&s, &d, &count, &sc};
+  KernelArgs args;
+  args.set("src", src);
+  args.set("dst", dst);
+  args.set("count", count);
+  args.set("scale", scale);
   // 8 elements a thread; at most a few waves of CTAs, which then stride.
   const int64_t ctas = std::min<int64_t>(ceil_div(ceil_div(count, int64_t{8}), int64_t{256}), int64_t{4096});
   kernel.launch({static_cast<unsigned>(std::max<int64_t>(ctas, 1)), 1, 1}, static_cast<CUstream>(stream), args);

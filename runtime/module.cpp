@@ -109,10 +109,6 @@ struct JitLogs {
 
 }  // namespace
 
-CompileError::CompileError(const std::string& message, std::string log)
-    : lfce::CompileError(log.empty() ? message : message + "\n" + log),
-      log_(std::move(log)) {}
-
 LoadedKernel::LoadedKernel(int device, const std::string& ptx,
                            const std::string& entry,
                            unsigned dynamic_smem_bytes)
@@ -183,7 +179,7 @@ void LoadedKernel::configure_shared_memory() {
   if (total > static_cast<std::uint64_t>(info.max_smem_optin)) {
     // The tile, hence the shared memory, is lfce's choice (default or tuned), never the
     // caller's: a kernel that does not fit is lfce's fault, not a bad argument.
-    throw lfce::CompileError(fmt::format(
+    throw CompileError(fmt::format(
         "kernel {} needs {} bytes of dynamic shared memory (+ {} static) "
         "but device {} ({}) allows at most {} bytes per block: lfce chose a tile this GPU "
         "cannot run (a bug, or a tuning file from another GPU: retune with `lfce tune`)",

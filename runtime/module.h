@@ -11,17 +11,6 @@
 
 namespace lfce::runtime {
 
-// The driver's JIT rejected the PTX; what() carries the kernel name, the
-// driver status and the JIT error log, log() the log alone.
-class CompileError : public lfce::CompileError {
- public:
-  CompileError(const std::string& message, std::string log);
-  const std::string& log() const { return log_; }
-
- private:
-  std::string log_;
-};
-
 struct Dim3 {
   unsigned x = 1, y = 1, z = 1;
 };

@@ -1,5 +1,6 @@
 #include "runtime/options.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <mutex>
@@ -41,6 +42,31 @@ double seconds_env(const char* name, double max, double fallback) {
   return value;
 }
 
+// LFCE_EXPERIMENTAL: a comma-separated list of the switches below, each a path that computes the
+// same bits as the default but measured slower today, kept for the speed work that may want it.
+void read_experimental(Options& o) {
+  for (const char* old : {"LFCE_EAGER_OPERAND", "LFCE_EAGER_FIXUP"})
+    if (!env(old).empty())
+      throw SpecError(std::string(old) + " is no longer read: the experimental paths are switched on with "
+                      "LFCE_EXPERIMENTAL=eager_operand (was LFCE_EAGER_OPERAND=1) or LFCE_EXPERIMENTAL=eager_dz_kernel "
+                      "(was LFCE_EAGER_FIXUP=0); unset " + old);
+  const std::string text = env("LFCE_EXPERIMENTAL");
+  size_t start = 0;
+  while (start <= text.size() && !text.empty()) {
+    const size_t end = std::min(text.find(',', start), text.size());
+    const std::string name = text.substr(start, end - start);
+    if (name == "eager_operand") {
+      o.eager_operand = true;
+    } else if (name == "eager_dz_kernel") {
+      o.eager_fixup = false;
+    } else {
+      throw SpecError("LFCE_EXPERIMENTAL = '" + text + "': unknown switch '" + name +
+                      "'; the switches are eager_operand and eager_dz_kernel, separated by commas");
+    }
+    start = end + 1;
+  }
+}
+
 struct Current {
   std::mutex mutex;
   std::optional<Options> options;
@@ -77,14 +103,7 @@ Options Options::from_env() {
   o.device_smem_limit = positive_env("LFCE_DEVICE_SMEM_LIMIT", int64_t{1} << 30);
   o.device_sm_count = positive_env("LFCE_DEVICE_SM_COUNT", 1 << 20);
   o.device_arch = env("LFCE_DEVICE_ARCH");
-  if (const std::string operand = env("LFCE_EAGER_OPERAND"); !operand.empty()) {
-    if (operand != "0" && operand != "1") throw SpecError("LFCE_EAGER_OPERAND = '" + operand + "' is not 0 or 1");
-    o.eager_operand = operand == "1";
-  }
-  if (const std::string fixup = env("LFCE_EAGER_FIXUP"); !fixup.empty()) {
-    if (fixup != "0" && fixup != "1") throw SpecError("LFCE_EAGER_FIXUP = '" + fixup + "' is not 0 or 1");
-    o.eager_fixup = fixup == "1";
-  }
+  read_experimental(o);
   if (!o.device_arch.empty()) {
     try {
       parse_arch(o.device_arch);

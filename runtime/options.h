@@ -13,14 +13,15 @@
 //                    smaller GPU (a 99 KiB RTX 4090 or L40S, a 108-SM A100) — for tests
 //   LFCE_DEVICE_ARCH sm_80: run the portable mma.sync kernels even on a Hopper GPU (an sm_80
 //                    module runs on sm_90), to test or compare that path there
-//   LFCE_EAGER_OPERAND 1: eager mode's grad_weight and grad_input form dz from the stored
-//                    exponentials in registers on their way to the tensor cores
-//                    (Plan::eager_operand) — experimental: exact (the same bits) but slower on the
-//                    H200 today (docs/measurements.md#eager-operand); 0 or unset: eager_dz
-//                    rewrites the workspace
-//   LFCE_EAGER_FIXUP 0: eager_dz's pass rewrites the workspace as a kernel of its own; 1 or unset:
-//                    grad_weight's producer warpgroup does it while its consumers compute
-//                    (Plan::eager_fixup, the same bits)
+//   LFCE_EXPERIMENTAL a comma-separated list of paths that compute the same bits as the default
+//                    but were measured slower (kept for the speed work; not for users):
+//                    eager_operand: eager mode's grad_weight and grad_input form dz from the
+//                    stored exponentials in registers on their way to the tensor cores
+//                    (Plan::eager_operand; docs/measurements.md#eager-operand);
+//                    eager_dz_kernel: eager_dz's pass rewrites the workspace as a kernel of its
+//                    own instead of grad_weight's producer warpgroup doing it while its consumers
+//                    compute (Plan::eager_fixup off; docs/measurements.md#eager-fixup).
+//                    The former LFCE_EAGER_OPERAND / LFCE_EAGER_FIXUP are refused, naming these.
 //
 // Read once per process: current() is what the first use (or the api layer's Session, which
 // calls set_current() on reload) read.
@@ -43,8 +44,8 @@ struct Options {
   int64_t device_smem_limit = 0;  // 0: the device's own
   int64_t device_sm_count = 0;    // 0: the device's own
   std::string device_arch;        // LFCE_DEVICE_ARCH, empty if unset (else a valid arch name)
-  bool eager_operand = false;     // LFCE_EAGER_OPERAND=1
-  bool eager_fixup = true;        // LFCE_EAGER_FIXUP, unless 0
+  bool eager_operand = false;     // LFCE_EXPERIMENTAL=eager_operand
+  bool eager_fixup = true;        // unless LFCE_EXPERIMENTAL=eager_dz_kernel
 
   static Options from_env();  // throws SpecError naming a malformed value
   static Options current();   // from_env() at the first call, else what set_current() set

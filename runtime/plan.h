@@ -8,68 +8,11 @@
 
 #include "compiler/checked_int.h"
 #include "compiler/kernel_spec.h"
-#include "lfce/lfce.h"
+#include "runtime/problem.h"
+#include "runtime/tile_policy.h"
 #include "runtime/tuning.h"
 
 namespace lfce::runtime {
-
-struct Problem {
-  int64_t tokens = 0, hidden = 0, vocab = 0;
-  DType dtype = DType::BF16;
-  IndexType targets = IndexType::I64;
-  bool bias = false;
-  Reduction reduction = Reduction::Mean;
-  Mode mode = Mode::Recompute;
-  int64_t ignore_index = -100;
-  int64_t chunk_size = 0;
-  int64_t workspace_budget = 0;
-  // The loss options (KernelSpec's fields of the same names); a problem shares the tuning of
-  // the same problem without them.
-  float softcap = 0.f;       // 0 = none
-  float temperature = 1.f;   // 1 = none (the C struct's 0 also means none)
-  float z_loss_scale = 0.f;  // 0 = none
-  float label_smoothing = 0.f;  // 0 = none
-  bool class_weight = false;    // per-class weights given in the forward and backward arguments
-  // The backward adds grad_weight / grad_bias into fp32 buffers (recompute mode).
-  bool accumulate_grad_weight = false, accumulate_grad_bias = false;
-  bool token_scaling = false;  // each token's loss and gradient times its detached p(target)
-  // The extra per-token outputs (lfce_problem.outputs), and whether the backward adds the lse rows'
-  // gradients (lfce_backward_args.grad_lse not NULL: set by lfce_backward, never by the C struct).
-  bool entropy = false, logprob = false, predicted = false;
-  bool lse_grad = false;
-  // Causal shift: sequences of this many tokens, each position scored against the next one's
-  // target (lfce_problem.sequence_length); 0 = none.
-  int64_t sequence_length = 0;
-};
-
-// The rows of lse (lfce.h): the LSEs, then the token scales, entropies and logprobs where asked for.
-int lse_rows(const Problem& problem);
-
-// The most tokens a problem may have: grid x = ceil(N / BM) stays within CUDA's 2^31 - 1 CTAs.
-// V, H and the chunk are bounded by kMaxVocab, kMaxHidden and kMaxChunk (compiler/kernel_spec.h).
-constexpr int64_t kMaxTokens = (int64_t{1} << 31) - 1;
-
-// The spec of `kind` for `problem` on `arch` as far as the problem decides it: no chunk, the
-// default tile, not normalised (Plan::spec completes it; tuning keys normalise it).
-KernelSpec problem_spec(KernelKind kind, const Problem& problem, Arch arch);
-
-// Every field of `problem`, as text: the key under which the api layer caches a problem's plan
-// and tuning (a field missing here would hand one problem another's kernels).
-std::string problem_text(const Problem& problem);
-
-// Converts and validates the C struct; throws SpecError naming the first bad field.
-Problem problem_from_c(const lfce_problem* problem);
-// Throws SpecError naming the first size of `problem` outside its range (N, H, V, chunk,
-// workspace budget; any H >= 1 is accepted). problem_from_c() and Plan run it.
-void check_problem(const Problem& problem);
-
-constexpr int64_t kDefaultWorkspaceBudget = 256ll << 20;
-
-// Eager mode's eager_logits, untuned on sm_90a and without a bias, runs two cooperative consumers on
-// a 128 x 256 tile from this hidden size on (Plan::tile), ping-pong's 64 x 256 below it: measured
-// faster at every bar shape (H = 2304 to 8192); below 2048 not measured, where ping-pong hides a
-// larger share of the epilogue. (With a bias it runs lse_forward's 128 x 256 at every H.)
-constexpr int64_t kEagerLogitsCooperativeHidden = 2048;
 
 class Plan {
  public:
@@ -80,11 +23,16 @@ class Plan {
   // `limits`: the device's; a tuned tile over its shared memory is dropped (logged) for the
   // default that fits.
   Plan(const Problem& problem, Arch arch, const Tuning& tuning = {}, const DeviceLimits& limits = {});
-  // The tile kind runs with: tuned, else the default that fits the device.
+  // The tile kind runs with: tuned, else the default that fits the device, adjusted by the tile
+  // policy's rules (tile_policy.cpp).
   TileConfig tile(KernelKind kind) const;
 
   const Problem& problem() const { return p_; }
   Arch arch() const { return arch_; }
+  // The tuning as kept: tuned tiles over the device's shared memory, or loading rows TMA cannot
+  // take, dropped.
+  const Tuning& tuning() const { return tuning_; }
+  const DeviceLimits& limits() const { return limits_; }
   // The spec `kind` runs with: normalised, the tile(), and in the three-GEMM schedule over several
   // token chunks grad_weight / grad_bias adding into fp32 sums.
   KernelSpec spec(KernelKind kind) const;
@@ -112,16 +60,18 @@ class Plan {
   int64_t eager_tiles() const;
   // Whether the three-GEMM schedule's grad_weight and grad_input form dz from eager_logits'
   // exponentials as they load them (KernelSpec::eager_operand), eager_dz then storing only its
-  // constants: asked for (Tuning::eager_operand, LFCE_EAGER_OPERAND=1), and sm_90a wgmma tiles in 16-bit without a bias (grad_bias reads dz
-  // itself), unclustered and unsplit, BK = 64, with eager_logits' tile width a multiple of 64 and of
-  // grad_weight's BM (a slice's rows in one tile).
+  // constants: asked for (Tuning::eager_operand, LFCE_EXPERIMENTAL=eager_operand), and sm_90a wgmma
+  // tiles in 16-bit without a bias (grad_bias reads dz itself), unclustered and unsplit, BK = 64,
+  // with eager_logits' tile width a multiple of 64 and of grad_weight's BM (a slice's rows in one
+  // tile).
   bool eager_operand() const;
   // Whether the three-GEMM schedule's grad_weight rewrites p̃ into dz itself, in its producer
   // warpgroup's spare warps ahead of the tiles that read it (KernelSpec::eager_fixup), eager_dz
-  // then storing only its constants (its eager_operand form): unless LFCE_EAGER_FIXUP=0
-  // (Tuning::eager_fixup) or eager_operand, on sm_90a in 16-bit with a wgmma grad_weight tile whose
-  // BM divides eager_logits' tile width, token chunks of at most 8192 (the measured gain; slower at
-  // 16384), and fewer than 2^31 work items (templates/eager_fixup.h).
+  // then storing only its constants (its eager_operand form): unless
+  // LFCE_EXPERIMENTAL=eager_dz_kernel (Tuning::eager_fixup) or eager_operand, on sm_90a in 16-bit
+  // with a wgmma grad_weight tile whose BM divides eager_logits' tile width, token chunks of at
+  // most 8192 (the measured gain; slower at 16384), and fewer than 2^31 work items
+  // (templates/eager_fixup.h).
   // Where no grad_weight is asked for, the run launches eager_dz's full pass instead
   // (eager_dz_pass_spec).
   bool eager_fixup() const;
@@ -174,6 +124,10 @@ class Plan {
   int64_t splits_ = 1, row_groups_ = 1, chunk_ = 1, ld_ = 8;
   bool three_gemm_ = false;
   int64_t token_chunk_ = 1;
+  // Geometry (plan_layout.cpp): the forward's splits and row groups, the backward's vocabulary
+  // chunk, eager mode's token chunks and whether it runs the three-GEMM schedule.
+  void plan_forward_split();
+  void plan_vocab_chunk();
   void plan_three_gemm();
   // Throws InternalError for a spec over limits_' shared memory (with a device's limits).
   void check_fit(const std::vector<KernelSpec>& specs) const;

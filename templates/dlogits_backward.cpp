@@ -223,7 +223,7 @@ KernelShape build_dlogits_backward(llvm::Module& module, const KernelSpec& spec)
         });
     });
     kb.finish();
-    return {"dlogits_backward", t.threads(), smem_bytes};
+    return {"dlogits_backward", t.threads(), smem_bytes, kb.signature()};
   }
 
   Value *m0, *n0;
@@ -272,7 +272,7 @@ KernelShape build_dlogits_backward(llvm::Module& module, const KernelSpec& spec)
     });
   });
   kb.finish();
-  return {"dlogits_backward", t.threads(), smem_bytes};
+  return {"dlogits_backward", t.threads(), smem_bytes, kb.signature()};
 }
 
 }  // namespace lfce

@@ -161,7 +161,7 @@ KernelShape build_eager_dz(llvm::Module& module, const KernelSpec& normalised) {
     });
   });
   kb.finish();
-  return {"eager_dz", kThreads, 0};
+  return {"eager_dz", kThreads, 0, kb.signature()};
 }
 
 }  // namespace lfce

@@ -117,7 +117,7 @@ KernelShape build_eager_logits(llvm::Module& module, const KernelSpec& spec) {
       }
     });
     kb.finish();
-    return {"eager_logits", t.threads(), smem_bytes};
+    return {"eager_logits", t.threads(), smem_bytes, kb.signature()};
   }
 
   // The staged form: the fp32 tile in shared memory, then one warp per row for its statistics
@@ -191,7 +191,7 @@ KernelShape build_eager_logits(llvm::Module& module, const KernelSpec& spec) {
     tile_epilogue(m0, n0);
   }
   kb.finish();
-  return {"eager_logits", t.threads(), smem_bytes};
+  return {"eager_logits", t.threads(), smem_bytes, kb.signature()};
 }
 
 }  // namespace lfce

@@ -29,7 +29,7 @@
 namespace lfce {
 
 // eager_dz's constants in its eager_operand form, as kernel parameters (the transform's, and
-// grad_weight's fix-up's first ones: runtime/launch.cpp passes them in this order).
+// grad_weight's fix-up's), which runtime/launch.cpp offers by these names.
 inline void add_eager_constant_params(std::vector<Param>& params) {
   params.push_back({"coef", ParamType::GlobalPtr});
   params.push_back({"target_col", ParamType::GlobalPtr});

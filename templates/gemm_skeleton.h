@@ -112,7 +112,8 @@ struct ProducerWork {
 };
 
 // The template's parameters followed by those the skeleton's mainloop needs (for wgmma tiles:
-// tma_a and tma_b, the tensor maps of operands A and B, in that order).
+// tma_a and tma_b, the tensor maps of operands A and B, which the runtime builds where a
+// kernel declares them and binds by these names).
 std::vector<Param> gemm_params(const TileConfig& tile, std::vector<Param> params);
 
 // Shared-memory bytes of the skeleton for one tile, computed without building IR (the

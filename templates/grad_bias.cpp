@@ -40,7 +40,7 @@ KernelShape build_grad_bias(llvm::Module& module, const KernelSpec& spec) {
     });
   });
   kb.finish();
-  return {"grad_bias", kThreads, 0};
+  return {"grad_bias", kThreads, 0, kb.signature()};
 }
 
 }  // namespace lfce

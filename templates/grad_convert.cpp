@@ -40,7 +40,7 @@ KernelShape build_grad_convert(llvm::Module& module, const KernelSpec& spec) {
     kb.store(kb.from_f32(value, elem), kb.gep(kb.arg("dst"), elem, i));
   });
   kb.finish();
-  return {"grad_convert", kThreads, 0};
+  return {"grad_convert", kThreads, 0, kb.signature()};
 }
 
 KernelShape build_grad_scale(llvm::Module& module, const KernelSpec& spec) {
@@ -74,7 +74,7 @@ KernelShape build_grad_scale(llvm::Module& module, const KernelSpec& spec) {
     });
   });
   kb.finish();
-  return {"grad_scale", kThreads, 0};
+  return {"grad_scale", kThreads, 0, kb.signature()};
 }
 
 }  // namespace lfce

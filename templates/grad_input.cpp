@@ -120,7 +120,7 @@ KernelShape build_grad_input(llvm::Module& module, const KernelSpec& spec) {
           [&] { kb.if_then_else(last, [&] { epilogue(true, true); }, [&] { epilogue(true, false); }); });
     }, operand ? &*operand : nullptr);
     kb.finish();
-    return {"grad_input", t.threads(), gemm.smem_bytes(0)};
+    return {"grad_input", t.threads(), gemm.smem_bytes(0), kb.signature()};
   }
 
   Value *m0, *n0;
@@ -156,7 +156,7 @@ KernelShape build_grad_input(llvm::Module& module, const KernelSpec& spec) {
     });
   });
   kb.finish();
-  return {"grad_input", t.threads(), gemm.smem_bytes(0)};
+  return {"grad_input", t.threads(), gemm.smem_bytes(0), kb.signature()};
 }
 
 }  // namespace lfce

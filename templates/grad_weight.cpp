@@ -68,7 +68,7 @@ KernelShape build_grad_weight(llvm::Module& module, const KernelSpec& spec) {
       }
     }, operand ? &*operand : nullptr, fixup ? &*fixup : nullptr);
     kb.finish();
-    return {"grad_weight", t.threads(), gemm.smem_bytes(0)};
+    return {"grad_weight", t.threads(), gemm.smem_bytes(0), kb.signature()};
   }
 
   if (spec.eager_fixup) throw InternalError("eager_fixup on a tile without the TMA pipeline (" + t.text() + ")");
@@ -90,7 +90,7 @@ KernelShape build_grad_weight(llvm::Module& module, const KernelSpec& spec) {
     });
   });
   kb.finish();
-  return {"grad_weight", t.threads(), gemm.smem_bytes(0)};
+  return {"grad_weight", t.threads(), gemm.smem_bytes(0), kb.signature()};
 }
 
 }  // namespace lfce

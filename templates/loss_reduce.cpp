@@ -104,7 +104,7 @@ KernelShape build_loss_reduce(llvm::Module& module, const KernelSpec& spec) {
       kb.store(spec.reduction == Reduction::Mean ? mean : sum, kb.arg("loss"));
   });
   kb.finish();
-  return {name, kThreads, kernel_smem_bytes(spec)};
+  return {name, kThreads, kernel_smem_bytes(spec), kb.signature()};
 }
 
 }  // namespace lfce

@@ -163,7 +163,7 @@ KernelShape build_lse_combine(llvm::Module& module, const KernelSpec& spec) {
         });
   });
   kb.finish();
-  return {"lse_combine", kThreads, smoothing && spec.class_weight ? kThreads * 4 : 0};
+  return {"lse_combine", kThreads, smoothing && spec.class_weight ? kThreads * 4 : 0, kb.signature()};
 }
 
 }  // namespace lfce

@@ -243,7 +243,7 @@ KernelShape build_lse_forward(llvm::Module& module, const KernelSpec& spec) {
     lse_forward_specialised(kb, spec, gemm, row_blocks, tile_begin, tile_end, k_tiles, partial_index);
     kb.finish();
     // The row-statistics slots stay reserved (kKernelKinds counts them for both paths).
-    return {"lse_forward", t.threads(), smem_bytes};
+    return {"lse_forward", t.threads(), smem_bytes, kb.signature()};
   }
 
   kb.for_range(kb.ctaid(0), row_blocks, kb.nctaid(0), [&](Value* block) {
@@ -381,7 +381,7 @@ KernelShape build_lse_forward(llvm::Module& module, const KernelSpec& spec) {
     });
   });
   kb.finish();
-  return {"lse_forward", t.threads(), smem_bytes};
+  return {"lse_forward", t.threads(), smem_bytes, kb.signature()};
 }
 
 }  // namespace lfce

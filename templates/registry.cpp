@@ -92,6 +92,13 @@ GeneratedKernel generate_kernel(const KernelSpec& spec) {
     throw InternalError(std::string(kind_name(spec.kind)) + " is built for " + std::to_string(out.shape.threads) +
                         " threads, kernel_threads() says " + std::to_string(kernel_threads(spec)) +
                         "; update kTemplates");
+  // The signature returned is the one the kernel was built with: the runtime binds by it.
+  const llvm::Function* fn = module->getFunction(out.shape.entry);
+  bool same = fn && fn->arg_size() == out.shape.params.size();
+  for (size_t i = 0; same && i < out.shape.params.size(); ++i)
+    same = fn->getArg(static_cast<unsigned>(i))->getName() == out.shape.params[i].name;
+  if (!same)
+    throw InternalError(out.shape.entry + ": the parameters its builder returns are not the kernel's");
   const ArchInfo& arch = arch_info(spec.arch);
   if (out.shape.smem_bytes > arch.smem_per_block_optin)
     throw SpecError("tile needs " + std::to_string(out.shape.smem_bytes) + " bytes of shared memory, over the " +

@@ -30,8 +30,8 @@ inline llvm::Value* eager_dz_element(KernelBuilder& kb, llvm::Value* coef, llvm:
   return kb.from_f32(kb.ir().CreateFMul(coef, kb.to_f32(stored)), elem);
 }
 
-// The run-time argument load_target reads with a causal shift: push it last onto a kernel's
-// parameters (the runtime appends the sequence length last to the same kernels' arguments).
+// The run-time argument load_target reads with a causal shift, sequence_length, after the
+// template's own parameters (the runtime binds it by name: runtime/kernel_args.h).
 inline void add_shift_param(const KernelSpec& spec, std::vector<Param>& params) {
   if (spec.shift) params.push_back({"sequence_length", ParamType::I64});
 }

@@ -5,15 +5,18 @@
 
 #include <string>
 
+#include "compiler/kernel_signature.h"
 #include "compiler/kernel_spec.h"
 
 namespace lfce {
 
-// What a built kernel needs at launch beyond its arguments.
+// What a built kernel needs at launch: its CTA size and shared memory, and the names and types
+// of its parameters (its KernelBuilder's signature), to which the runtime binds the arguments.
 struct KernelShape {
   std::string entry;
   int threads = 0;
   int smem_bytes = 0;  // dynamic shared memory
+  KernelSignature params;
 };
 
 // lse_combine's threads per CTA (one per token).

@@ -180,6 +180,12 @@ LFCE_API int lfce_abi_version(void);
 /* sizeof the struct named `name` ("lfce_problem", "lfce_forward_args", ...: every struct in this
  * header) as the library was compiled; an unknown name is LFCE_ERR_INVALID_ARGUMENT. */
 LFCE_API int lfce_struct_size(const char* name, size_t* bytes);
+/* Calls `callback` once per field of the struct named `name`, in declaration order, with the field's
+ * name, its byte offset and its size as the library was compiled, so that a binding can check its
+ * mirror field by field (two swapped fields of one size keep the struct's size). An unknown name is
+ * LFCE_ERR_INVALID_ARGUMENT. Added without an ABI version change: a library without it predates it. */
+typedef void (*lfce_field_callback)(const char* field, size_t offset, size_t size, void* user);
+LFCE_API int lfce_struct_layout(const char* name, lfce_field_callback callback, void* user);
 /* Message of the last failed call on this thread ("" if none). */
 LFCE_API const char* lfce_last_error(void);
 /* "trace", "debug", "info", "warn", "error", "off". Default from LFCE_LOG_LEVEL, else "warn". */

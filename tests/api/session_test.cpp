@@ -17,10 +17,10 @@ namespace lfce::api {
 namespace {
 
 namespace fs = std::filesystem;
-using autotune::Candidate;
-using autotune::Measurement;
-using autotune::TuningEntry;
-using autotune::TuningKey;
+using runtime::Candidate;
+using runtime::Measurement;
+using runtime::TuningEntry;
+using runtime::TuningKey;
 using autotune::TuningStore;
 
 runtime::Problem problem() {
@@ -58,7 +58,7 @@ class SessionTest : public testing::Test {
   void TearDown() override {
     unsetenv("LFCE_CACHE_DIR");
     unsetenv("LFCE_DEVICE_SMEM_LIMIT");
-    unsetenv("LFCE_EAGER_OPERAND");
+    unsetenv("LFCE_EXPERIMENTAL");
     fs::remove_all(a_);
     fs::remove_all(b_);
   }
@@ -76,7 +76,7 @@ TEST_F(SessionTest, SetCacheDirMovesKernelsAndTuningWinnersTogether) {
   EXPECT_EQ(session.cache_dir(), b_);
   EXPECT_EQ(runtime::disk_cache()->dir(), b_);  // the kernels
   const runtime::Tuning tuned = session.tuning(problem(), Arch::SM90A);
-  EXPECT_EQ(tuned.tile(KernelKind::LseForward, DType::BF16), kFastForward.tile);
+  EXPECT_EQ(tuned.tiles.at(KernelKind::LseForward), kFastForward.tile);
   EXPECT_EQ(tuned.forward_ctas, 528);
 }
 
@@ -122,23 +122,24 @@ TEST_F(SessionTest, ReloadNamesAMalformedLimitAndKeepsTheOldOptions) {
   EXPECT_EQ(session.options().device_smem_limit, 101376);
 }
 
-// LFCE_EAGER_OPERAND: 0 / unset (eager_dz's pass), 1 (the GEMMs' operand transform), anything else
-// named in the error.
-TEST_F(SessionTest, EagerOperandIsOffUnlessTheEnvironmentAsksForIt) {
+// LFCE_EXPERIMENTAL=eager_operand switches the GEMMs' operand transform on; a reload with a
+// malformed list keeps the options it had.
+TEST_F(SessionTest, EagerOperandIsOffUnlessTheExperimentalSwitchAsksForIt) {
   Session session(runtime::Options::from_env());
   EXPECT_FALSE(session.options().eager_operand);
-  setenv("LFCE_EAGER_OPERAND", "1", 1);
+  setenv("LFCE_EXPERIMENTAL", "eager_operand", 1);
   session.reload();
   EXPECT_TRUE(session.options().eager_operand);
-  setenv("LFCE_EAGER_OPERAND", "yes", 1);
+  setenv("LFCE_EXPERIMENTAL", "yes", 1);
   try {
     session.reload();
-    FAIL() << "a malformed LFCE_EAGER_OPERAND was accepted";
+    FAIL() << "a malformed LFCE_EXPERIMENTAL was accepted";
   } catch (const SpecError& e) {
-    EXPECT_NE(std::string(e.what()).find("LFCE_EAGER_OPERAND = 'yes' is not 0 or 1"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("LFCE_EXPERIMENTAL = 'yes': unknown switch 'yes'"), std::string::npos)
+        << e.what();
   }
   EXPECT_TRUE(session.options().eager_operand);
-  setenv("LFCE_EAGER_OPERAND", "0", 1);
+  unsetenv("LFCE_EXPERIMENTAL");
   session.reload();
   EXPECT_FALSE(session.options().eager_operand);
 }

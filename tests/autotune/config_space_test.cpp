@@ -29,8 +29,8 @@ runtime::Problem llama3_8b(DType dtype = DType::BF16) {
   return p;
 }
 
-Candidate candidate(KernelKind kind, TileConfig tile) {
-  return Candidate{kind, tile, kind == KernelKind::LseForward ? runtime::kDefaultForwardCtas : 0,
+runtime::Candidate candidate(KernelKind kind, TileConfig tile) {
+  return runtime::Candidate{kind, tile, kind == KernelKind::LseForward ? runtime::kDefaultForwardCtas : 0,
                    kind == KernelKind::DlogitsBackward ? 16384 : 0};
 }
 
@@ -82,8 +82,8 @@ TEST(ConfigSpace, DefaultSpaceStartsWithTheDefaultAndGivesEveryRejectionAReason)
     EXPECT_EQ(space.kept.front(), default_candidate(kind, problem, Arch::SM80));
     EXPECT_GT(space.kept.size(), 20u) << kind_name(kind);
     EXPECT_FALSE(space.rejected.empty()) << kind_name(kind);
-    std::set<Candidate> seen;
-    for (const Candidate& c : space.kept) {
+    std::set<runtime::Candidate> seen;
+    for (const runtime::Candidate& c : space.kept) {
       EXPECT_TRUE(seen.insert(c).second) << "duplicate " << c.text();
       EXPECT_EQ(c.kind, kind);
     }
@@ -97,7 +97,7 @@ TEST(ConfigSpace, DefaultSpaceStartsWithTheDefaultAndGivesEveryRejectionAReason)
 TEST(ConfigSpace, ForwardSweepsTheCtaTarget) {
   ConfigSpace space = config_space(KernelKind::LseForward, llama3_8b(), Arch::SM90A);
   std::set<int64_t> ctas;
-  for (const Candidate& c : space.kept) ctas.insert(c.forward_ctas);
+  for (const runtime::Candidate& c : space.kept) ctas.insert(c.forward_ctas);
   EXPECT_EQ(ctas, (std::set<int64_t>{132, 264, 528}));
 }
 
@@ -113,7 +113,7 @@ TEST(ConfigSpace, DefaultCandidateOnA99KiBDeviceIsTheDefaultTileForThatLimit) {
       const auto problem = llama3_8b(dtype);
       const ConfigSpace space = config_space(kind, problem, Arch::SM90A, "default", small_gpu);
       ASSERT_FALSE(space.kept.empty());
-      const Candidate& first = space.kept.front();
+      const runtime::Candidate& first = space.kept.front();
       EXPECT_EQ(first.tile, runtime::default_tile(kind, dtype, Arch::SM90A, small_gpu.smem_per_block));
       EXPECT_FALSE(rejection(first, problem, Arch::SM90A, small_gpu).has_value())
           << *rejection(first, problem, Arch::SM90A, small_gpu);
@@ -128,14 +128,14 @@ TEST(ConfigSpace, DefaultCandidateOnA99KiBDeviceIsTheDefaultTileForThatLimit) {
 TEST(ConfigSpace, ForwardSweepsTheCtaTargetPerSmOfTheDevice) {
   ConfigSpace space = config_space(KernelKind::LseForward, llama3_8b(), Arch::SM90A, "default", {0, 108});
   std::set<int64_t> ctas;
-  for (const Candidate& c : space.kept) ctas.insert(c.forward_ctas);
+  for (const runtime::Candidate& c : space.kept) ctas.insert(c.forward_ctas);
   EXPECT_EQ(ctas, (std::set<int64_t>{108, 216, 432}));
 }
 
 TEST(ConfigSpace, WgmmaSpaceHoldsTheHopperTilesAndPrunesOneConsumerTilesThatCannotPair) {
   const ConfigSpace space = config_space(KernelKind::GradWeight, llama3_8b(), Arch::SM90A, "wgmma");
   ASSERT_GT(space.kept.size(), 4u);
-  for (const Candidate& c : space.kept) EXPECT_TRUE(c.tile.wgmma()) << c.text();
+  for (const runtime::Candidate& c : space.kept) EXPECT_TRUE(c.tile.wgmma()) << c.text();
   bool paired_rejection = false;
   for (const auto& [c, reason] : space.rejected)
     if (c.tile.consumers == 1 && reason.find("2 CTAs per SM") != std::string::npos) paired_rejection = true;
@@ -149,7 +149,7 @@ TEST(ConfigSpace, ChunksStayWithinTheBudgetInMultiplesOf128) {
   const int64_t budget = runtime::Plan(problem, Arch::SM90A).chunk();
   ConfigSpace space = config_space(KernelKind::DlogitsBackward, problem, Arch::SM90A);
   std::set<int64_t> chunks;
-  for (const Candidate& c : space.kept) chunks.insert(c.chunk);
+  for (const runtime::Candidate& c : space.kept) chunks.insert(c.chunk);
   EXPECT_EQ(chunks, (std::set<int64_t>{budget, budget / 2, budget / 4}));
   for (int64_t c : chunks) EXPECT_EQ(c % 128, 0);
 }
@@ -158,7 +158,7 @@ TEST(ConfigSpace, SingleChunkVocabularyIsNotResplit) {
   auto problem = llama3_8b();
   problem.vocab = 4096;  // fits one chunk of the default budget
   ConfigSpace space = config_space(KernelKind::DlogitsBackward, problem, Arch::SM90A);
-  for (const Candidate& c : space.kept) EXPECT_EQ(c.chunk, 4096) << c.text();
+  for (const runtime::Candidate& c : space.kept) EXPECT_EQ(c.chunk, 4096) << c.text();
 }
 
 TEST(ConfigSpace, SmallSpaceHasAFewConfigsPerKind) {
@@ -182,8 +182,8 @@ TEST(ConfigSpace, NamesAnUnknownSpace) {
 
 TEST(Candidate, TextRoundTrips) {
   for (KernelKind kind : tuned_kinds())
-    for (const Candidate& c : config_space(kind, llama3_8b(), Arch::SM90A, "small").kept)
-      EXPECT_EQ(Candidate::parse(kind, c.text()), c) << c.text();
+    for (const runtime::Candidate& c : config_space(kind, llama3_8b(), Arch::SM90A, "small").kept)
+      EXPECT_EQ(runtime::Candidate::parse(kind, c.text()), c) << c.text();
   EXPECT_EQ(default_candidate(KernelKind::LseForward, llama3_8b(), Arch::SM90A).text(), "128x256x64/wg2/s4;ctas=132");
   EXPECT_EQ(default_candidate(KernelKind::GradWeight, llama3_8b(), Arch::SM90A).text(), "128x256x64/wg2/s4");
   EXPECT_EQ(default_candidate(KernelKind::GradInput, llama3_8b(), Arch::SM90A).text(), "64x256x64/wg2/s4/pp");
@@ -193,7 +193,7 @@ TEST(Candidate, TextRoundTrips) {
 TEST(Candidate, ParseNamesTheBadText) {
   for (const char* bad : {"128x128x64/2x4", "128x128x64/2x4/s3;ctas=264", "128x128x64/2x4/s3 ", "+128x128x64/2x4/s3"}) {
     try {
-      Candidate::parse(KernelKind::GradWeight, bad);
+      runtime::Candidate::parse(KernelKind::GradWeight, bad);
       ADD_FAILURE() << "accepted '" << bad << "'";
     } catch (const SpecError& e) {
       EXPECT_TRUE(contains(e.what(), std::string("'") + bad + "'")) << e.what();
@@ -204,12 +204,12 @@ TEST(Candidate, ParseNamesTheBadText) {
 TEST(Candidate, ApplySetsOnlyItsKind) {
   runtime::Tuning base;
   base.tiles[KernelKind::GradInput] = TileConfig{64, 64, 64, 2, 2, 2};
-  Candidate c{KernelKind::DlogitsBackward, TileConfig{64, 128, 64, 2, 2, 3}, 0, 8192};
+  runtime::Candidate c{KernelKind::DlogitsBackward, TileConfig{64, 128, 64, 2, 2, 3}, 0, 8192};
   runtime::Tuning t = c.apply(base);
   EXPECT_EQ(t.chunk, 8192);
   EXPECT_EQ(t.forward_ctas, 0);
-  EXPECT_EQ(t.tile(KernelKind::DlogitsBackward, DType::BF16), c.tile);
-  EXPECT_EQ(t.tile(KernelKind::GradInput, DType::BF16), (TileConfig{64, 64, 64, 2, 2, 2}));
+  EXPECT_EQ(t.tiles.at(KernelKind::DlogitsBackward), c.tile);
+  EXPECT_EQ(t.tiles.at(KernelKind::GradInput), (TileConfig{64, 64, 64, 2, 2, 2}));
   EXPECT_EQ(candidate_of(KernelKind::DlogitsBackward, llama3_8b(), t, Arch::SM90A), c);
 }
 
@@ -251,7 +251,7 @@ TEST_P(SmallSpace, KeptConfigsValidateAndAssembleWithoutSpills) {
   auto problem = llama3_8b(c.dtype);
   problem.workspace_budget = 64 << 20;  // several chunks: the chunk variants differ
   std::set<KernelSpec> specs;  // candidates differing only in the CTA target share a kernel
-  for (const Candidate& cand : config_space(c.kind, problem, c.arch, "small").kept)
+  for (const runtime::Candidate& cand : config_space(c.kind, problem, c.arch, "small").kept)
     specs.insert(runtime::Plan(problem, c.arch, cand.apply({})).spec(c.kind));
   for (const KernelSpec& spec : specs) {
     SCOPED_TRACE(spec.text());

@@ -55,16 +55,16 @@ TEST_P(TunerGpu, SmallSpaceMatchesTheHostReferenceAndItsWinnersAreUsed) {
     SCOPED_TRACE(std::string(kind_name(k.kind)));
     EXPECT_EQ(k.failed, 0);
     EXPECT_TRUE(k.winner);
-    std::optional<TuningEntry> entry = store.load(TuningKey::of(k.kind, p, arch, limits));
+    std::optional<runtime::TuningEntry> entry = store.load(runtime::TuningKey::of(k.kind, p, arch, limits));
     ASSERT_TRUE(entry);
-    for (const Record& rec : entry->records) {
+    for (const runtime::Record& rec : entry->records) {
       EXPECT_TRUE(rec.result.ok()) << rec.candidate.text() << ": " << rec.result.error;
       EXPECT_GE(rec.result.verify_error, 0) << rec.candidate.text();
       EXPECT_LE(rec.result.verify_error, 1.0) << rec.candidate.text();  // within the bounds of the fp64 reference
     }
   }
   // A later process: no memo, only the files.
-  EXPECT_EQ(stored_tuning(TuningStore(dir_), p, arch, limits), r.tuning);
+  EXPECT_EQ(runtime::stored_tuning(TuningStore(dir_), p, arch, limits), r.tuning);
   // and nothing is measured again
   TuneResult again = tune(p, 0, options);
   for (const KindResult& k : again.kinds) EXPECT_EQ(k.measured, 0);

@@ -34,12 +34,12 @@ class FakeBench : public Bench {
     ++prepared;
     if (out_of_memory) throw runtime::CudaError(CUDA_ERROR_OUT_OF_MEMORY, "cuMemAlloc");
   }
-  Measurement measure(KernelKind kind, const runtime::Tuning& tuning) override {
+  runtime::Measurement measure(KernelKind kind, const runtime::Tuning& tuning) override {
     calls.push_back({kind, tuning});
     if (sleep_ms) std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
-    const TileConfig t = tuning.tile(kind, DType::BF16);
+    const TileConfig t = tuning.tiles.at(kind);
     if (fatal_bn && t.bn == fatal_bn) throw runtime::CudaError(CUDA_ERROR_ILLEGAL_ADDRESS, "cuEventSynchronize");
-    Measurement m;
+    runtime::Measurement m;
     if (t.bn == failing_bn) {
       m.error = "spills: 64 bytes of local memory per thread";
       return m;
@@ -85,7 +85,7 @@ TEST_F(TunerTest, MeasuresEveryKeptCandidateOnceAndPicksTheFastest) {
   for (const KindResult& k : r.kinds) {
     ASSERT_TRUE(k.winner) << kind_name(k.kind);
     int narrowest = 1 << 30;  // the fake's fastest
-    for (const Candidate& c : config_space(k.kind, problem(), Arch::SM90A, "small").kept)
+    for (const runtime::Candidate& c : config_space(k.kind, problem(), Arch::SM90A, "small").kept)
       narrowest = std::min(narrowest, c.tile.bn);
     EXPECT_EQ(k.winner->tile.bn, narrowest) << kind_name(k.kind);
     ASSERT_TRUE(k.speedup);
@@ -98,26 +98,26 @@ TEST_F(TunerTest, MeasuresEveryKeptCandidateOnceAndPicksTheFastest) {
 
 TEST_F(TunerTest, ResumeMeasuresOnlyTheRemainingCandidates) {
   const KernelKind kind = KernelKind::GradInput;
-  const std::vector<Candidate> all = config_space(kind, problem(), Arch::SM90A, "small").kept;
+  const std::vector<runtime::Candidate> all = config_space(kind, problem(), Arch::SM90A, "small").kept;
   ASSERT_GE(all.size(), 3u);
   // A sweep interrupted after the first two candidates.
-  TuningEntry partial;
-  partial.key = TuningKey::of(kind, problem(), Arch::SM90A);
+  runtime::TuningEntry partial;
+  partial.key = runtime::TuningKey::of(kind, problem(), Arch::SM90A);
   partial.default_config = all[0];
-  partial.records = {{all[0], Measurement{3.0, "", -1}}, {all[1], Measurement{2.5, "", -1}}};
+  partial.records = {{all[0], runtime::Measurement{3.0, "", -1}}, {all[1], runtime::Measurement{2.5, "", -1}}};
   TuningStore(dir_).save(partial);
-  EXPECT_EQ(remaining(partial, all), std::vector<Candidate>(all.begin() + 2, all.end()));
+  EXPECT_EQ(remaining(partial, all), std::vector<runtime::Candidate>(all.begin() + 2, all.end()));
 
   options_.kinds = {kind};
   FakeBench bench;
   TuneResult r = tune_with(bench, problem(), Arch::SM90A, options_);
   ASSERT_EQ(bench.calls.size(), all.size() - 2);
   std::set<TileConfig> measured, expected;
-  for (const auto& call : bench.calls) measured.insert(call.second.tile(kind, DType::BF16));
+  for (const auto& call : bench.calls) measured.insert(call.second.tiles.at(kind));
   for (size_t i = 2; i < all.size(); ++i) expected.insert(all[i].tile);
   EXPECT_EQ(measured, expected);
   EXPECT_EQ(r.kinds[0].reused, 2);
-  std::optional<TuningEntry> stored = TuningStore(dir_).load(partial.key);
+  std::optional<runtime::TuningEntry> stored = TuningStore(dir_).load(partial.key);
   ASSERT_TRUE(stored);
   EXPECT_EQ(stored->records.size(), all.size());
   EXPECT_EQ(stored->records[0].result.ms, 3.0);  // kept, not re-measured
@@ -136,9 +136,9 @@ TEST_F(TunerTest, FailedCandidateScoresInfinityAndTheSweepGoesOn) {
   EXPECT_EQ(r.kinds[0].failed, 1);
   ASSERT_TRUE(r.kinds[0].winner);
   EXPECT_NE(r.kinds[0].winner->tile.bn, 64);
-  std::optional<TuningEntry> stored = TuningStore(dir_).load(TuningKey::of(KernelKind::GradWeight, problem(), Arch::SM90A));
+  std::optional<runtime::TuningEntry> stored = TuningStore(dir_).load(runtime::TuningKey::of(KernelKind::GradWeight, problem(), Arch::SM90A));
   int failures = 0;
-  for (const Record& rec : stored->records)
+  for (const runtime::Record& rec : stored->records)
     if (!rec.result.ok()) {
       ++failures;
       EXPECT_EQ(rec.result.error, "spills: 64 bytes of local memory per thread");
@@ -151,16 +151,17 @@ TEST_F(TunerTest, FatalErrorIsRecordedThenRethrown) {
   FakeBench bench;
   bench.fatal_bn = 64;
   EXPECT_THROW(tune_with(bench, problem(), Arch::SM90A, options_), runtime::CudaError);
-  std::optional<TuningEntry> stored = TuningStore(dir_).load(TuningKey::of(KernelKind::GradWeight, problem(), Arch::SM90A));
+  std::optional<runtime::TuningEntry> stored = TuningStore(dir_).load(runtime::TuningKey::of(KernelKind::GradWeight, problem(), Arch::SM90A));
   ASSERT_TRUE(stored);
-  const Record& last = stored->records.back();
+  const runtime::Record& last = stored->records.back();
   EXPECT_EQ(last.candidate.tile.bn, 64);
   EXPECT_FALSE(last.result.ok());
   EXPECT_NE(last.result.error.find("CUDA_ERROR_ILLEGAL_ADDRESS"), std::string::npos) << last.result.error;
 
   FakeBench resumed;  // a fresh process skips the culprit
   tune_with(resumed, problem(), Arch::SM90A, options_);
-  for (const auto& call : resumed.calls) EXPECT_NE(call.second.tile(KernelKind::GradWeight, DType::BF16).bn, 64);
+  for (const auto& call : resumed.calls)
+    if (call.second.tiles.count(KernelKind::GradWeight)) EXPECT_NE(call.second.tiles.at(KernelKind::GradWeight).bn, 64);
 }
 
 TEST_F(TunerTest, MeasuresTheDefaultFirst) {
@@ -173,7 +174,7 @@ TEST_F(TunerTest, MeasuresTheDefaultFirst) {
   options_.budget_minutes = 0;
   tune_with(bench, problem(), Arch::SM90A, options_);
   ASSERT_FALSE(bench.calls.empty());
-  EXPECT_EQ(bench.calls.front().second.tile(KernelKind::GradInput, DType::BF16),
+  EXPECT_EQ(bench.calls.front().second.tiles.at(KernelKind::GradInput),
             runtime::default_tile(KernelKind::GradInput, DType::BF16, Arch::SM90A));
   EXPECT_EQ(bench.calls.size(), space_size(KernelKind::GradInput, "default"));
 }
@@ -183,7 +184,7 @@ TEST_F(TunerTest, SetupFailureBlamesNoCandidate) {
   bench.out_of_memory = true;
   EXPECT_THROW(tune_with(bench, problem(), Arch::SM90A, options_), runtime::CudaError);
   EXPECT_TRUE(bench.calls.empty());
-  EXPECT_FALSE(TuningStore(dir_).load(TuningKey::of(KernelKind::LseForward, problem(), Arch::SM90A)));
+  EXPECT_FALSE(TuningStore(dir_).load(runtime::TuningKey::of(KernelKind::LseForward, problem(), Arch::SM90A)));
 }
 
 TEST_F(TunerTest, NothingLeftToMeasureNeedsNoDevice) {
@@ -199,14 +200,14 @@ TEST_F(TunerTest, NothingLeftToMeasureNeedsNoDevice) {
 TEST_F(TunerTest, LaterKindsAreMeasuredWithTheEarlierWinners) {
   FakeBench bench;
   TuneResult r = tune_with(bench, problem(), Arch::SM90A, options_);
-  const Candidate dlogits_winner = *r.kinds[1].winner;
+  const runtime::Candidate dlogits_winner = *r.kinds[1].winner;
   for (const auto& [kind, tuning] : bench.calls) {
     if (kind == KernelKind::GradWeight || kind == KernelKind::GradInput) {
-      EXPECT_EQ(tuning.tile(KernelKind::DlogitsBackward, DType::BF16), dlogits_winner.tile);
+      EXPECT_EQ(tuning.tiles.at(KernelKind::DlogitsBackward), dlogits_winner.tile);
       EXPECT_EQ(tuning.chunk, dlogits_winner.chunk);
     }
     if (kind == KernelKind::DlogitsBackward) {
-      EXPECT_EQ(tuning.tile(KernelKind::GradWeight, DType::BF16), runtime::default_tile(KernelKind::GradWeight, DType::BF16));
+      EXPECT_EQ(tuning.tiles.count(KernelKind::GradWeight), 0u);  // not tuned yet: the default
     }
   }
 }
@@ -219,7 +220,7 @@ TEST_F(TunerTest, BudgetStopsCleanlyKeepingWhatWasMeasured) {
   EXPECT_TRUE(r.stopped_by_budget);
   ASSERT_GE(bench.calls.size(), 1u);
   EXPECT_LE(bench.calls.size(), 4u);
-  std::optional<TuningEntry> stored = TuningStore(dir_).load(TuningKey::of(KernelKind::LseForward, problem(), Arch::SM90A));
+  std::optional<runtime::TuningEntry> stored = TuningStore(dir_).load(runtime::TuningKey::of(KernelKind::LseForward, problem(), Arch::SM90A));
   ASSERT_TRUE(stored);
   EXPECT_EQ(stored->records.size(), std::min(bench.calls.size(), space_size(KernelKind::LseForward)));
 
@@ -249,7 +250,7 @@ TEST_F(TunerTest, ProgressCountsUpToTheTotal) {
 TEST_F(TunerTest, LookupReturnsTheTunedWinners) {
   FakeBench bench;
   TuneResult r = tune_with(bench, problem(), Arch::SM90A, options_);
-  EXPECT_EQ(stored_tuning(TuningStore(dir_), problem(), Arch::SM90A), r.tuning);
+  EXPECT_EQ(runtime::stored_tuning(TuningStore(dir_), problem(), Arch::SM90A), r.tuning);
   EXPECT_FALSE(r.tuning == runtime::Tuning{});
 }
 

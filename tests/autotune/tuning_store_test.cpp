@@ -44,31 +44,31 @@ class StoreTest : public testing::Test {
     fs::remove_all(dir_);
   }
 
-  TuningEntry entry(KernelKind kind, const runtime::Problem& p, const Candidate& fast) {
-    TuningEntry e;
-    e.key = TuningKey::of(kind, p, Arch::SM90A);
+  runtime::TuningEntry entry(KernelKind kind, const runtime::Problem& p, const runtime::Candidate& fast) {
+    runtime::TuningEntry e;
+    e.key = runtime::TuningKey::of(kind, p, Arch::SM90A);
     e.tokens = p.tokens;
     e.device = "NVIDIA H200";
     e.default_config = default_candidate(kind, p, Arch::SM90A);
     e.measured_with = {{"lse_forward", "128x128x64/2x4/s3;ctas=264"}};
-    e.records.push_back({e.default_config, Measurement{2.0, "", 0.0}});
-    e.records.push_back({fast, Measurement{1.5, "", 0.001}});
-    Measurement failed;
+    e.records.push_back({e.default_config, runtime::Measurement{2.0, "", 0.0}});
+    e.records.push_back({fast, runtime::Measurement{1.5, "", 0.001}});
+    runtime::Measurement failed;
     failed.error = "spills: 96 bytes of local memory per thread";
-    e.records.push_back({Candidate{kind, TileConfig{256, 128, 64, 2, 4, 4}, fast.forward_ctas, fast.chunk}, failed});
+    e.records.push_back({runtime::Candidate{kind, TileConfig{256, 128, 64, 2, 4, 4}, fast.forward_ctas, fast.chunk}, failed});
     return e;
   }
 
   std::string dir_;
 };
 
-const Candidate kFastForward{KernelKind::LseForward, TileConfig{128, 256, 64, 2, 4, 3}, 528, 0};
+const runtime::Candidate kFastForward{KernelKind::LseForward, TileConfig{128, 256, 64, 2, 4, 3}, 528, 0};
 
 TEST_F(StoreTest, RoundTripsAnEntry) {
   TuningStore store(dir_);
-  TuningEntry saved = entry(KernelKind::LseForward, problem(), kFastForward);
+  runtime::TuningEntry saved = entry(KernelKind::LseForward, problem(), kFastForward);
   store.save(saved);
-  std::optional<TuningEntry> loaded = store.load(saved.key);
+  std::optional<runtime::TuningEntry> loaded = store.load(saved.key);
   ASSERT_TRUE(loaded);
   EXPECT_EQ(loaded->tokens, 8192);
   EXPECT_EQ(loaded->device, "NVIDIA H200");
@@ -89,7 +89,7 @@ TEST_F(StoreTest, RoundTripsAnEntry) {
 
 TEST_F(StoreTest, FileIsReadableJsonNamedAfterTheKey) {
   TuningStore store(dir_);
-  TuningEntry saved = entry(KernelKind::LseForward, problem(5000), kFastForward);
+  runtime::TuningEntry saved = entry(KernelKind::LseForward, problem(5000), kFastForward);
   store.save(saved);
   const std::string path = store.path(saved.key);
   EXPECT_EQ(fs::path(path).filename(), "lse_forward-sm_90a-smem232448-sms132-bf16-V128256-H4096-N8192-recompute-mean-i64-nobias.json");
@@ -114,7 +114,7 @@ TEST_F(StoreTest, WriteLeavesNoTemporaryFiles) {
 
 TEST_F(StoreTest, CorruptFileReadsAsMissing) {
   TuningStore store(dir_);
-  TuningEntry saved = entry(KernelKind::GradInput, problem(), Candidate{KernelKind::GradInput, TileConfig{64, 128, 64, 2, 2, 3}, 0, 0});
+  runtime::TuningEntry saved = entry(KernelKind::GradInput, problem(), runtime::Candidate{KernelKind::GradInput, TileConfig{64, 128, 64, 2, 2, 3}, 0, 0});
   store.save(saved);
   std::ofstream(store.path(saved.key), std::ios::trunc) << "{\"format\": 1, \"key\":";
   EXPECT_FALSE(store.load(saved.key));
@@ -122,9 +122,9 @@ TEST_F(StoreTest, CorruptFileReadsAsMissing) {
 
 TEST_F(StoreTest, FileOfAnotherKeyReadsAsMissing) {
   TuningStore store(dir_);
-  TuningEntry saved = entry(KernelKind::LseForward, problem(), kFastForward);
+  runtime::TuningEntry saved = entry(KernelKind::LseForward, problem(), kFastForward);
   store.save(saved);
-  TuningKey other = saved.key;
+  runtime::TuningKey other = saved.key;
   other.hidden = 2048;
   fs::copy_file(store.path(saved.key), store.path(other));
   EXPECT_FALSE(store.load(other));
@@ -132,32 +132,32 @@ TEST_F(StoreTest, FileOfAnotherKeyReadsAsMissing) {
 
 TEST_F(StoreTest, LookupReturnsTheStoredWinnerForTheSameBucket) {
   TuningStore store(dir_);
-  const Candidate fast_gw{KernelKind::GradWeight, TileConfig{128, 64, 64, 2, 2, 4}, 0, 0};
+  const runtime::Candidate fast_gw{KernelKind::GradWeight, TileConfig{128, 64, 64, 2, 2, 4}, 0, 0};
   store.save(entry(KernelKind::LseForward, problem(8192), kFastForward));
   store.save(entry(KernelKind::GradWeight, problem(8192), fast_gw));
 
-  runtime::Tuning tuned = stored_tuning(TuningStore(dir_), problem(5000), Arch::SM90A);  // bucket 8192 as well
-  EXPECT_EQ(tuned.tile(KernelKind::LseForward, DType::BF16), kFastForward.tile);
+  runtime::Tuning tuned = runtime::stored_tuning(TuningStore(dir_), problem(5000), Arch::SM90A);  // bucket 8192 as well
+  EXPECT_EQ(tuned.tiles.at(KernelKind::LseForward), kFastForward.tile);
   EXPECT_EQ(tuned.forward_ctas, 528);
-  EXPECT_EQ(tuned.tile(KernelKind::GradWeight, DType::BF16), fast_gw.tile);
-  EXPECT_EQ(tuned.tile(KernelKind::GradInput, DType::BF16), runtime::default_tile(KernelKind::GradInput, DType::BF16));  // none stored
+  EXPECT_EQ(tuned.tiles.at(KernelKind::GradWeight), fast_gw.tile);
+  EXPECT_EQ(tuned.tiles.count(KernelKind::GradInput), 0u);  // none stored: the default
   EXPECT_EQ(tuned.chunk, 0);
 
-  EXPECT_EQ(stored_tuning(TuningStore(dir_), problem(8193), Arch::SM90A), runtime::Tuning{});  // bucket 16384
-  EXPECT_EQ(stored_tuning(TuningStore(dir_), problem(8192), Arch::SM80), runtime::Tuning{});   // another arch
+  EXPECT_EQ(runtime::stored_tuning(TuningStore(dir_), problem(8193), Arch::SM90A), runtime::Tuning{});  // bucket 16384
+  EXPECT_EQ(runtime::stored_tuning(TuningStore(dir_), problem(8192), Arch::SM80), runtime::Tuning{});   // another arch
 }
 
 // A FIFO in place of a tuning file once hung the first forward (std::ifstream blocks on
 // open until a writer comes). Now it is "not a regular file": logged, read as missing.
 TEST_F(StoreTest, AFifoInPlaceOfATuningFileReadsAsMissingWithoutBlocking) {
   TuningStore store(dir_);
-  const TuningKey key = TuningKey::of(KernelKind::LseForward, problem(), Arch::SM90A);
+  const runtime::TuningKey key = runtime::TuningKey::of(KernelKind::LseForward, problem(), Arch::SM90A);
   fs::create_directories(store.dir());
   ASSERT_EQ(mkfifo(store.path(key).c_str(), 0600), 0);
   WarningCapture log;
   EXPECT_FALSE(store.load(key));
   EXPECT_NE(log.text().find("not a regular file"), std::string::npos) << log.text();
-  EXPECT_EQ(stored_tuning(store, problem(), Arch::SM90A), runtime::Tuning{});
+  EXPECT_EQ(runtime::stored_tuning(store, problem(), Arch::SM90A), runtime::Tuning{});
 }
 
 // One tuning per generated kernel. lse_forward's code does not read the mode,
@@ -165,40 +165,40 @@ TEST_F(StoreTest, AFifoInPlaceOfATuningFileReadsAsMissingWithoutBlocking) {
 TEST(TuningKey, ProblemsWhoseKernelIsTheSameCodeShareOneKey) {
   runtime::Problem recompute = problem(), eager = problem();
   eager.mode = Mode::Eager;
-  EXPECT_EQ(TuningKey::of(KernelKind::LseForward, recompute, Arch::SM90A),
-            TuningKey::of(KernelKind::LseForward, eager, Arch::SM90A));
-  EXPECT_FALSE(TuningKey::of(KernelKind::DlogitsBackward, recompute, Arch::SM90A) ==
-               TuningKey::of(KernelKind::DlogitsBackward, eager, Arch::SM90A));
+  EXPECT_EQ(runtime::TuningKey::of(KernelKind::LseForward, recompute, Arch::SM90A),
+            runtime::TuningKey::of(KernelKind::LseForward, eager, Arch::SM90A));
+  EXPECT_FALSE(runtime::TuningKey::of(KernelKind::DlogitsBackward, recompute, Arch::SM90A) ==
+               runtime::TuningKey::of(KernelKind::DlogitsBackward, eager, Arch::SM90A));
   runtime::Problem sum = problem();
   sum.reduction = Reduction::Sum;  // bf16 grad_weight does not read the reduction (fp16 does: dz_scale)
-  EXPECT_EQ(TuningKey::of(KernelKind::GradWeight, recompute, Arch::SM90A),
-            TuningKey::of(KernelKind::GradWeight, sum, Arch::SM90A));
+  EXPECT_EQ(runtime::TuningKey::of(KernelKind::GradWeight, recompute, Arch::SM90A),
+            runtime::TuningKey::of(KernelKind::GradWeight, sum, Arch::SM90A));
   sum.dtype = recompute.dtype = DType::FP16;
-  EXPECT_FALSE(TuningKey::of(KernelKind::GradWeight, recompute, Arch::SM90A) ==
-               TuningKey::of(KernelKind::GradWeight, sum, Arch::SM90A));
+  EXPECT_FALSE(runtime::TuningKey::of(KernelKind::GradWeight, recompute, Arch::SM90A) ==
+               runtime::TuningKey::of(KernelKind::GradWeight, sum, Arch::SM90A));
   // V, H and the N bucket stay in every key: they change the timing.
   runtime::Problem wider = problem();
   wider.vocab += 128;
-  EXPECT_FALSE(TuningKey::of(KernelKind::GradWeight, problem(), Arch::SM90A) ==
-               TuningKey::of(KernelKind::GradWeight, wider, Arch::SM90A));
+  EXPECT_FALSE(runtime::TuningKey::of(KernelKind::GradWeight, problem(), Arch::SM90A) ==
+               runtime::TuningKey::of(KernelKind::GradWeight, wider, Arch::SM90A));
 }
 
 TEST_F(StoreTest, LookupIgnoresAWinnerThePrunerRejects) {
   TuningStore store(dir_);
   // As a file from another generator version might hold: over sm_90a's shared memory.
-  store.save(entry(KernelKind::LseForward, problem(), Candidate{KernelKind::LseForward, TileConfig{256, 256, 64, 2, 4, 4}, 264, 0}));
-  EXPECT_EQ(stored_tuning(TuningStore(dir_), problem(), Arch::SM90A), runtime::Tuning{});
+  store.save(entry(KernelKind::LseForward, problem(), runtime::Candidate{KernelKind::LseForward, TileConfig{256, 256, 64, 2, 4, 4}, 264, 0}));
+  EXPECT_EQ(runtime::stored_tuning(TuningStore(dir_), problem(), Arch::SM90A), runtime::Tuning{});
 }
 
 // Tuning files are data from disk: a winner that would overflow or divide by zero is logged,
 // naming the file and the field, and the kind runs with its default.
 TEST_F(StoreTest, LookupIgnoresAWinnerWhoseWarpsOverflowTheThreadCount) {
   TuningStore store(dir_);
-  const Candidate bad{KernelKind::LseForward, TileConfig{128, 128, 64, 2, 67108864, 3}, 264, 0};
+  const runtime::Candidate bad{KernelKind::LseForward, TileConfig{128, 128, 64, 2, 67108864, 3}, 264, 0};
   store.save(entry(KernelKind::LseForward, problem(), bad));
   WarningCapture log;
-  EXPECT_EQ(stored_tuning(TuningStore(dir_), problem(), Arch::SM90A), runtime::Tuning{});
-  const std::string path = store.path(TuningKey::of(KernelKind::LseForward, problem(), Arch::SM90A));
+  EXPECT_EQ(runtime::stored_tuning(TuningStore(dir_), problem(), Arch::SM90A), runtime::Tuning{});
+  const std::string path = store.path(runtime::TuningKey::of(KernelKind::LseForward, problem(), Arch::SM90A));
   EXPECT_NE(log.text().find(path), std::string::npos) << log.text();
   EXPECT_NE(log.text().find("tile warps_n = 67108864 is outside 1..32"), std::string::npos) << log.text();
 }
@@ -207,20 +207,20 @@ TEST_F(StoreTest, LookupIgnoresAWinnerWithANegativeTileAndKeepsTheOtherKinds) {
   TuningStore store(dir_);
   // N = 64: ceil(64 / -64) = 0 row blocks, which the forward's CTA target was once divided by.
   const runtime::Problem p = problem(64);
-  const Candidate good_gx{KernelKind::GradInput, TileConfig{64, 128, 64, 2, 2, 3}, 0, 0};
+  const runtime::Candidate good_gx{KernelKind::GradInput, TileConfig{64, 128, 64, 2, 2, 3}, 0, 0};
   store.save(entry(KernelKind::LseForward, p,
-                   Candidate{KernelKind::LseForward, TileConfig{-64, 256, 64, 1, 4, 2}, 264, 0}));
+                   runtime::Candidate{KernelKind::LseForward, TileConfig{-64, 256, 64, 1, 4, 2}, 264, 0}));
   store.save(entry(KernelKind::GradWeight, p,
-                   Candidate{KernelKind::GradWeight, TileConfig{-128, 128, 64, 2, 4, 3}, 0, 0}));
+                   runtime::Candidate{KernelKind::GradWeight, TileConfig{-128, 128, 64, 2, 4, 3}, 0, 0}));
   store.save(entry(KernelKind::GradInput, p, good_gx));
   WarningCapture log;
-  const runtime::Tuning tuned = stored_tuning(TuningStore(dir_), p, Arch::SM90A);
+  const runtime::Tuning tuned = runtime::stored_tuning(TuningStore(dir_), p, Arch::SM90A);
   runtime::Tuning expected;
   expected.tiles[KernelKind::GradInput] = good_gx.tile;
   EXPECT_EQ(tuned, expected);
   EXPECT_NE(log.text().find("tile BM = -64 is outside 1..1024"), std::string::npos) << log.text();
   EXPECT_NE(log.text().find("tile BM = -128 is outside 1..1024"), std::string::npos) << log.text();
-  EXPECT_NE(log.text().find(store.path(TuningKey::of(KernelKind::GradWeight, p, Arch::SM90A))),
+  EXPECT_NE(log.text().find(store.path(runtime::TuningKey::of(KernelKind::GradWeight, p, Arch::SM90A))),
             std::string::npos)
       << log.text();
   // The runtime then plans and generates with the defaults for those kinds.
@@ -230,14 +230,14 @@ TEST_F(StoreTest, LookupIgnoresAWinnerWithANegativeTileAndKeepsTheOtherKinds) {
 }
 
 TEST(TokenBucket, IsTheNextPowerOfTwo) {
-  EXPECT_EQ(token_bucket(1), 1);
-  EXPECT_EQ(token_bucket(4097), 8192);
-  EXPECT_EQ(token_bucket(8192), 8192);
+  EXPECT_EQ(runtime::token_bucket(1), 1);
+  EXPECT_EQ(runtime::token_bucket(4097), 8192);
+  EXPECT_EQ(runtime::token_bucket(8192), 8192);
 }
 
 TEST(TokenBucket, NamesATokenCountWithoutABucket) {
   try {
-    token_bucket(4611686018427387905);  // 2^62 + 1: once doubled forever
+    runtime::token_bucket(4611686018427387905);  // 2^62 + 1: once doubled forever
     FAIL() << "no error";
   } catch (const SpecError& e) {
     EXPECT_NE(std::string(e.what()).find("4611686018427387905"), std::string::npos) << e.what();

@@ -256,10 +256,10 @@ std::vector<TraceCase> cases(bool all, bool sm90a) {
   add("eager/no_gradients", shape(bf16, E), eager).grads = 0;
   add("eager/hidden_1024", shape(bf16, E, 1024), eager);
   add("eager/hidden_1004", shape(bf16, E, 1004), eager);
-  add("eager/eager_operand", shape(bf16, E), eager).env = {{"LFCE_EAGER_OPERAND", "1"}};
-  add("eager/eager_operand_token_chunks", token_chunks, eager).env = {{"LFCE_EAGER_OPERAND", "1"}};
-  add("eager/eager_fixup_off", shape(bf16, E), eager).env = {{"LFCE_EAGER_FIXUP", "0"}};
-  add("eager/eager_fixup_off_grad_hidden_only", shape(bf16, E), eager).env = {{"LFCE_EAGER_FIXUP", "0"}};
+  add("eager/eager_operand", shape(bf16, E), eager).env = {{"LFCE_EXPERIMENTAL", "eager_operand"}};
+  add("eager/eager_operand_token_chunks", token_chunks, eager).env = {{"LFCE_EXPERIMENTAL", "eager_operand"}};
+  add("eager/eager_fixup_off", shape(bf16, E), eager).env = {{"LFCE_EXPERIMENTAL", "eager_dz_kernel"}};
+  add("eager/eager_fixup_off_grad_hidden_only", shape(bf16, E), eager).env = {{"LFCE_EXPERIMENTAL", "eager_dz_kernel"}};
   add("eager/fp16_token_chunks", [&] {
     lfce_problem p = token_chunks;
     p.dtype = LFCE_DTYPE_FP16;
@@ -397,13 +397,13 @@ class Runner {
     const runtime::DeviceLimits limits{device.smem, device.sm_count};
     const autotune::TuningStore store(lfce_cache_dir());
     for (const auto& [kind, tile] : c.tuned) {
-      autotune::TuningEntry entry;
-      entry.key = autotune::TuningKey::of(kind, problem, arch, limits);
+      runtime::TuningEntry entry;
+      entry.key = runtime::TuningKey::of(kind, problem, arch, limits);
       entry.tokens = problem.tokens;
       entry.device = "lfce fake GPU";
       entry.default_config.kind = kind;
       entry.default_config.tile = runtime::Plan(problem, arch, {}, limits).tile(kind);
-      autotune::Record winner;
+      runtime::Record winner;
       winner.candidate.kind = kind;
       winner.candidate.tile = TileConfig::parse(tile);
       // lse_forward's winner carries a CTA target, dlogits_backward's a vocabulary chunk (3 of them).
@@ -443,7 +443,8 @@ std::string golden_path(const Device& d) { return std::string(LFCE_GOLDEN_DIR) +
   setenv("LFCE_CACHE_DIR", (dir / "cache").c_str(), 1);
   const std::string raw = (dir / "raw.txt").string();
   setenv("LFCE_FAKE_CUDA_TRACE", raw.c_str(), 1);
-  for (const char* name : {"LFCE_EAGER_OPERAND", "LFCE_EAGER_FIXUP", "LFCE_DEVICE_SMEM_LIMIT", "LFCE_DEVICE_SM_COUNT",
+  for (const char* name : {"LFCE_EXPERIMENTAL", "LFCE_EAGER_OPERAND", "LFCE_EAGER_FIXUP", "LFCE_DEVICE_SMEM_LIMIT",
+                           "LFCE_DEVICE_SM_COUNT",
                            "LFCE_DEVICE_ARCH"})
     unsetenv(name);
   Runner runner(raw);

@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 #include <spdlog/sinks/ostream_sink.h>
 #include <spdlog/spdlog.h>
+#include <fcntl.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <sys/stat.h>
@@ -102,6 +104,7 @@ Entry fake_ptx_entry(const KernelSpec& spec, const std::string& payload = "// pt
   e.record.entry = "k";
   e.record.threads = kernel_threads(spec);  // the spec's launch shape, which the cache checks
   e.record.dynamic_smem_bytes = kernel_smem_bytes(spec);
+  e.record.params = {{"targets", ParamType::GlobalPtr}, {"n", ParamType::I64}, {"splits", ParamType::I32}};
   e.record.compile_ms = 12.5;
   e.payload = payload;
   return e;
@@ -220,6 +223,7 @@ TEST(DiskCache, StoresAnEntryThatAnotherCacheObjectLoads) {
   EXPECT_EQ(loaded->record.entry, "k");
   EXPECT_EQ(loaded->record.threads, 1024);  // loss_reduce's
   EXPECT_EQ(loaded->record.dynamic_smem_bytes, 8192);
+  EXPECT_EQ(loaded->record.params, e.record.params);
   EXPECT_EQ(loaded->record.payload_bytes, e.payload.size());
   EXPECT_EQ(loaded->record.payload_sha256, sha256_hex(e.payload));
 }
@@ -234,7 +238,7 @@ TEST(DiskCache, WritesMetadataWithEveryFieldAndNoTempFiles) {
   EXPECT_EQ(names, (std::set<std::string>{e.record.key + ".json", e.record.key + ".ptx"}));
   const json j = json::parse(read_text(kernels + e.record.key + ".json"));
   for (const char* field : {"spec", "generator_version", "llvm_version", "ptx_isa", "arch", "registers", "local_bytes",
-                            "static_smem_bytes", "dynamic_smem_bytes", "compile_ms", "created", "payload"})
+                            "static_smem_bytes", "dynamic_smem_bytes", "params", "compile_ms", "created", "payload"})
     EXPECT_TRUE(j.contains(field)) << field;
   EXPECT_EQ(j["kind"], "ptx");
   EXPECT_EQ(j["arch"], "sm_80");
@@ -242,6 +246,8 @@ TEST(DiskCache, WritesMetadataWithEveryFieldAndNoTempFiles) {
   EXPECT_EQ(j["payload"]["bytes"], e.payload.size());
   EXPECT_EQ(j["payload"]["sha256"], sha256_hex(e.payload));
   EXPECT_TRUE(j["registers"].is_null());  // known only once the driver compiled it
+  EXPECT_EQ(j["params"], json::parse(R"([{"name": "targets", "type": "ptr"}, {"name": "n", "type": "i64"},
+                                         {"name": "splits", "type": "i32"}])"));
 }
 
 TEST(DiskCache, KeepsACubinUnderTheKeyOfItsTarget) {
@@ -666,8 +672,16 @@ TEST(DiskCache, GoesOnWithoutTheLockOfAStoppedHolderAfterTheTimeout) {
   DiskCache cache(dir.path());
   CountingProducer producer{fake_ptx_entry(small_spec())};
   const std::string lock_name = producer.entry.record.key + ".lock";
+  const pid_t parent = getpid();
   const pid_t holder = fork();
   if (holder == 0) {
+    // The holder dies with this test (even stopped: SIGKILL ends a stopped process) and keeps
+    // none of its output pipes open, so a test that aborts can never leave a stopped process
+    // that holds ctest's pipe and hangs the suite.
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(4);
+    const int null = open("/dev/null", O_WRONLY);
+    if (null < 0 || dup2(null, 1) < 0 || dup2(null, 2) < 0) _exit(5);
     DirFd locks;
     if (open_directory(dir.path() + "/locks", true, false, locks) != 0) _exit(2);
     FileLock lock(locks, dir.path() + "/locks", lock_name, std::chrono::milliseconds{0});
@@ -728,6 +742,41 @@ TEST(Options, RejectsACacheLockTimeoutThatIsNotANumberOfSeconds) {
   EXPECT_EQ(Options::from_env().cache_lock_timeout_s, 0.5);
   unsetenv("LFCE_CACHE_LOCK_TIMEOUT");
   EXPECT_EQ(Options::from_env().cache_lock_timeout_s, 60);
+}
+
+TEST(Options, ExperimentalPathsAreOneSwitchAndTheFormerVariablesNameIt) {
+  setenv("LFCE_EXPERIMENTAL", "eager_operand,eager_dz_kernel", 1);
+  Options both = Options::from_env();
+  EXPECT_TRUE(both.eager_operand);
+  EXPECT_FALSE(both.eager_fixup);
+  unsetenv("LFCE_EXPERIMENTAL");
+  Options none = Options::from_env();
+  EXPECT_FALSE(none.eager_operand);
+  EXPECT_TRUE(none.eager_fixup);
+  for (const char* bad : {"eager_operand,", "fast", "eager_operand,,eager_dz_kernel"}) {
+    SCOPED_TRACE(bad);
+    setenv("LFCE_EXPERIMENTAL", bad, 1);
+    try {
+      Options::from_env();
+      ADD_FAILURE() << "accepted";
+    } catch (const SpecError& e) {
+      EXPECT_TRUE(contains(e.what(), std::string("LFCE_EXPERIMENTAL = '") + bad + "': unknown switch")) << e.what();
+      EXPECT_TRUE(contains(e.what(), "eager_operand and eager_dz_kernel")) << e.what();
+    }
+  }
+  unsetenv("LFCE_EXPERIMENTAL");
+  for (const char* old : {"LFCE_EAGER_OPERAND", "LFCE_EAGER_FIXUP"}) {
+    SCOPED_TRACE(old);
+    setenv(old, "1", 1);
+    try {
+      Options::from_env();
+      ADD_FAILURE() << "accepted";
+    } catch (const SpecError& e) {
+      EXPECT_TRUE(contains(e.what(), std::string(old) + " is no longer read")) << e.what();
+      EXPECT_TRUE(contains(e.what(), "LFCE_EXPERIMENTAL=")) << e.what();
+    }
+    unsetenv(old);
+  }
 }
 
 // Checks made by a process that cannot write the folders of `dir`, which holds the entry of
@@ -863,7 +912,8 @@ TEST(DiskCache, FlagsAHugeSparsePayloadWithoutReadingIt) {
 
 TEST(DiskCache, RegeneratesAnEntryWhoseLaunchShapeWasChanged) {
   for (const auto& [field, value] : std::vector<std::pair<std::string, json>>{
-           {"threads", 128}, {"entry", "other"}, {"dynamic_smem_bytes", 0}, {"registers", 32}}) {
+           {"threads", 128}, {"entry", "other"}, {"dynamic_smem_bytes", 0}, {"registers", 32},
+           {"params", json::parse(R"([{"name": "n", "type": "i64"}])")}}) {
     SCOPED_TRACE(field);
     expect_recovery(
         [&](const std::string& kernels, const Entry& e) {
@@ -894,6 +944,22 @@ TEST(DiskCache, RegeneratesAnEntryWhoseLaunchShapeWasChangedAndSignedAgain) {
         },
         problem);
   }
+}
+
+// An entry of the format before parameter lists (signed, but without "params") is a miss: the
+// runtime binds arguments by the names the entry holds.
+TEST(DiskCache, RegeneratesAnEntryWithoutItsParameterList) {
+  expect_recovery(
+      [](const std::string& kernels, const Entry& e) {
+        json j = json::parse(read_text(kernels + e.record.key + ".json"));
+        j.erase("params");
+        j["format"] = 2;
+        json signed_part = j;
+        for (const char* unsigned_field : {"metadata_sha256", "created", "created_unix"}) signed_part.erase(unsigned_field);
+        j["metadata_sha256"] = sha256_hex(signed_part.dump());
+        write_text(kernels + e.record.key + ".json", j.dump(2));
+      },
+      "metadata format 2, expected 3");
 }
 
 TEST(DiskCache, VerifyFlagsAnImplausibleCreationTime) {

@@ -10,7 +10,7 @@
 
 #include "compiler/kernel_kind.h"
 #include "runtime/plan.h"
-#include "runtime/tuning_store.h"
+#include "runtime/tuning_files.h"
 #include "templates/templates.h"
 #include "tests/ptxas.h"
 

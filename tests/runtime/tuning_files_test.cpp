@@ -3,7 +3,7 @@
 // runtime::TuningFiles and runtime::stored_tuning(). Keys hold the device's limits class, so a
 // winner tuned on a 227 KiB GPU is never looked up for a 99 KiB one; files of the older
 // format (no limits in the key) read as "no winner", quietly.
-#include "runtime/tuning_store.h"
+#include "runtime/tuning_files.h"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -67,7 +67,7 @@ class TuningFilesTest : public testing::Test {
 TEST_F(TuningFilesTest, RuntimeReadsAWinnerWithoutTheAutotuner) {
   write(TuningKey::of(KernelKind::GradWeight, problem(), Arch::SM90A, kH200), kWinner);
   const Tuning tuned = stored_tuning(TuningFiles(dir_), problem(), Arch::SM90A, kH200);
-  EXPECT_EQ(tuned.tile(KernelKind::GradWeight, DType::BF16), kWinner.tile);
+  EXPECT_EQ(tuned.tiles.at(KernelKind::GradWeight), kWinner.tile);
   EXPECT_EQ(tuned.tiles.size(), 1u);
 }
 

@@ -1,4 +1,4 @@
-#include "runtime/tuning_store.h"
+#include "runtime/tuning_files.h"
 
 #include <spdlog/spdlog.h>
 

@@ -1,0 +1,66 @@
+// Problem: one fused linear + cross-entropy call's sizes and options, as the runtime takes them;
+// its checks, its text key and the spec of each kernel as far as the problem decides it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "compiler/kernel_spec.h"
+#include "lfce/lfce.h"
+
+namespace lfce::runtime {
+
+struct Problem {
+  int64_t tokens = 0, hidden = 0, vocab = 0;
+  DType dtype = DType::BF16;
+  IndexType targets = IndexType::I64;
+  bool bias = false;
+  Reduction reduction = Reduction::Mean;
+  Mode mode = Mode::Recompute;
+  int64_t ignore_index = -100;
+  int64_t chunk_size = 0;
+  int64_t workspace_budget = 0;
+  // The loss options (KernelSpec's fields of the same names); a problem shares the tuning of
+  // the same problem without them.
+  float softcap = 0.f;       // 0 = none
+  float temperature = 1.f;   // 1 = none (the C struct's 0 also means none)
+  float z_loss_scale = 0.f;  // 0 = none
+  float label_smoothing = 0.f;  // 0 = none
+  bool class_weight = false;    // per-class weights given in the forward and backward arguments
+  // The backward adds grad_weight / grad_bias into fp32 buffers (recompute mode).
+  bool accumulate_grad_weight = false, accumulate_grad_bias = false;
+  bool token_scaling = false;  // each token's loss and gradient times its detached p(target)
+  // The extra per-token outputs (lfce_problem.outputs), and whether the backward adds the lse rows'
+  // gradients (lfce_backward_args.grad_lse not NULL: set by lfce_backward, never by the C struct).
+  bool entropy = false, logprob = false, predicted = false;
+  bool lse_grad = false;
+  // Causal shift: sequences of this many tokens, each position scored against the next one's
+  // target (lfce_problem.sequence_length); 0 = none.
+  int64_t sequence_length = 0;
+};
+
+// The rows of lse (lfce.h): the LSEs, then the token scales, entropies and logprobs where asked for.
+int lse_rows(const Problem& problem);
+
+// The most tokens a problem may have: grid x = ceil(N / BM) stays within CUDA's 2^31 - 1 CTAs.
+// V, H and the chunk are bounded by kMaxVocab, kMaxHidden and kMaxChunk (compiler/kernel_spec.h).
+constexpr int64_t kMaxTokens = (int64_t{1} << 31) - 1;
+
+constexpr int64_t kDefaultWorkspaceBudget = 256ll << 20;
+
+// The spec of `kind` for `problem` on `arch` as far as the problem decides it: no chunk, the
+// default tile, not normalised (Plan::spec completes it; tuning keys normalise it).
+KernelSpec problem_spec(KernelKind kind, const Problem& problem, Arch arch);
+
+// Every field of `problem`, as text: the key under which the api layer caches a problem's plan
+// and tuning (a field missing here would hand one problem another's kernels).
+std::string problem_text(const Problem& problem);
+
+// Converts and validates the C struct; throws SpecError naming the first bad field.
+Problem problem_from_c(const lfce_problem* problem);
+// Throws SpecError naming the first size of `problem` outside its range (N, H, V, chunk,
+// workspace budget; any H >= 1 is accepted) or the first option its dtype or mode cannot take.
+// problem_from_c() and Plan run it.
+void check_problem(const Problem& problem);
+
+}  // namespace lfce::runtime
