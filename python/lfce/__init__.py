@@ -10,7 +10,6 @@ The [tokens, vocab] logits are never materialised; the loss is fp32. Kernel gene
 Cross-Entropy) and ``lfce.transformers.apply_lfce`` (Hugging Face causal LMs).
 """
 
-from ._lib import CompileError, CudaError
 from .cache import (
     cache_dir,
     kernel_load_stats,
@@ -19,15 +18,37 @@ from .cache import (
     set_cache_dir,
     tune,
 )
+from .errors import (
+    ArgumentTypeError,
+    CacheError,
+    CompileError,
+    CudaError,
+    InternalError,
+    InvalidArgumentError,
+    LfceError,
+    LibraryError,
+    ProcessGroupError,
+    UnsupportedError,
+    UsageError,
+)
 from .kernels import generate
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ArgumentTypeError",
+    "CacheError",
     "CompileError",
     "CudaError",
+    "InternalError",
+    "InvalidArgumentError",
+    "LfceError",
+    "LibraryError",
     "LinearCrossEntropyLoss",
     "LossOutput",
+    "ProcessGroupError",
+    "UnsupportedError",
+    "UsageError",
     "__version__",
     "cache_dir",
     "generate",

@@ -14,7 +14,7 @@ import sys
 
 from . import presets
 from . import ptxas as _ptxas
-from ._lib import CompileError, CudaError
+from .errors import CompileError, CudaError
 from .kernels import generate
 
 OFFLINE_ARCHS = ("sm_90a", "sm_80")

@@ -11,6 +11,8 @@ import numbers
 import operator
 import os
 
+from .errors import ArgumentTypeError, InvalidArgumentError
+
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
@@ -21,13 +23,13 @@ def integer(name, value, *, minimum=INT64_MIN, maximum=INT64_MAX, allow_none=Fal
         return None
     expected = "an int" + (" or None" if allow_none else "")
     if _is_bool(value):
-        raise TypeError(f"{name} must be {expected}, got the bool {value!r}")
+        raise ArgumentTypeError(f"{name} must be {expected}, got the bool {value!r}")
     try:
         number = operator.index(value)  # ints and int-like scalars (numpy), never floats
     except TypeError:
-        raise TypeError(f"{name} must be {expected}, got {type(value).__name__} {value!r}") from None
+        raise ArgumentTypeError(f"{name} must be {expected}, got {type(value).__name__} {value!r}") from None
     if not minimum <= number <= maximum:
-        raise ValueError(f"{name} must be in [{_bound(minimum)}, {_bound(maximum)}], got {number}")
+        raise InvalidArgumentError(f"{name} must be in [{_bound(minimum)}, {_bound(maximum)}], got {number}")
     return number
 
 
@@ -58,7 +60,7 @@ def _number(name, value, what="a number"):
     """``value`` as a float (inf when too large for one): any real number, NumPy scalars included
     (np.float32, np.int64); bool, complex and str are TypeErrors."""
     if _is_bool(value) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be {what}, got {type(value).__name__} {value!r}")
+        raise ArgumentTypeError(f"{name} must be {what}, got {type(value).__name__} {value!r}")
     try:
         return float(value)
     except OverflowError:
@@ -69,7 +71,7 @@ def real(name, value, *, minimum):
     """``value`` as a finite float >= minimum; bool and str are TypeErrors."""
     number = _number(name, value)
     if not math.isfinite(number) or number < minimum:
-        raise ValueError(f"{name} must be a finite number >= {minimum}, got {value!r}")
+        raise InvalidArgumentError(f"{name} must be a finite number >= {minimum}, got {value!r}")
     return number
 
 
@@ -85,12 +87,13 @@ def _option(name, value, none, inside, bounds):
         return none
     number = _number(name, value, "None or a number")
     if not inside(number):  # NaN fails too
-        raise ValueError(f"{name} must be None or a number in {bounds}, got {value!r}")
+        raise InvalidArgumentError(f"{name} must be None or a number in {bounds}, got {value!r}")
     # (Every option's range is >= 0. The bound is written as a literal: torch.compile(dynamic=True)
     # treats a module-level float as an input and compiles again for each call.)
     if 0 < number < 1.1754943508222875e-38:  # FLOAT32_MIN_NORMAL
-        raise ValueError(f"{name} must be 0 or at least {FLOAT32_MIN_NORMAL:.6g} (float32's smallest normal number; "
-                         f"the library computes in float32, where {value!r} is 0 or subnormal), got {value!r}")
+        raise InvalidArgumentError(f"{name} must be 0 or at least {FLOAT32_MIN_NORMAL:.6g} (float32's smallest normal "
+                                   f"number; the library computes in float32, where {value!r} is 0 or subnormal), got "
+                                   f"{value!r}")
     return number
 
 
@@ -118,18 +121,18 @@ def flag(name, value):
     """``value`` as 0 or 1; only a bool (or a NumPy bool scalar) is accepted, so a string such as
     "no" is not True."""
     if not _is_bool(value):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+        raise ArgumentTypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
     return int(bool(value))
 
 
 def text(name, value):
     """``value`` as UTF-8 bytes for a C string: a non-empty str without NUL characters."""
     if not isinstance(value, str):
-        raise TypeError(f"{name} must be a str, got {type(value).__name__} {value!r}")
+        raise ArgumentTypeError(f"{name} must be a str, got {type(value).__name__} {value!r}")
     if not value:
-        raise ValueError(f"{name} must not be empty, got {value!r}")
+        raise InvalidArgumentError(f"{name} must not be empty, got {value!r}")
     if "\0" in value:
-        raise ValueError(f"{name} must not contain a NUL character, got {value!r}")
+        raise InvalidArgumentError(f"{name} must not contain a NUL character, got {value!r}")
     return value.encode()
 
 
@@ -138,16 +141,16 @@ def path(name, value):
     try:
         raw = os.fsencode(value)
     except TypeError:
-        raise TypeError(f"{name} must be a str, bytes or os.PathLike, got {type(value).__name__} {value!r}") from None
+        raise ArgumentTypeError(f"{name} must be a str, bytes or os.PathLike, got {type(value).__name__} {value!r}") from None
     if not raw:
-        raise ValueError(f"{name} must not be empty, got {value!r}")
+        raise InvalidArgumentError(f"{name} must not be empty, got {value!r}")
     if b"\0" in raw:
-        raise ValueError(f"{name} must not contain a NUL character, got {value!r}")
+        raise InvalidArgumentError(f"{name} must not contain a NUL character, got {value!r}")
     return raw
 
 
 def choice(name, value, options):
     """``value`` if it is one of the str keys of ``options``."""
     if not isinstance(value, str) or value not in options:
-        raise ValueError(f"{name} must be one of {', '.join(map(repr, options))}, got {value!r}")
+        raise InvalidArgumentError(f"{name} must be one of {', '.join(map(repr, options))}, got {value!r}")
     return value

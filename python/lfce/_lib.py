@@ -15,6 +15,14 @@ import os
 import threading
 
 from . import _check
+from .errors import (
+    CacheError,
+    CompileError,
+    CudaError,
+    InternalError,
+    InvalidArgumentError,
+    LibraryError,
+)
 
 __all__ = [
     "KERNEL_CALLBACK",
@@ -69,14 +77,6 @@ REDUCTIONS = {"mean": REDUCTION_MEAN, "sum": REDUCTION_SUM, "none": REDUCTION_NO
 MODES = {"recompute": MODE_RECOMPUTE, "eager": MODE_EAGER}
 
 BUILD_HINT = "build it with `cmake -S . -B build && cmake --build build` in the repository root"
-
-
-class CompileError(RuntimeError):
-    """LLVM or the driver's PTX JIT failed; the message carries the log."""
-
-
-class CudaError(RuntimeError):
-    """A CUDA driver call failed, or no driver/GPU is present."""
 
 
 class Problem(ctypes.Structure):
@@ -261,12 +261,16 @@ STRUCTS = {
     "lfce_tune_result": TuneResult,
 }
 
+# lfce_field_callback: (field, offset, size, user).
+FIELD_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_void_p)
+
 _P = ctypes.POINTER
 # name -> (restype, argtypes), in the order of lfce.h.
 _SIGNATURES = {
     "lfce_version": (ctypes.c_char_p, []),
     "lfce_abi_version": (ctypes.c_int, []),
     "lfce_struct_size": (ctypes.c_int, [ctypes.c_char_p, _P(ctypes.c_size_t)]),
+    "lfce_struct_layout": (ctypes.c_int, [ctypes.c_char_p, FIELD_CALLBACK, ctypes.c_void_p]),
     "lfce_last_error": (ctypes.c_char_p, []),
     "lfce_set_log_level": (ctypes.c_int, [ctypes.c_char_p]),
     "lfce_check_problem": (ctypes.c_int, [_P(Problem)]),
@@ -321,7 +325,7 @@ def load():
             tried = library_candidates()
             path = next((p for p in tried if os.path.isfile(p)), None)
             if path is None:
-                raise OSError(
+                raise LibraryError(
                     "liblfce.so not found; tried " + ", ".join(tried)
                     + " (set LFCE_LIBRARY to its path, or " + BUILD_HINT + ")"
                 )
@@ -342,21 +346,54 @@ def _check_abi(lib, path):
     try:
         abi_version = lib.lfce_abi_version
     except AttributeError:
-        raise OSError(mismatch + "it has no lfce_abi_version (it predates ABI version 1), this package "
-                      f"needs ABI version {ABI_VERSION}" + hint) from None
+        raise LibraryError(mismatch + "it has no lfce_abi_version (it predates ABI version 1), this package "
+                           f"needs ABI version {ABI_VERSION}" + hint) from None
     abi_version.restype, abi_version.argtypes = ctypes.c_int, []
     found = abi_version()
     if found != ABI_VERSION:
-        raise OSError(mismatch + f"library ABI version {found}, this package needs ABI version {ABI_VERSION}"
-                      + hint)
+        raise LibraryError(mismatch + f"library ABI version {found}, this package needs ABI version {ABI_VERSION}"
+                           + hint)
     struct_size = lib.lfce_struct_size
     struct_size.restype, struct_size.argtypes = _SIGNATURES["lfce_struct_size"]
     for name, struct in STRUCTS.items():
         size = ctypes.c_size_t(0)
         if struct_size(name.encode(), ctypes.byref(size)) != OK or size.value != ctypes.sizeof(struct):
-            raise OSError(mismatch + f"struct {name} is {size.value} bytes in the library and "
-                          f"{ctypes.sizeof(struct)} bytes in lfce/_lib.py (both at ABI version {ABI_VERSION})"
-                          + hint)
+            raise LibraryError(mismatch + f"struct {name} is {size.value} bytes in the library and "
+                               f"{ctypes.sizeof(struct)} bytes in lfce/_lib.py (both at ABI version {ABI_VERSION})"
+                               + hint)
+    try:
+        struct_layout = lib.lfce_struct_layout
+    except AttributeError:
+        raise LibraryError(mismatch + "it has no lfce_struct_layout, by which this package checks its struct "
+                           "mirrors field by field" + hint) from None
+    struct_layout.restype, struct_layout.argtypes = _SIGNATURES["lfce_struct_layout"]
+    for name, struct in STRUCTS.items():
+        problem = _layout_mismatch(struct_layout, name, struct)
+        if problem:
+            raise LibraryError(mismatch + f"struct {name}: {problem} (both at ABI version {ABI_VERSION})" + hint)
+
+
+def _layout_mismatch(struct_layout, name, struct):
+    """How the library's layout of struct `name` differs from the mirror `struct`, by field name,
+    offset and size in declaration order (None if it does not): swapped fields of one size keep the
+    struct's size, not their offsets."""
+    library = []
+    callback = FIELD_CALLBACK(lambda field, offset, size, _: library.append((field.decode(), offset, size)))
+    if struct_layout(name.encode(), callback, None) != OK:
+        return "the library reports no layout for it"
+    mirror = [(field, getattr(struct, field).offset, getattr(struct, field).size)
+              for field, *_ in struct._fields_]
+    for (lib_field, lib_offset, lib_size), (field, offset, size) in zip(library, mirror):
+        if lib_field != field:
+            return (f"field {lib_field} at offset {lib_offset} in the library, field {field} there in "
+                    "lfce/_lib.py")
+        if (lib_offset, lib_size) != (offset, size):
+            return (f"field {field} at offset {lib_offset} ({lib_size} bytes) in the library, at offset "
+                    f"{offset} ({size} bytes) in lfce/_lib.py")
+    if len(library) != len(mirror):
+        longer, where = (library, "the library") if len(library) > len(mirror) else (mirror, "lfce/_lib.py")
+        return f"field {longer[min(len(library), len(mirror))][0]} only in {where}"
+    return None
 
 
 def last_error():
@@ -366,26 +403,26 @@ def last_error():
 
 
 _EXCEPTIONS = {
-    ERR_INVALID_ARGUMENT: ValueError,
+    ERR_INVALID_ARGUMENT: InvalidArgumentError,
     ERR_COMPILE: CompileError,
     ERR_CUDA: CudaError,
-    ERR_IO: OSError,
+    ERR_IO: CacheError,
 }
 
 
 def check(status):
     """Raise the exception matching an lfce_status, with lfce_last_error() as its message.
 
-    LFCE_ERR_INVALID_ARGUMENT -> ValueError, LFCE_ERR_COMPILE -> CompileError,
-    LFCE_ERR_CUDA -> CudaError, LFCE_ERR_IO (the cache's files) -> OSError, anything else (an
-    lfce bug) -> RuntimeError.
+    LFCE_ERR_INVALID_ARGUMENT -> InvalidArgumentError (a ValueError), LFCE_ERR_COMPILE ->
+    CompileError, LFCE_ERR_CUDA -> CudaError, LFCE_ERR_IO (the cache's files) -> CacheError (an
+    OSError), anything else (an lfce bug) -> InternalError; every one an lfce.LfceError.
     """
     if status == OK:
         return
     message = last_error() or "(no message)"
     if status not in _EXCEPTIONS:
         message = f"lfce internal error (status {status}): {message}"
-    raise _EXCEPTIONS.get(status, RuntimeError)(message)
+    raise _EXCEPTIONS.get(status, InternalError)(message)
 
 
 def make_problem(tokens, hidden, vocab, dtype, target_dtype=INDEX_INT64, has_bias=False,

@@ -81,6 +81,7 @@ import torch
 from torch import Tensor
 
 from . import _lib
+from .errors import InvalidArgumentError, UsageError
 
 __all__ = ["HAVE_CUSTOM_OPS", "forward"]
 
@@ -136,10 +137,10 @@ def _check_class_weight(class_weight, valid_count=None):
     if class_weight is None:
         return
     if class_weight.dtype != torch.float32:
-        raise ValueError(f"lfce operators: class_weight must be torch.float32, got {class_weight.dtype}")
+        raise InvalidArgumentError(f"lfce operators: class_weight must be torch.float32, got {class_weight.dtype}")
     if valid_count is not None and valid_count.numel() < 3:
-        raise ValueError(f"lfce::backward: with class_weight, valid_count must hold 3 counts (as lfce::forward "
-                         f"returns it), got {valid_count.numel()}")
+        raise InvalidArgumentError("lfce::backward: with class_weight, valid_count must hold 3 counts (as "
+                                   f"lfce::forward returns it), got {valid_count.numel()}")
 
 
 _DIFFERENTIABLE_OUTPUTS = _lib.OUTPUT_ENTROPY | _lib.OUTPUT_LOGPROB
@@ -204,8 +205,8 @@ def _accumulator(name, tensor, like):
     checks this with the user's names; here it guards direct calls of the operator). Never a copy:
     the sum would be lost."""
     if tensor.dtype != _F32 or not tensor.is_contiguous() or tuple(tensor.shape) != tuple(like.shape):
-        raise ValueError(f"{name} must be a contiguous torch.float32 tensor of shape {tuple(like.shape)}, got "
-                         f"{tensor.dtype} of shape {tuple(tensor.shape)} and strides {tensor.stride()}")
+        raise InvalidArgumentError(f"{name} must be a contiguous torch.float32 tensor of shape {tuple(like.shape)}, "
+                                   f"got {tensor.dtype} of shape {tuple(tensor.shape)} and strides {tensor.stride()}")
     return tensor
 
 
@@ -221,17 +222,17 @@ def _check_lse(hidden, lse, grad_lse, token_scaling, outputs):
     n = hidden.shape[0]
     expected = _lse_size(n, token_scaling, outputs)
     if lse.numel() != expected:
-        raise ValueError(f"lfce::backward: lse must hold {expected} values for {n} tokens with "
-                         f"token_scaling={token_scaling} and outputs={outputs} (as lfce::forward returns it), "
-                         f"got {lse.numel()}")
+        raise InvalidArgumentError(f"lfce::backward: lse must hold {expected} values for {n} tokens with "
+                                   f"token_scaling={token_scaling} and outputs={outputs} (as lfce::forward returns "
+                                   f"it), got {lse.numel()}")
     if grad_lse is None:
         return
     if grad_lse.numel() != expected or grad_lse.dtype != _F32:
-        raise ValueError(f"lfce::backward: grad_lse must be torch.float32 with {expected} values, like lse, got "
-                         f"{grad_lse.dtype} with {grad_lse.numel()}")
+        raise InvalidArgumentError(f"lfce::backward: grad_lse must be torch.float32 with {expected} values, like lse, "
+                                   f"got {grad_lse.dtype} with {grad_lse.numel()}")
     if hidden.dtype == torch.float16:
-        raise ValueError("lfce::backward: grad_lse (a gradient of the lse, entropy or logprob outputs) is not "
-                         "supported with torch.float16 inputs; use torch.bfloat16 or torch.float32")
+        raise InvalidArgumentError("lfce::backward: grad_lse (a gradient of the lse, entropy or logprob outputs) is "
+                                   "not supported with torch.float16 inputs; use torch.bfloat16 or torch.float32")
 
 
 def _valid_count(hidden, class_weight):
@@ -256,7 +257,7 @@ def _require_loaded(key, problem, what):
     if key in _loaded or not torch.cuda.is_current_stream_capturing():
         return
     dtype = {code: name for name, code in _lib.DTYPES.items()}[problem.dtype]
-    raise RuntimeError(
+    raise UsageError(
         f"lfce: the first {what} for N={problem.tokens}, H={problem.hidden}, V={problem.vocab}, {dtype} "
         "runs inside CUDA graph capture, where its kernels cannot be loaded or compiled; run the same "
         "step once outside the capture first (a warm-up call with the same shapes and options)")
@@ -315,7 +316,7 @@ def _forward_impl(hidden: Tensor, weight: Tensor, bias: OptionalTensor, targets:
     eager = _eager(mode, reduction, outputs)
     if eager and (weight_grad_accumulator is not None or bias_grad_accumulator is not None):
         # The accumulators are the backward's; eager mode has no backward kernels to add in (as the library).
-        raise ValueError("lfce::forward: gradient accumulators need mode 'recompute', got mode 'eager'")
+        raise InvalidArgumentError("lfce::forward: gradient accumulators need mode 'recompute', got mode 'eager'")
     _check_class_weight(class_weight)
     hidden, weight = _rows_aligned(hidden), _rows_aligned(weight)
     bias, targets, class_weight = _aligned(bias), _aligned(targets), _aligned(class_weight)
@@ -477,7 +478,7 @@ def _backward_rule(ctx, grad_loss, grad_lse, *unused):
             scale = _scaled_reference
         else:
             if getattr(ctx, "scaled_in_place", False):
-                raise RuntimeError("lfce: eager mode's backward scales the gradients it held since the forward in "
+                raise UsageError("lfce: eager mode's backward scales the gradients it held since the forward in "
                                    "place, so it runs once per forward; a second backward through the same "
                                    "forward (retain_graph=True) needs mode='recompute'")
             ctx.scaled_in_place = True

@@ -10,6 +10,7 @@ import ctypes
 import os
 
 from . import _check, _lib, presets
+from .errors import ArgumentTypeError, InvalidArgumentError
 from .kernels import problem_for
 
 __all__ = ["cache_dir", "kernel_load_stats", "precompile", "set_cache_dir", "tune"]
@@ -55,13 +56,13 @@ def _shape(model, vocab, hidden):
     if model is not None:
         _check.text("model", model)
         if vocab is not None or hidden is not None:
-            raise ValueError("give either model or vocab and hidden, not both")
+            raise InvalidArgumentError("give either model or vocab and hidden, not both")
         known = presets.table()
         if model not in known:
-            raise ValueError(f"unknown model {model!r}; known models: {', '.join(sorted(known))}")
+            raise InvalidArgumentError(f"unknown model {model!r}; known models: {', '.join(sorted(known))}")
         hidden, vocab = known[model]
     elif vocab is None or hidden is None:
-        raise ValueError("give a model preset or both vocab and hidden")
+        raise InvalidArgumentError("give a model preset or both vocab and hidden")
     return vocab, hidden
 
 
@@ -72,9 +73,9 @@ def _archs(archs):
     try:
         archs = list(archs)
     except TypeError:
-        raise TypeError(f"archs must be an arch name or a list of them, got {archs!r}") from None
+        raise ArgumentTypeError(f"archs must be an arch name or a list of them, got {archs!r}") from None
     if not archs:
-        raise ValueError(f"archs must name at least one arch, got {archs!r}")
+        raise InvalidArgumentError(f"archs must name at least one arch, got {archs!r}")
     for arch in archs:
         _check.text("archs", arch)
     return archs
@@ -130,7 +131,7 @@ def tune(model=None, *, vocab=None, hidden=None, tokens=8192, dtype="bf16", has_
     problem = problem_for(vocab, hidden, dtype=dtype, has_bias=has_bias, mode=mode, reduction=reduction,
                           tokens=tokens)
     if progress is not None and not callable(progress):
-        raise TypeError(f"progress must be a callable or None, got {type(progress).__name__} {progress!r}")
+        raise ArgumentTypeError(f"progress must be a callable or None, got {type(progress).__name__} {progress!r}")
     options = _lib.TuneOptions(
         device=_check.integer("device", device, minimum=0, maximum=_check.INT32_MAX),
         space=space.encode(), budget_minutes=_check.real("budget_minutes", budget_minutes, minimum=0.0),

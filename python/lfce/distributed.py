@@ -45,6 +45,7 @@ import torch
 import torch.distributed as dist
 
 from . import _check, _lib, _ops, functional
+from .errors import ArgumentTypeError, InvalidArgumentError, ProcessGroupError
 
 __all__ = ["VocabParallelLinearCrossEntropyLoss", "linear_cross_entropy", "vocab_shard"]
 
@@ -112,38 +113,38 @@ def check_layout(rows, rank):
                     "need_hidden": "whether hidden requires a gradient", "need_weight":
                     "whether the weight shard requires a gradient", "need_bias": "whether the bias requires a gradient",
                     "has_bias": "whether a bias shard is given"}.get(field, field)
-            raise ValueError(f"lfce.distributed: {what} differs across the ranks of the group ({detail}); "
-                             "every rank must pass the same")
+            raise InvalidArgumentError(f"lfce.distributed: {what} differs across the ranks of the group ({detail}); "
+                                       "every rank must pass the same")
     starts = [row["vocab_start"] for row in rows]
     sizes = [row["vocab_shard"] for row in rows]
     given = [s >= 0 for s in starts]
     if any(given) and not all(given):
         detail = ", ".join(f"rank {r}: {s if s >= 0 else None}" for r, s in enumerate(starts))
-        raise ValueError(f"lfce.distributed: vocab_start is given on some ranks and None on others ({detail}); "
-                         "give it on every rank or on none")
+        raise InvalidArgumentError("lfce.distributed: vocab_start is given on some ranks and None on others "
+                                   f"({detail}); give it on every rank or on none")
     if not all(given):  # the group's rank order
         starts = [sum(sizes[:r]) for r in range(len(sizes))]
     end = 0
     for r in sorted(range(len(rows)), key=lambda r: starts[r]):
         if starts[r] != end:
             problem = "a gap before it" if starts[r] > end else "an overlap with the shard before it"
-            raise ValueError(f"lfce.distributed: rank {r}'s shard starts at vocab_start={starts[r]} but the shards "
-                             f"before it end at {end} ({problem}); the shards (sizes "
-                             f"{', '.join(f'rank {q}: {s}' for q, s in enumerate(sizes))}) must tile [0, V)")
+            raise InvalidArgumentError(f"lfce.distributed: rank {r}'s shard starts at vocab_start={starts[r]} but the "
+                                       f"shards before it end at {end} ({problem}); the shards (sizes "
+                                       f"{', '.join(f'rank {q}: {s}' for q, s in enumerate(sizes))}) must tile [0, V)")
         end += sizes[r]
     return starts[rank], end
 
 
 def _resolve_group(group):
     if not (dist.is_available() and dist.is_initialized()):
-        raise RuntimeError("lfce.distributed needs an initialized default process group "
-                           "(torch.distributed.init_process_group, e.g. under torchrun)")
+        raise ProcessGroupError("lfce.distributed needs an initialized default process group "
+                                "(torch.distributed.init_process_group, e.g. under torchrun)")
     if group is None:
         group = dist.group.WORLD
     if not isinstance(group, dist.ProcessGroup):
         # new_group() gives the ranks outside the group a placeholder that is not a ProcessGroup
-        raise TypeError(f"group must be None or a torch.distributed.ProcessGroup this process (global rank "
-                        f"{dist.get_rank()}) is a member of, got {type(group).__name__} {group!r}")
+        raise ArgumentTypeError("group must be None or a torch.distributed.ProcessGroup this process (global rank "
+                                f"{dist.get_rank()}) is a member of, got {type(group).__name__} {group!r}")
     return group
 
 
@@ -174,7 +175,7 @@ def _agree(group, row, targets, failure):
         dist.all_gather_object(reports, None if failure is None else (type(failure).__name__, str(failure)),
                                group=group)
         first = reports[failed[0]]
-        kind = TypeError if first[0] == "TypeError" else ValueError
+        kind = ArgumentTypeError if first[0] in ("TypeError", "ArgumentTypeError") else InvalidArgumentError
         others = "" if len(failed) == 1 else f" (and on rank{'s' if len(failed) > 2 else ''} " \
             f"{', '.join(map(str, failed[1:]))})"
         raise kind(f"lfce.distributed: rank {failed[0]}'s arguments are invalid{others}, so every rank of the "
@@ -184,10 +185,10 @@ def _agree(group, row, targets, failure):
     checksums = [values[-1] for values in gathered]
     if not row["sequence_parallel"] and len(set(checksums)) > 1:
         differ = [r for r in range(world_size) if checksums[r] != checksums[0]]
-        raise ValueError(f"lfce.distributed: the targets differ across the ranks of the group (rank "
-                         f"{', '.join(map(str, differ))} against rank 0); tensor parallel needs the same hidden "
-                         "states and targets on every rank: pass the whole batch's targets on every rank, or "
-                         "sequence_parallel=True where each rank holds its own tokens")
+        raise InvalidArgumentError("lfce.distributed: the targets differ across the ranks of the group (rank "
+                                   f"{', '.join(map(str, differ))} against rank 0); tensor parallel needs the same "
+                                   "hidden states and targets on every rank: pass the whole batch's targets on every "
+                                   "rank, or sequence_parallel=True where each rank holds its own tokens")
     return Layout(group, rank, world_size, nccl, v0, row["vocab_shard"], vocab, row["tokens"],
                   bool(row["sequence_parallel"]))
 
@@ -425,9 +426,10 @@ def _refuse_extra_outputs(values):
     """The extra per-token outputs (in functional.EXTRA_OUTPUTS' order): each a bool, none True."""
     for name, value in zip(functional.EXTRA_OUTPUTS, values):
         if _check.flag(name, value):
-            raise ValueError(f"lfce.distributed: {name}=True is not supported on a vocabulary-sharded weight yet "
-                             "(each rank sees only its shard's logits; the per-token outputs need their own combine "
-                             "across the ranks); use lfce.linear_cross_entropy with the whole weight for it")
+            raise InvalidArgumentError(f"lfce.distributed: {name}=True is not supported on a vocabulary-sharded weight "
+                                       "yet (each rank sees only its shard's logits; the per-token outputs need their "
+                                       "own combine across the ranks); use lfce.linear_cross_entropy with the whole "
+                                       "weight for it")
 
 
 class VocabParallelLinearCrossEntropyLoss(torch.nn.Module):

@@ -50,6 +50,7 @@ from typing import NamedTuple
 import torch
 
 from . import _check, _lib, _ops
+from .errors import ArgumentTypeError, InvalidArgumentError
 
 __all__ = ["LossOutput", "check_class_weight", "linear_cross_entropy", "validate_options"]
 
@@ -119,11 +120,11 @@ def check_class_weight(value, name="class_weight"):
     if value is None:
         return
     if not isinstance(value, torch.Tensor):
-        raise TypeError(f"{name} must be None or a torch.Tensor of shape [V], got {type(value).__name__}")
+        raise ArgumentTypeError(f"{name} must be None or a torch.Tensor of shape [V], got {type(value).__name__}")
     if not value.is_floating_point():
-        raise TypeError(f"{name} must have a floating dtype, got {value.dtype}")
+        raise ArgumentTypeError(f"{name} must have a floating dtype, got {value.dtype}")
     if value.dim() != 1:
-        raise ValueError(f"{name} must have shape [V], got shape {tuple(value.shape)}")
+        raise InvalidArgumentError(f"{name} must have shape [V], got shape {tuple(value.shape)}")
 
 
 _ACCUMULATOR_NAMES = ("weight_grad_accumulator", "bias_grad_accumulator")
@@ -136,8 +137,8 @@ def _check_accumulator_mode(mode, accumulators):
     reduction "none", which runs recompute mode: the request is eager's."""
     for name, value in zip(_ACCUMULATOR_NAMES, accumulators):
         if value is not None and mode == "eager":
-            raise ValueError(f"{name} needs mode='recompute', got mode='eager' (eager mode computes the gradients "
-                             "in the forward, before the upstream gradient is known)")
+            raise InvalidArgumentError(f"{name} needs mode='recompute', got mode='eager' (eager mode computes the "
+                                       "gradients in the forward, before the upstream gradient is known)")
 
 
 def _check_accumulators(accumulators, weight, bias):
@@ -145,24 +146,25 @@ def _check_accumulators(accumulators, weight, bias):
     checked = tuple(zip(_ACCUMULATOR_NAMES, accumulators, ("weight", "bias"), (weight, bias), ("[V, H]", "[V]")))
     for name, value, _, _, shape in checked:
         if value is not None and not isinstance(value, torch.Tensor):
-            raise TypeError(f"{name} must be None or an fp32 torch.Tensor of shape {shape}, got {type(value).__name__}")
+            raise ArgumentTypeError(f"{name} must be None or an fp32 torch.Tensor of shape {shape}, got "
+                                    f"{type(value).__name__}")
     if accumulators[1] is not None and bias is None:
-        raise ValueError("bias_grad_accumulator needs a bias: bias is None, so there is no bias gradient")
+        raise InvalidArgumentError("bias_grad_accumulator needs a bias: bias is None, so there is no bias gradient")
     for name, value, like_name, like, shape in checked:
         if value is None:
             continue
         if tuple(value.shape) != tuple(like.shape):
-            raise ValueError(f"{name} must have the shape of {like_name}, {shape} = {tuple(like.shape)}, got shape "
-                             f"{tuple(value.shape)}")
+            raise InvalidArgumentError(f"{name} must have the shape of {like_name}, {shape} = {tuple(like.shape)}, got "
+                                       f"shape {tuple(value.shape)}")
         if value.dtype != torch.float32:
-            raise TypeError(f"{name} must be torch.float32 (an fp32 gradient buffer such as Megatron's main_grad, "
-                            f"whatever the inputs' dtype), got {value.dtype}")
+            raise ArgumentTypeError(f"{name} must be torch.float32 (an fp32 gradient buffer such as Megatron's "
+                                    f"main_grad, whatever the inputs' dtype), got {value.dtype}")
         if not value.is_contiguous():
-            raise ValueError(f"{name} must be contiguous (the backward adds into it in place: a copy would lose the "
-                             f"sum), got strides {value.stride()} for shape {tuple(value.shape)}")
+            raise InvalidArgumentError(f"{name} must be contiguous (the backward adds into it in place: a copy would "
+                                       f"lose the sum), got strides {value.stride()} for shape {tuple(value.shape)}")
         if value.requires_grad:
-            raise ValueError(f"{name} must not require grad: it is a gradient buffer the backward writes outside "
-                             "autograd (use a detached tensor or one made under torch.no_grad())")
+            raise InvalidArgumentError(f"{name} must not require grad: it is a gradient buffer the backward writes "
+                                       "outside autograd (use a detached tensor or one made under torch.no_grad())")
 
 
 def _check_accumulator_devices(accumulators, hidden):
@@ -170,14 +172,14 @@ def _check_accumulator_devices(accumulators, hidden):
         if value is None:
             continue
         if value.device != hidden.device:
-            raise ValueError(f"{name} is on {value.device} but hidden is on {hidden.device}; it must be on "
-                             "hidden's device")
+            raise InvalidArgumentError(f"{name} is on {value.device} but hidden is on {hidden.device}; it must be on "
+                                       "hidden's device")
         # data_ptr() has no value while torch.compile traces; the library checks it again.
         if not _compiling() and value.data_ptr() % _ACCUMULATOR_ALIGNMENT:
-            raise ValueError(f"{name} must start on an {_ACCUMULATOR_ALIGNMENT}-byte boundary (the kernels add "
-                             f"fp32 pairs), got data_ptr() % {_ACCUMULATOR_ALIGNMENT} = "
-                             f"{value.data_ptr() % _ACCUMULATOR_ALIGNMENT} (storage offset "
-                             f"{value.storage_offset()})")
+            raise InvalidArgumentError(f"{name} must start on an {_ACCUMULATOR_ALIGNMENT}-byte boundary (the kernels "
+                                       f"add fp32 pairs), got data_ptr() % {_ACCUMULATOR_ALIGNMENT} = "
+                                       f"{value.data_ptr() % _ACCUMULATOR_ALIGNMENT} (storage offset "
+                                       f"{value.storage_offset()})")
 
 
 def _validate_tensors(hidden, weight, targets, bias, class_weight=None, accumulators=(None, None), extra_outputs=None):
@@ -191,62 +193,63 @@ def _validate_tensors(hidden, weight, targets, bias, class_weight=None, accumula
         named.append(("bias", bias))
     for name, value in named:
         if not isinstance(value, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+            raise ArgumentTypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
     check_class_weight(class_weight)
 
     if hidden.dim() < 1:
-        raise ValueError("hidden must have shape [..., H], got a 0-dim tensor")
+        raise InvalidArgumentError("hidden must have shape [..., H], got a 0-dim tensor")
     H = hidden.shape[-1]
     if H < 1:
-        raise ValueError(f"hidden must have H >= 1, got shape {tuple(hidden.shape)}")
+        raise InvalidArgumentError(f"hidden must have H >= 1, got shape {tuple(hidden.shape)}")
     N = hidden.numel() // H
     if N < 1:
-        raise ValueError(f"hidden holds no tokens: shape {tuple(hidden.shape)} has N = 0 rows of H = {H}")
+        raise InvalidArgumentError(f"hidden holds no tokens: shape {tuple(hidden.shape)} has N = 0 rows of H = {H}")
     if weight.dim() != 2:
-        raise ValueError(f"weight must have shape [V, H], got shape {tuple(weight.shape)}")
+        raise InvalidArgumentError(f"weight must have shape [V, H], got shape {tuple(weight.shape)}")
     V = weight.shape[0]
     if weight.shape[1] != H:
-        raise ValueError(f"weight must have shape [V, H] with H = {H} from hidden, got shape "
-                         f"{tuple(weight.shape)} (H = {weight.shape[1]})")
+        raise InvalidArgumentError(f"weight must have shape [V, H] with H = {H} from hidden, got shape "
+                                   f"{tuple(weight.shape)} (H = {weight.shape[1]})")
     if V < 1:
-        raise ValueError(f"weight must have V >= 1 rows, got shape {tuple(weight.shape)}")
+        raise InvalidArgumentError(f"weight must have V >= 1 rows, got shape {tuple(weight.shape)}")
     if bias is not None and tuple(bias.shape) != (V,):
-        raise ValueError(f"bias must have shape [V] = ({V},), got shape {tuple(bias.shape)}")
+        raise InvalidArgumentError(f"bias must have shape [V] = ({V},), got shape {tuple(bias.shape)}")
     if tuple(targets.shape) != tuple(hidden.shape[:-1]):
-        raise ValueError(f"targets must have shape hidden.shape[:-1] = {tuple(hidden.shape[:-1])}, "
-                         f"got shape {tuple(targets.shape)}")
+        raise InvalidArgumentError(f"targets must have shape hidden.shape[:-1] = {tuple(hidden.shape[:-1])}, got shape "
+                                   f"{tuple(targets.shape)}")
     if class_weight is not None and tuple(class_weight.shape) != (V,):
-        raise ValueError(f"class_weight must have shape [V] = ({V},) with V from weight, got shape "
-                         f"{tuple(class_weight.shape)}")
+        raise InvalidArgumentError(f"class_weight must have shape [V] = ({V},) with V from weight, got shape "
+                                   f"{tuple(class_weight.shape)}")
 
     if targets.dtype not in _INDEX_DTYPES:
-        raise TypeError(f"targets must be torch.int64 or torch.int32, got {targets.dtype}")
+        raise ArgumentTypeError(f"targets must be torch.int64 or torch.int32, got {targets.dtype}")
     if hidden.dtype not in _DTYPES:
-        raise TypeError(f"hidden must be torch.bfloat16, torch.float16 or torch.float32, got {hidden.dtype}")
+        raise ArgumentTypeError(f"hidden must be torch.bfloat16, torch.float16 or torch.float32, got {hidden.dtype}")
     for name, value in named[1:]:
         if name != "targets" and value.dtype != hidden.dtype:
-            raise TypeError(f"{name} must have the dtype of hidden ({hidden.dtype}), got {value.dtype}")
+            raise ArgumentTypeError(f"{name} must have the dtype of hidden ({hidden.dtype}), got {value.dtype}")
     if class_weight is not None and hidden.dtype == torch.float16:
         # lfce keeps fp16's dz scaled for unweighted tokens (the C library refuses it too).
-        raise ValueError("class_weight is not supported with torch.float16 inputs (lfce's fp16 gradient "
-                         "scaling assumes unweighted tokens); use torch.bfloat16 or torch.float32")
+        raise InvalidArgumentError("class_weight is not supported with torch.float16 inputs (lfce's fp16 gradient "
+                                   "scaling assumes unweighted tokens); use torch.bfloat16 or torch.float32")
     if hidden.dtype == torch.float16:
         for name in _LSE_ROWS:
             if (extra_outputs or {}).get(name):  # the C library refuses their gradient with fp16 too
-                raise ValueError(f"{name} is not supported with torch.float16 inputs (lfce has no fp16 gradient "
-                                 "path for lse, entropy and logprob); use torch.bfloat16 or torch.float32")
+                raise InvalidArgumentError(f"{name} is not supported with torch.float16 inputs (lfce has no fp16 "
+                                           "gradient path for lse, entropy and logprob); use torch.bfloat16 or "
+                                           "torch.float32")
     _check_accumulators(accumulators, weight, bias)
 
     for name, value in named:
         if value.device.type != _DEVICE_TYPE:
-            raise ValueError(f"lfce runs on CUDA tensors only; {name} is on {value.device}")
+            raise InvalidArgumentError(f"lfce runs on CUDA tensors only; {name} is on {value.device}")
     for name, value in named[1:]:
         if value.device != hidden.device:
-            raise ValueError(f"{name} is on {value.device} but hidden is on {hidden.device}; "
-                             "all tensors must be on one CUDA device")
+            raise InvalidArgumentError(f"{name} is on {value.device} but hidden is on {hidden.device}; all tensors "
+                                       "must be on one CUDA device")
     if class_weight is not None and class_weight.device != hidden.device:
-        raise ValueError(f"class_weight is on {class_weight.device} but hidden is on {hidden.device}; "
-                         "it must be on hidden's device")
+        raise InvalidArgumentError(f"class_weight is on {class_weight.device} but hidden is on {hidden.device}; it "
+                                   "must be on hidden's device")
     _check_accumulator_devices(accumulators, hidden)
     return N, H, V
 
@@ -410,16 +413,17 @@ def linear_cross_entropy(hidden, weight, targets, bias=None, *, ignore_index=-10
     hidden, weight, bias = _autocast((hidden, weight, bias))
     N, H, _ = _validate_tensors(hidden, weight, targets, bias, class_weight, accumulators, extra)
     if z_loss_scale != 0.0 and hidden.dtype == torch.float16:
-        raise ValueError(f"z_loss_scale={z_loss_scale!r} is not supported with torch.float16 inputs (lfce's fp16 "
-                         "gradient scaling bounds |p - onehot| by 1, and the z-loss multiplies p by 1 + 2 * "
-                         "z_loss_scale * LSE, which only the data bound); use torch.bfloat16 or torch.float32")
+        raise InvalidArgumentError(f"z_loss_scale={z_loss_scale!r} is not supported with torch.float16 inputs (lfce's "
+                                   "fp16 gradient scaling bounds |p - onehot| by 1, and the z-loss multiplies p by 1 "
+                                   "+ 2 * z_loss_scale * LSE, which only the data bound); use torch.bfloat16 or "
+                                   "torch.float32")
     class_weight = _fp32_class_weight(class_weight)
     batch_shape = hidden.shape[:-1]
     sequence_length = 0
     if shift:
         if targets.dim() == 0:
-            raise ValueError("shift=True needs a sequence dimension: hidden [..., T, H] and targets [..., T], got "
-                             f"hidden of shape {tuple(hidden.shape)}")
+            raise InvalidArgumentError("shift=True needs a sequence dimension: hidden [..., T, H] and targets [..., "
+                                       f"T], got hidden of shape {tuple(hidden.shape)}")
         # Position t against target t + 1 of its sequence (the kernels read it in place), the
         # sequence's last position against none.
         sequence_length = targets.shape[-1]

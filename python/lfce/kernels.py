@@ -3,6 +3,7 @@
 import ctypes
 
 from . import _check, _lib
+from .errors import InvalidArgumentError
 
 __all__ = ["dtype_code", "generate", "problem_for"]
 
@@ -20,7 +21,7 @@ def dtype_code(dtype):
     """lfce_dtype for a torch dtype or one of the strings "bf16", "fp16", "fp32"."""
     code = _DTYPE_NAMES.get(str(dtype))
     if code is None:
-        raise ValueError(f"dtype must be bf16, fp16 or fp32 (a string or torch dtype), got {dtype!r}")
+        raise InvalidArgumentError(f"dtype must be bf16, fp16 or fp32 (a string or torch dtype), got {dtype!r}")
     return code
 
 
@@ -41,7 +42,7 @@ def problem_for(vocab, hidden, *, dtype="bf16", has_bias=False, mode="recompute"
         outputs = (outputs,)
     unknown = [name for name in outputs if name not in OUTPUT_FLAGS]
     if unknown:
-        raise ValueError(f"outputs: unknown output(s) {unknown}; expected names from {sorted(OUTPUT_FLAGS)}")
+        raise InvalidArgumentError(f"outputs: unknown output(s) {unknown}; expected names from {sorted(OUTPUT_FLAGS)}")
     return _lib.make_problem(
         _check.positive("tokens", tokens), _check.positive("hidden", hidden), _check.positive("vocab", vocab),
         dtype_code(dtype), has_bias=_check.flag("has_bias", has_bias),

@@ -25,6 +25,7 @@ import inspect
 
 import torch
 
+from .errors import ArgumentTypeError, InvalidArgumentError, UnsupportedError
 from .functional import _autocast_dtype, linear_cross_entropy, validate_options
 
 __all__ = ["SUPPORTED", "apply_lfce"]
@@ -71,23 +72,23 @@ def apply_lfce(model, *, mode="recompute", chunk_size=None, workspace_budget=Non
     validate_options(IGNORE_INDEX, "mean", mode, chunk_size, workspace_budget)
     name = _architecture(model)
     if name in _REFUSED:
-        raise NotImplementedError(f"lfce.transformers.apply_lfce: {type(model).__name__}: {_REFUSED[name]}")
+        raise UnsupportedError(f"lfce.transformers.apply_lfce: {type(model).__name__}: {_REFUSED[name]}")
     if name is None:
-        raise ValueError(f"lfce.transformers.apply_lfce supports {', '.join(SUPPORTED)} (and their subclasses), "
-                         f"got {type(model).__name__}")
+        raise InvalidArgumentError(f"lfce.transformers.apply_lfce supports {', '.join(SUPPORTED)} (and their "
+                                   f"subclasses), got {type(model).__name__}")
     if not isinstance(model, torch.nn.Module) or not callable(getattr(model, "get_output_embeddings", None)):
-        raise TypeError(f"lfce.transformers.apply_lfce: {type(model).__name__} is named like a transformers model "
-                         "but is not one (a torch.nn.Module with get_output_embeddings, as transformers' "
-                         "PreTrainedModel); pass the model transformers built")
+        raise ArgumentTypeError(f"lfce.transformers.apply_lfce: {type(model).__name__} is named like a transformers "
+                                "model but is not one (a torch.nn.Module with get_output_embeddings, as transformers' "
+                                "PreTrainedModel); pass the model transformers built")
     head = model.get_output_embeddings()
     if not isinstance(head, torch.nn.Linear):  # a model lfce does not serve, not a wrong type of argument
-        raise ValueError(f"lfce.transformers.apply_lfce needs the model's lm_head to be a torch.nn.Linear, got "  # noqa: TRY004
-                         f"{type(head).__name__}")
+        raise InvalidArgumentError("lfce.transformers.apply_lfce needs the model's lm_head to be a torch.nn.Linear, "
+                                   f"got {type(head).__name__}")
     if type(head) is torch.nn.Linear:
         head.__class__ = _LfceHead
     elif not isinstance(head, _LfceHead):
-        raise ValueError(f"lfce.transformers.apply_lfce needs the model's lm_head to be a torch.nn.Linear, got "
-                         f"the subclass {type(head).__name__} (its forward may differ from a Linear's)")
+        raise InvalidArgumentError("lfce.transformers.apply_lfce needs the model's lm_head to be a torch.nn.Linear, "
+                                   f"got the subclass {type(head).__name__} (its forward may differ from a Linear's)")
     model._lfce_options = {"mode": mode, "chunk_size": chunk_size, "workspace_budget": workspace_budget}
     if not getattr(type(model), "_lfce_patched", False):
         model.__class__ = _patched_class(type(model))

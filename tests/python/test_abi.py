@@ -40,6 +40,26 @@ def test_load_refuses_a_struct_of_another_size(monkeypatch, reload):
         _lib.load()
 
 
+def _swapped(struct, first, second):
+    """A copy of the mirror `struct` with fields `first` and `second` (one size) swapped."""
+    fields = list(struct._fields_)
+    names = [field for field, *_ in fields]
+    i, j = names.index(first), names.index(second)
+    fields[i], fields[j] = fields[j], fields[i]
+    return type("Swapped" + struct.__name__, (ctypes.Structure,), {"_fields_": fields})
+
+
+@pytest.mark.parametrize("first, second", [("reduction", "mode"), ("softcap", "temperature")])
+def test_load_refuses_a_mirror_with_two_fields_of_one_size_swapped(monkeypatch, reload, first, second):
+    swapped = _swapped(_lib.Problem, first, second)
+    assert ctypes.sizeof(swapped) == ctypes.sizeof(_lib.Problem)  # the size check cannot see it
+    offset = getattr(_lib.Problem, first).offset
+    monkeypatch.setitem(_lib.STRUCTS, "lfce_problem", swapped)
+    with raises(OSError, reload, f"struct lfce_problem: field {first} at offset {offset} in the library",
+                f"field {second} there in lfce/_lib.py"):
+        _lib.load()
+
+
 def _libc_path():
     with open("/proc/self/maps") as maps:
         for line in maps:
@@ -68,3 +88,15 @@ def test_struct_size_names_an_unknown_struct():
     size = ctypes.c_size_t(0)
     with raises(ValueError, "lfce_struct_size", "'lfce_nothing'"):
         _lib.check(_lib.load().lfce_struct_size(b"lfce_nothing", ctypes.byref(size)))
+
+
+def test_every_mirrored_struct_has_the_library_layout():
+    lib = _lib.load()
+    for name, struct in _lib.STRUCTS.items():
+        assert _lib._layout_mismatch(lib.lfce_struct_layout, name, struct) is None, name
+
+
+def test_struct_layout_names_an_unknown_struct():
+    callback = _lib.FIELD_CALLBACK(lambda *_: None)
+    with raises(ValueError, "lfce_struct_layout", "'lfce_nothing'"):
+        _lib.check(_lib.load().lfce_struct_layout(b"lfce_nothing", callback, None))

@@ -20,6 +20,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
+import lfce
 import lfce.distributed as lfce_dist
 
 WORLD_SIZE = 2
@@ -302,8 +303,9 @@ def _misuse_worker(rank, port, out_dir):
         try:
             loss = call()
             results[name] = {"loss": loss.item()}
-        except (TypeError, ValueError) as error:
-            results[name] = {"error": f"{type(error).__name__}: {error}"}
+        except (TypeError, ValueError) as error:  # recorded as the built-in kind, and whether lfce raised it
+            kind = "TypeError" if isinstance(error, TypeError) else "ValueError"
+            results[name] = {"error": f"{kind}: {error}", "lfce": isinstance(error, lfce.LfceError)}
         with open(path + ".tmp", "w") as f:
             json.dump(results, f)
         os.replace(path + ".tmp", path)
@@ -341,6 +343,7 @@ def _same_error_everywhere(misuse_results, name, *fragments):
         f"{name}: a rank recorded nothing (hung: {hung}, exit codes: {exits}; recorded: {got})")
     errors = [g.get("error") for g in got]
     assert all(errors), f"{name}: a rank computed instead of raising: {got}"
+    assert all(g["lfce"] for g in got), f"{name}: not an lfce.LfceError: {got}"
     assert len(set(errors)) == 1, f"{name}: the ranks raised different errors: {errors}"
     for fragment in fragments:
         assert fragment in errors[0], f"{name}: {errors[0]!r} does not say {fragment!r}"

@@ -323,7 +323,7 @@ FIXUP_CASES = {
 def test_eager_fixup_in_grad_weight_gives_the_bits_of_eager_dz_pass(monkeypatch, case):
     """On sm_90a in 16-bit, grad_weight's producer warpgroup rewrites p̃ into dz ahead of its tiles
     (Plan::eager_fixup, the default) with eager_dz's own operations: every output bit-identical to
-    LFCE_EAGER_FIXUP=0's separate pass, over a vocabulary and a token count that end inside a row
+    LFCE_EXPERIMENTAL=eager_dz_kernel's separate pass, over a vocabulary and a token count that end inside a row
     block and a work item, with ignored targets, a bias, token chunks, and a frozen weight (no
     grad_weight: eager_dz's pass then runs)."""
     dtype, bias, options = FIXUP_CASES[case]
@@ -331,7 +331,10 @@ def test_eager_fixup_in_grad_weight_gives_the_bits_of_eager_dz_pass(monkeypatch,
     grad = torch.ones((), device="cuda", dtype=dtype)
 
     def run(fixup, frozen_weight=False):
-        monkeypatch.setenv("LFCE_EAGER_FIXUP", fixup)
+        if fixup == "1":
+            monkeypatch.delenv("LFCE_EXPERIMENTAL", raising=False)
+        else:
+            monkeypatch.setenv("LFCE_EXPERIMENTAL", "eager_dz_kernel")
         lfce.reload_options()
         if frozen_weight:
             xl = x.detach().clone().requires_grad_()
@@ -357,5 +360,5 @@ def test_eager_fixup_in_grad_weight_gives_the_bits_of_eager_dz_pass(monkeypatch,
             assert_bitwise_equal(name + " (frozen weight)", a, e)
         assert_bitwise_equal("grad_hidden (frozen weight against trained)", frozen_fused[1], fused[1])
     finally:
-        monkeypatch.delenv("LFCE_EAGER_FIXUP")
+        monkeypatch.delenv("LFCE_EXPERIMENTAL", raising=False)
         lfce.reload_options()

@@ -9,6 +9,8 @@ implement raises NotImplementedError naming it unless it has its default, so a c
 on it never gets another loss silently.
 """
 
+from ..errors import UnsupportedError
+
 __all__ = ["unsupported"]
 
 
@@ -17,5 +19,5 @@ def unsupported(package, name, value, default):
     same = value is None if default is None else (value is not None and not hasattr(value, "shape")
                                                   and value == default)
     if not same:
-        raise NotImplementedError(f"lfce does not implement {package}'s option {name}={value!r} yet "
-                                  f"(only {name}={default!r}); use {package} itself for it")
+        raise UnsupportedError(f"lfce does not implement {package}'s option {name}={value!r} yet (only "
+                               f"{name}={default!r}); use {package} itself for it")

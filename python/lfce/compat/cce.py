@@ -13,6 +13,7 @@ computes, softcap included. The loss is fp32.
 import enum
 import operator
 
+from ..errors import ArgumentTypeError, InvalidArgumentError, UnsupportedError
 from ..functional import linear_cross_entropy as _lfce_linear_cross_entropy
 
 __all__ = ["LinearCrossEntropyImpl", "linear_cross_entropy"]
@@ -61,10 +62,10 @@ def _check_impl(impl):
     elif isinstance(impl, str):
         name = impl.lower()
     else:
-        raise TypeError(f"impl must be a str or LinearCrossEntropyImpl, got {type(impl).__name__} {impl!r}")
+        raise ArgumentTypeError(f"impl must be a str or LinearCrossEntropyImpl, got {type(impl).__name__} {impl!r}")
     if name not in IMPL_NAMES:
-        raise ValueError(f"impl must be one of Cut Cross-Entropy's implementations ({', '.join(IMPL_NAMES)}), "
-                         f"got {impl!r}")
+        raise InvalidArgumentError("impl must be one of Cut Cross-Entropy's implementations "
+                                   f"({', '.join(IMPL_NAMES)}), got {impl!r}")
 
 
 def _shift(shift):
@@ -74,8 +75,8 @@ def _shift(shift):
     try:
         positions = operator.index(shift)
     except TypeError:
-        raise TypeError(f"shift must be a bool or an int, got {type(shift).__name__} {shift!r}") from None
+        raise ArgumentTypeError(f"shift must be a bool or an int, got {type(shift).__name__} {shift!r}") from None
     if positions not in (0, 1):
-        raise NotImplementedError(f"lfce implements Cut Cross-Entropy's shift by one position (shift=True or 1) or "
-                                  f"none (False or 0), got shift={shift!r}")
+        raise UnsupportedError("lfce implements Cut Cross-Entropy's shift by one position (shift=True or 1) or none "
+                               f"(False or 0), got shift={shift!r}")
     return positions == 1
