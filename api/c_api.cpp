@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "api/args_from_c.h"
+#include "api/problem_from_c.h"
 #include "api/session.h"
 #include "api/struct_layout.h"
 #include "autotune/tuner.h"
@@ -75,7 +76,7 @@ lfce::runtime::Plan session_plan(const lfce::runtime::Problem& problem, int devi
 
 // Workspace sizes do not depend on the arch; any arch gives the same plan geometry.
 lfce::runtime::Plan host_plan(const lfce_problem* problem) {
-  return lfce::runtime::Plan(lfce::runtime::problem_from_c(problem), lfce::Arch::SM90A);
+  return lfce::runtime::Plan(lfce::api::problem_from_c(problem), lfce::Arch::SM90A);
 }
 
 // The layout of lfce.h's struct `name`, else SpecError.
@@ -124,7 +125,7 @@ int lfce_set_log_level(const char* level) {
 }
 
 int lfce_check_problem(const lfce_problem* problem) {
-  return guarded("lfce_check_problem", [&] { lfce::runtime::problem_from_c(problem); });
+  return guarded("lfce_check_problem", [&] { lfce::api::problem_from_c(problem); });
 }
 
 int lfce_forward_workspace_size(const lfce_problem* problem, size_t* bytes) {
@@ -151,14 +152,14 @@ int lfce_backward_chunk_size(const lfce_problem* problem, int64_t* chunk) {
 int lfce_forward(const lfce_problem* problem, const lfce_forward_args* args) {
   return guarded("lfce_forward", [&] {
     require_out(args, "args");
-    lfce::runtime::forward(lfce::runtime::problem_from_c(problem), lfce::api::forward_args_from_c(*args), session_plan);
+    lfce::runtime::forward(lfce::api::problem_from_c(problem), lfce::api::forward_args_from_c(*args), session_plan);
   });
 }
 
 int lfce_backward(const lfce_problem* problem, const lfce_backward_args* args) {
   return guarded("lfce_backward", [&] {
     require_out(args, "args");
-    lfce::runtime::Problem p = lfce::runtime::problem_from_c(problem);
+    lfce::runtime::Problem p = lfce::api::problem_from_c(problem);
     // The lse rows' gradients are a different dlogits_backward: part of the problem its plan is for.
     p.lse_grad = args->grad_lse != nullptr;
     lfce::runtime::backward(p, lfce::api::backward_args_from_c(*args), session_plan);
@@ -178,7 +179,7 @@ int lfce_forward_backward(const lfce_problem* problem, const lfce_forward_args* 
     require_out(args, "args");
     const lfce::runtime::ForwardBackwardArgs a{lfce::api::forward_args_from_c(*args), grad_hidden, grad_weight,
                                                grad_bias};
-    lfce::runtime::forward_backward(lfce::runtime::problem_from_c(problem), a, session_plan);
+    lfce::runtime::forward_backward(lfce::api::problem_from_c(problem), a, session_plan);
   });
 }
 
@@ -207,7 +208,7 @@ int lfce_generate(const lfce_problem* problem, const char* arch, lfce_kernel_cal
   return guarded("lfce_generate", [&] {
     require_out(arch, "arch");
     if (!callback) throw lfce::SpecError("callback is NULL");
-    lfce::runtime::Plan plan(lfce::runtime::problem_from_c(problem), lfce::parse_arch(arch));
+    lfce::runtime::Plan plan(lfce::api::problem_from_c(problem), lfce::parse_arch(arch));
     for (const lfce::KernelSpec& spec : plan.launched_specs()) {
       lfce::GeneratedKernel kernel = lfce::generate_kernel(spec);
       std::string name(lfce::kind_name(spec.kind)), text = spec.text();
@@ -244,7 +245,7 @@ int lfce_precompile_for(const lfce_problem* problem, const char* arch, const lfc
                         lfce_precompile_callback callback, void* user) {
   return guarded("lfce_precompile", [&] {
     require_out(arch, "arch");
-    const lfce::runtime::Problem p = lfce::runtime::problem_from_c(problem);
+    const lfce::runtime::Problem p = lfce::api::problem_from_c(problem);
     const lfce::Arch target = lfce::parse_arch(arch);
     lfce::runtime::DeviceLimits limits{};
     if (device) {
@@ -345,7 +346,7 @@ int lfce_tune(const lfce_problem* problem, const lfce_tune_options* options, lfc
               int32_t* stopped_by_budget) {
   return guarded("lfce_tune", [&] {
     require_out(options, "options");
-    const lfce::runtime::Problem p = lfce::runtime::problem_from_c(problem);
+    const lfce::runtime::Problem p = lfce::api::problem_from_c(problem);
     lfce::autotune::TuneOptions o;
     if (options->space) o.space = options->space;
     if (!(options->budget_minutes >= 0 && options->budget_minutes <= 1e9)) {  // also NaN
@@ -384,7 +385,7 @@ const char* lfce_generator_version(void) { return lfce::runtime::kGeneratorVersi
 int lfce_plan_is_tuned(const lfce_problem* problem, int32_t device, int32_t* tuned) {
   return guarded("lfce_plan_is_tuned", [&] {
     require_out(tuned, "tuned");
-    const lfce::runtime::Problem p = lfce::runtime::problem_from_c(problem);
+    const lfce::runtime::Problem p = lfce::api::problem_from_c(problem);
     const lfce::runtime::DeviceInfo& info = lfce::runtime::device_info(device);
     const lfce::runtime::DeviceLimits limits{info.max_smem_optin, info.sm_count};
     // The session's tuning, as the next forward and backward run with (the environment's

@@ -123,8 +123,11 @@ CLI::Validator float_number(const std::string& range) {
           return "'" + text + "' is beyond a float's range (magnitudes up to 3.4e38); " + range;
         // Digits other than 0 before the exponent: the text names a non-zero value.
         const bool nonzero = text.substr(0, text.find_first_of("eE")).find_first_of("123456789") != std::string::npos;
-        if (value == 0.f && nonzero)
-          return "'" + text + "' rounds to 0 as a float (the smallest is 1.4e-45); " + range;
+        // A subnormal float (below 1.18e-38, FLT_MIN) is 0 or inexact in the kernels' math: the
+        // library refuses it (lfce_problem), so the command line does too, before any work.
+        if (nonzero && std::fabs(value) < std::numeric_limits<float>::min())
+          return "'" + text + "' is below a float's smallest normal number, 1.18e-38 (it would be 0 or subnormal); " +
+                 range;
         return "";
       },
       "NUMBER");

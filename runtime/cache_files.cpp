@@ -232,13 +232,18 @@ std::vector<DirEntry> list_directory(const DirFd& dir) {
 namespace {
 
 // The pid a holder wrote into its lock file, or 0 if there is none (an older lfce, an empty file).
-long lock_holder(int fd) {
-  char text[24] = {};
+// "process <pid> on <host>" as the holder wrote it into its lock file, or "another process" where
+// it wrote nothing (an older lfce, a holder between its flock and its write).
+std::string holder_text(int fd) {
+  char text[320] = {};
   const ssize_t got = pread(fd, text, sizeof text - 1, 0);
-  if (got <= 0) return 0;
+  if (got <= 0) return "another process";
   char* end = nullptr;
   const long pid = std::strtol(text, &end, 10);
-  return end != text && pid > 0 ? pid : 0;
+  if (end == text || pid <= 0) return "another process";
+  std::string host = end && *end == ' ' ? std::string(end + 1) : std::string();
+  host = host.substr(0, host.find('\n'));
+  return "process " + std::to_string(pid) + (host.empty() ? "" : " on " + host);
 }
 
 }  // namespace
@@ -268,12 +273,12 @@ FileLock::FileLock(const DirFd& dir, const std::string& dir_path, const std::str
       return;
     }
     if (Clock::now() >= deadline) {
-      const long holder = lock_holder(fd_);
-      spdlog::warn("kernel cache: waited {:.1f} s for the lock {}, held by {}; going on without it (this process may "
-                   "compile a kernel that process is compiling too). A stopped or hung lfce process holds it: resume "
-                   "or end it, or set LFCE_CACHE_LOCK_TIMEOUT (seconds) to wait longer or less",
-                   std::chrono::duration<double>(timeout).count(), path,
-                   holder > 0 ? "process " + std::to_string(holder) : std::string("another process"));
+      // The pid is the holder's as it wrote it: in its own PID namespace, on its own host.
+      spdlog::warn("kernel cache: waited {:.1f} s for the lock {}, held by {} (compiling the kernel slowly, or "
+                   "stopped or hung); going on without it (this process may compile a kernel that process is "
+                   "compiling too). If that process is stopped or hung, resume or end it; set "
+                   "LFCE_CACHE_LOCK_TIMEOUT (seconds) to wait longer or less",
+                   std::chrono::duration<double>(timeout).count(), path, holder_text(fd_));
       close(fd_);
       fd_ = -1;
       return;
@@ -282,13 +287,18 @@ FileLock::FileLock(const DirFd& dir, const std::string& dir_path, const std::str
     pause = std::min(pause * 2, std::chrono::milliseconds{50});
   }
   // Who holds it, for the message of a process that waits too long.
-  const std::string pid = std::to_string(static_cast<long>(getpid())) + "\n";
+  char host[256] = {};
+  if (gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
+  const std::string pid = std::to_string(static_cast<long>(getpid())) + (host[0] ? std::string(" ") + host : "") + "\n";
   if (ftruncate(fd_, 0) != 0 || pwrite(fd_, pid.data(), pid.size(), 0) < 0)
     spdlog::debug("kernel cache: cannot write this process's pid into {} ({})", path, error_text(errno));
 }
 
 FileLock::~FileLock() {
-  if (fd_ >= 0) close(fd_);  // releases the flock
+  if (fd_ < 0) return;
+  // Clear the pid before releasing, so that a later waiter never names a process that is gone.
+  if (ftruncate(fd_, 0) != 0) spdlog::debug("kernel cache: cannot clear the lock file's pid ({})", error_text(errno));
+  close(fd_);  // releases the flock
 }
 
 }  // namespace lfce::runtime

@@ -6,7 +6,6 @@
 #include <string>
 
 #include "compiler/kernel_spec.h"
-#include "lfce/lfce.h"
 
 namespace lfce::runtime {
 
@@ -56,11 +55,9 @@ KernelSpec problem_spec(KernelKind kind, const Problem& problem, Arch arch);
 // and tuning (a field missing here would hand one problem another's kernels).
 std::string problem_text(const Problem& problem);
 
-// Converts and validates the C struct; throws SpecError naming the first bad field.
-Problem problem_from_c(const lfce_problem* problem);
 // Throws SpecError naming the first size of `problem` outside its range (N, H, V, chunk,
 // workspace budget; any H >= 1 is accepted) or the first option its dtype or mode cannot take.
-// problem_from_c() and Plan run it.
+// api::problem_from_c() (the C struct's conversion) and Plan run it.
 void check_problem(const Problem& problem);
 
 }  // namespace lfce::runtime

@@ -5,7 +5,8 @@
 #     _ZTW);
 #  2. one of its sources includes a header of a higher layer ("autotune/..." from runtime/), which
 #     may use nothing that leaves a symbol (a type, an inline function, a constant) yet is a
-#     dependency all the same.
+#     dependency all the same; the public C header "lfce/lfce.h" counts as the api layer's, so the
+#     layers below api speak their own types, never the C ABI.
 # Usage: cmake -DNM=nm -DLAYERS="<archive of the lowest layer>;...;<archive of the highest>"
 #              -DLAYER_DIRS="<source folder of the lowest layer>;...;<of the highest>" -P check_layers.cmake
 # Static libraries alone do not catch (1): the linker resolves a back-edge silently whenever the
@@ -58,6 +59,9 @@ foreach(dir IN LISTS LAYER_DIRS)
     file(STRINGS ${source} includes REGEX "^[ \t]*#[ \t]*include[ \t]*\"")
     foreach(line IN LISTS includes)
       string(REGEX REPLACE "^[ \t]*#[ \t]*include[ \t]*\"([^\"/]*)/.*" "\\1" top "${line}")
+      if(top STREQUAL "lfce")  # the public C header (include/lfce/) is the api layer's
+        set(top api)
+      endif()
       list(FIND later "${top}" at)
       if(NOT at EQUAL -1)
         get_filename_component(name ${source} NAME)

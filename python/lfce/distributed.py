@@ -148,22 +148,60 @@ def _resolve_group(group):
     return group
 
 
-def _agree(group, row, targets, failure):
+_MESSAGE_BYTES = 2048  # a failing rank's message, as UTF-8, in the handshake's second all-gather
+
+
+def _handshake_device(nccl, tensors):
+    """Where this rank's handshake runs: for NCCL the device of its first CUDA tensor (the one its
+    collectives use whether or not its own arguments are valid), else the current CUDA device; for
+    gloo the CPU."""
+    if not nccl:
+        return torch.device("cpu")
+    for tensor in tensors:
+        if isinstance(tensor, torch.Tensor) and tensor.device.type == "cuda":
+            return tensor.device
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+_VALUE, _TYPE, _OTHER = 1, 2, 3  # what a rank's failure was: an invalid value or type, or anything else
+
+
+def _messages(group, nccl, device, failure):
+    """Every rank's failure as (kind, text), or None for a rank without one: one all-gather of a
+    fixed-size uint8 row (its kind, then the message's UTF-8 bytes, cut to fit)."""
+    row = torch.zeros(_MESSAGE_BYTES + 1, dtype=torch.uint8)
+    if failure is not None:
+        row[0] = _TYPE if isinstance(failure, TypeError) else _VALUE if isinstance(failure, ValueError) else _OTHER
+        text = f"{str(failure) or type(failure).__name__}".encode()[:_MESSAGE_BYTES]
+        if text:
+            row[1:1 + len(text)] = torch.frombuffer(bytearray(text), dtype=torch.uint8)
+    rows = _all_gather(row.to(device), group, nccl).reshape(-1, _MESSAGE_BYTES + 1).cpu()
+    out = []
+    for values in rows:
+        kind = int(values[0])
+        text = bytes(values[1:].tolist()).rstrip(b"\0").decode("utf-8", "replace")
+        out.append(None if kind == 0 else (kind, text))
+    return out
+
+
+def _agree(group, row, tensors, targets, failure):
     """This rank's Layout, once every rank's arguments are known to fit together: a call-level
     handshake that every rank makes, whatever its own arguments, so no rank ever runs a collective
     that its peers do not.
 
     One all-gather of a fixed-size int64 row per rank (an error flag, the fields of _FIELDS, and in
-    tensor parallel a checksum of the targets), read on the host (the call's one host sync). A
-    rank whose own arguments were invalid (``failure``) sends the flag; then every rank learns the
-    message (a second, object all-gather) and raises the same exception. Otherwise check_layout
-    compares the rows: a difference is the same ValueError on every rank.
+    tensor parallel a checksum of the targets), read on the host (the call's one host sync), on the
+    device of the rank's own tensors (``tensors``). A rank that failed before its collectives
+    (``failure``: an invalid argument, or any other exception such as an out-of-memory) sends the
+    flag; then every rank learns the messages (a second fixed-size all-gather) and raises: the same
+    TypeError / ValueError on every rank for invalid arguments (from the original on the failing
+    rank), or, for any other failure, the failing rank its own exception and its peers a
+    ProcessGroupError naming it. Otherwise check_layout compares the rows: a difference is the same
+    ValueError on every rank.
     """
     rank, world_size = dist.get_rank(group), dist.get_world_size(group)
     nccl = "nccl" in str(dist.get_backend(group))
-    device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
-    if failure is None and nccl and targets.device.type == "cuda":
-        device = targets.device
+    device = _handshake_device(nccl, tensors)
     values = [0 if failure is None else 1] + [0 if failure is not None else int(row[field]) for field in _FIELDS]
     local = torch.tensor(values + [0], dtype=torch.int64, device=device)
     if failure is None and not row["sequence_parallel"]:
@@ -171,15 +209,22 @@ def _agree(group, row, targets, failure):
     gathered = _all_gather(local, group, nccl).reshape(world_size, len(values) + 1).tolist()  # the one host sync
     failed = [r for r, values in enumerate(gathered) if values[0]]
     if failed:
-        reports = [None] * world_size
-        dist.all_gather_object(reports, None if failure is None else (type(failure).__name__, str(failure)),
-                               group=group)
-        first = reports[failed[0]]
-        kind = ArgumentTypeError if first[0] in ("TypeError", "ArgumentTypeError") else InvalidArgumentError
+        reports = _messages(group, nccl, device, failure)
+        kind, text = reports[failed[0]]
         others = "" if len(failed) == 1 else f" (and on rank{'s' if len(failed) > 2 else ''} " \
             f"{', '.join(map(str, failed[1:]))})"
-        raise kind(f"lfce.distributed: rank {failed[0]}'s arguments are invalid{others}, so every rank of the "
-                   f"group stops: {first[1]}")
+        if failure is not None and not isinstance(failure, (TypeError, ValueError)):
+            raise failure  # this rank's own failure (an out-of-memory, say), whole; its peers name it
+        if kind == _OTHER:
+            error = ProcessGroupError(f"lfce.distributed: rank {failed[0]} failed before its collectives{others}, so "
+                                      f"every rank of the group stops: {text}")
+        else:
+            cls = ArgumentTypeError if kind == _TYPE else InvalidArgumentError
+            error = cls(f"lfce.distributed: rank {failed[0]}'s arguments are invalid{others}, so every rank of the "
+                        f"group stops: {text}")
+        if failure is not None:
+            raise error from failure
+        raise error
     rows = [dict(zip(_FIELDS, values[1:-1])) for values in gathered]
     v0, vocab = check_layout(rows, rank)
     checksums = [values[-1] for values in gathered]
@@ -409,12 +454,12 @@ def linear_cross_entropy(hidden, weight, targets, bias=None, *, group=None, voca
                "ignore_index": operator.index(ignore_index), "reduction": _lib.REDUCTIONS[reduction],
                "mode": _lib.MODES["eager" if eager else "recompute"], "sequence_parallel": int(sequence_parallel),
                "need_hidden": int(wanted[0]), "need_weight": int(wanted[1]), "need_bias": int(wanted[2])}
-    except (TypeError, ValueError) as error:
+    except Exception as error:  # noqa: BLE001 - every failure is told to the peers before it is raised
         failure = error
     if failure is not None and not (dist.is_available() and dist.is_initialized()):
         raise failure  # no group to tell
     group = _resolve_group(group)
-    layout = _agree(group, row, targets_1d, failure)
+    layout = _agree(group, row, (hidden, weight, targets), targets_1d, failure)
     targets = targets_1d
     options = (operator.index(ignore_index), reduction,
                *(None if v is None else operator.index(v) for v in (chunk_size, workspace_budget)))

@@ -25,7 +25,12 @@ import inspect
 
 import torch
 
-from .errors import ArgumentTypeError, InvalidArgumentError, UnsupportedError
+from .errors import (
+    ArgumentTypeError,
+    InvalidArgumentError,
+    UnsupportedError,
+    UsageError,
+)
 from .functional import _autocast_dtype, linear_cross_entropy, validate_options
 
 __all__ = ["SUPPORTED", "apply_lfce"]
@@ -90,6 +95,12 @@ def apply_lfce(model, *, mode="recompute", chunk_size=None, workspace_budget=Non
         raise InvalidArgumentError("lfce.transformers.apply_lfce needs the model's lm_head to be a torch.nn.Linear, "
                                    f"got the subclass {type(head).__name__} (its forward may differ from a Linear's)")
     model._lfce_options = {"mode": mode, "chunk_size": chunk_size, "workspace_budget": workspace_budget}
+    if "forward" in vars(model):
+        # An instance attribute (accelerate's prepare wraps forward so) would hide the class's.
+        raise InvalidArgumentError(f"lfce.transformers.apply_lfce: this {type(model).__name__} has its own "
+                                   "forward attribute (a wrapper set on the instance, as accelerate's prepare or "
+                                   "an earlier patch sets), which would hide lfce's; call apply_lfce on the model "
+                                   "before wrapping it (before accelerator.prepare or the Trainer)")
     if not getattr(type(model), "_lfce_patched", False):
         model.__class__ = _patched_class(type(model))
     return model
@@ -112,8 +123,12 @@ def _patched_class(base):
 
 def _reduce_ex(self, protocol):
     """Pickle (and copy) a patched model as its base class's object plus the patch: the patched class
-    itself is made at run time and cannot be found by name."""
+    itself is made at run time and cannot be found by name. A class made from the patched one (as
+    FSDP2's fully_shard makes one) is its own: it is reduced as Python would, never as the patched
+    class, which would drop it."""
     reduced = object.__reduce_ex__(self, max(protocol, 2))
+    if type(self) is not _PATCHED_CLASSES.get(type(self)._lfce_base):
+        return reduced
     return (_restore, (type(self)._lfce_base,)) + tuple(reduced[2:])
 
 
@@ -140,6 +155,10 @@ def _lfce_forward(class_forward):
         shift_labels = extra.get("shift_labels")
         if not self.training or (labels is None and shift_labels is None):
             return original(*args, **kwargs)
+        if not isinstance(head, _LfceHead):
+            raise UsageError(f"lfce.transformers: the lm_head of this {type(self).__name__} was replaced after "
+                             f"apply_lfce (by resize_token_embeddings, say: it is now a {type(head).__name__}); "
+                             "call lfce.transformers.apply_lfce(model) again")
         num_items_in_batch = extra.pop("num_items_in_batch", None)
         extra.pop("shift_labels", None)
         if "labels" in arguments:

@@ -278,7 +278,10 @@ case $test in
     grep -q -- "--output\|--vocab\|--arch" "$work/err" && fail "a write failure was blamed on an option: $(cat "$work/err")"
     true ;;
   float_options_reject_text_that_is_not_a_float)
-    expect_status 2 "temperature.*'1e-50'.*rounds to 0" "$lfce" compile --vocab 100 --hidden 16 --temperature 1e-50 -o "$work/x"
+    expect_status 2 "temperature.*'1e-50'.*below a float's smallest normal number, 1.18e-38" \
+      "$lfce" compile --vocab 100 --hidden 16 --temperature 1e-50 -o "$work/x"
+    expect_status 2 "softcap.*'1e-40'.*below a float's smallest normal number" \
+      "$lfce" compile --vocab 100 --hidden 16 --softcap 1e-40 -o "$work/x"
     expect_status 2 "softcap.*got ''" "$lfce" compile --vocab 100 --hidden 16 --softcap "" -o "$work/x"
     expect_status 2 "softcap.*'1e39'.*up to 1e6" "$lfce" compile --vocab 100 --hidden 16 --softcap 1e39 -o "$work/x"
     grep -q "got inf" "$work/err" && fail "--softcap 1e39 was reported as inf: $(cat "$work/err")"

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "autotune/tuning_store.h"
+#include "api/problem_from_c.h"
 #include "compiler/kernel_spec.h"
 #include "compiler/nvptx_backend.h"
 #include "lfce/lfce.h"
@@ -392,7 +393,7 @@ class Runner {
 
   // The tiles of c.tuned as the tuner would have stored them, for this device's limits.
   static void store_tuning(const TraceCase& c, const DeviceLimitsText& device) {
-    const runtime::Problem problem = runtime::problem_from_c(&c.problem);
+    const runtime::Problem problem = api::problem_from_c(&c.problem);
     const Arch arch = device.sm90a ? Arch::SM90A : Arch::SM80;
     const runtime::DeviceLimits limits{device.smem, device.sm_count};
     const autotune::TuningStore store(lfce_cache_dir());

@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "api/problem_from_c.h"
 #include "compiler/errors.h"
 #include "runtime/plan.h"
 #include "runtime/sha256.h"
@@ -148,7 +149,7 @@ std::vector<Row> compute_rows() {
   for (const Case& c : cases()) {
     std::vector<KernelSpec> launched;
     try {
-      runtime::Problem p = runtime::problem_from_c(&c.problem);
+      runtime::Problem p = api::problem_from_c(&c.problem);
       p.lse_grad = c.lse_grad;
       launched = runtime::Plan(p, c.arch, c.tuning, c.limits).launched_specs();
     } catch (const SpecError&) {

@@ -287,8 +287,26 @@ def _scenarios(rank):
         ("invalid-on-rank-1", wrong_dtype_on_rank_1),
         ("bad-option-on-rank-0", lambda: _call(rank, 8, chunk_size=0 if rank == 0 else None)),
         ("targets-differ", other_targets_on_rank_1),
+        ("out-of-memory-on-rank-1", lambda: _failing_on(rank, 1, lambda: _call(rank, 8))),
         ("still-fine", lambda: _call(rank, 8)),
     ]
+
+
+def _failing_on(rank, failing_rank, call):
+    """``call`` with, on ``failing_rank``, a failure that is no argument error before any collective
+    (as an out-of-memory in the autocast copy would be)."""
+    if rank != failing_rank:
+        return call()
+
+    def out_of_memory(tensors):
+        raise RuntimeError("CUDA out of memory (simulated)")
+
+    saved = lfce_dist.functional._autocast
+    lfce_dist.functional._autocast = out_of_memory
+    try:
+        return call()
+    finally:
+        lfce_dist.functional._autocast = saved
 
 
 def _misuse_worker(rank, port, out_dir):
@@ -303,9 +321,10 @@ def _misuse_worker(rank, port, out_dir):
         try:
             loss = call()
             results[name] = {"loss": loss.item()}
-        except (TypeError, ValueError) as error:  # recorded as the built-in kind, and whether lfce raised it
-            kind = "TypeError" if isinstance(error, TypeError) else "ValueError"
-            results[name] = {"error": f"{kind}: {error}", "lfce": isinstance(error, lfce.LfceError)}
+        except Exception as error:  # noqa: BLE001 - recorded as the built-in kind, and whether lfce raised it
+            kind = next(k.__name__ for k in (TypeError, ValueError, RuntimeError, Exception) if isinstance(error, k))
+            results[name] = {"error": f"{kind}: {error}", "lfce": isinstance(error, lfce.LfceError),
+                             "class": type(error).__name__}
         with open(path + ".tmp", "w") as f:
             json.dump(results, f)
         os.replace(path + ".tmp", path)
@@ -385,6 +404,17 @@ def test_an_argument_invalid_on_one_rank_is_the_same_error_on_every_rank(misuse_
 def test_targets_that_differ_in_tensor_parallel_are_an_error_on_every_rank(misuse_results):
     _same_error_everywhere(misuse_results, "targets-differ", "the targets differ across the ranks of the group "
                            "(rank 1 against rank 0)", "sequence_parallel=True")
+
+
+def test_a_failure_that_is_no_argument_error_stops_every_rank_naming_the_rank(misuse_results):
+    results, hung, exits = misuse_results
+    got = [r.get("out-of-memory-on-rank-1") for r in results]
+    assert all(got), f"a rank recorded nothing (hung: {hung}, exit codes: {exits}; recorded: {got})"
+    # The failing rank raises its own exception, whole; its peer a ProcessGroupError naming it.
+    assert got[1]["class"] == "RuntimeError" and "CUDA out of memory (simulated)" in got[1]["error"], got
+    assert got[0]["class"] == "ProcessGroupError" and got[0]["lfce"], got
+    assert "rank 1 failed before its collectives" in got[0]["error"], got
+    assert "CUDA out of memory (simulated)" in got[0]["error"], got
 
 
 def test_the_group_still_works_after_every_misuse(misuse_results):

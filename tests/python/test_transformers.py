@@ -151,3 +151,30 @@ def test_bad_mode_is_named():
     model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**TINY))
     with pytest.raises(ValueError, match="'fast'"):
         lfce.transformers.apply_lfce(model, mode="fast")
+
+
+def test_a_model_whose_forward_was_wrapped_on_the_instance_is_refused_naming_it():
+    model = llama()
+    model.forward = model.forward  # as accelerate's prepare leaves it: an instance attribute
+    with pytest.raises(lfce.InvalidArgumentError, match="has its own forward attribute.*before wrapping it"):
+        lfce.transformers.apply_lfce(model)
+
+
+def test_a_head_replaced_after_the_patch_is_named_in_training(lfce_calls):
+    model = lfce.transformers.apply_lfce(llama())
+    model.lm_head = torch.nn.Linear(TINY["hidden_size"], TINY["vocab_size"], bias=False)
+    ids, labels = batch()
+    with pytest.raises(lfce.UsageError, match="lm_head .* was replaced after apply_lfce.*apply_lfce\\(model\\) again"):
+        model(input_ids=ids, labels=labels)
+    assert model.eval()(input_ids=ids).logits is not None  # without lfce's loss the stock forward runs
+    lfce.transformers.apply_lfce(model.train())
+    check_patched(model, lfce_calls)
+
+
+def test_a_class_made_from_the_patched_one_survives_a_copy_as_itself(lfce_calls):
+    model = lfce.transformers.apply_lfce(llama())
+    wrapper = type("FSDPLlamaForCausalLM", (type(model),), {})  # as FSDP2's fully_shard makes one
+    model.__class__ = wrapper
+    copied = copy.deepcopy(model)
+    assert type(copied) is wrapper
+    check_patched(copied, lfce_calls)

@@ -5,11 +5,14 @@
 
 #include <gtest/gtest.h>
 
+#include "api/problem_from_c.h"
 #include "lfce/lfce.h"
 #include "runtime/problem.h"
 #include "tests/spec_error.h"
 
 namespace lfce::runtime {
+
+using api::problem_from_c;  // the C struct as the C API converts it
 
 inline lfce_problem llama3(int64_t tokens) {
   lfce_problem p{};
