@@ -122,8 +122,18 @@ def test_liger_use_token_scaling_must_be_a_bool_named_as_liger_kernel_names_it(c
         call(x, w, y, use_token_scaling=True)
 
 
-def test_liger_accepts_fp32_accumulation_which_lfce_always_uses():
-    liger.LigerFusedLinearCrossEntropyLoss(accum_dtype=torch.float32)
+def test_liger_fp32_accumulation_computes_what_the_default_computes(monkeypatch):
+    # lfce always accumulates in fp32: accum_dtype=torch.float32 is accepted and changes nothing
+    # lfce is asked for; any other accumulation dtype is refused, naming it.
+    seen = []
+    monkeypatch.setattr(liger, "linear_cross_entropy", lambda *args, **options: seen.append(options))
+    x, w, y = cpu_inputs()
+    liger.LigerFusedLinearCrossEntropyLoss(accum_dtype=torch.float32)(w, x, y)
+    liger.LigerFusedLinearCrossEntropyLoss()(w, x, y)
+    liger.liger_fused_linear_cross_entropy(x, w, y, accum_dtype=torch.float32)
+    assert len(seen) == 3 and seen[0] == seen[1] == seen[2], seen
+    with pytest.raises(NotImplementedError, match="accum_dtype=torch.bfloat16"):
+        liger.LigerFusedLinearCrossEntropyLoss(accum_dtype=torch.bfloat16)
 
 
 @pytest.mark.parametrize("call", [
