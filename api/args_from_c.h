@@ -1,50 +1,36 @@
-// The C API's argument structs as the runtime takes them (runtime/launch.h), field by field by
-// name: the only place lfce_forward_args and lfce_backward_args meet the runtime.
+// The C API's argument structs as the runtime takes them (runtime/launch.h): the only place
+// lfce_forward_args and lfce_backward_args meet the runtime. Each field is copied by name, the list
+// of fields coming from api/struct_layout.def (the table the struct layouts are exported from), so
+// a field added to the C struct and the table but not to the runtime's struct fails to compile here
+// instead of arriving as null.
 #pragma once
+
+#include <type_traits>
 
 #include "lfce/lfce.h"
 #include "runtime/launch.h"
 
 namespace lfce::api {
 
-inline runtime::ForwardArgs forward_args_from_c(const lfce_forward_args& c) {
-  runtime::ForwardArgs a;
-  a.hidden = c.hidden;
-  a.weight = c.weight;
-  a.bias = c.bias;
-  a.targets = c.targets;
-  a.class_weight = c.class_weight;
-  a.lse = c.lse;
-  a.token_loss = c.token_loss;
-  a.loss = c.loss;
-  a.valid_count = c.valid_count;
-  a.predicted = c.predicted;
-  a.workspace = c.workspace;
-  a.workspace_bytes = c.workspace_bytes;
-  a.device = c.device;
-  a.stream = c.stream;
+// Every field of the C struct `C` (its rows of struct_layout.def) copied into the runtime's `R`.
+template <typename C, typename R>
+R args_from_c(const C& c) {
+  R a;
+#define LFCE_STRUCT(s)
+#define LFCE_FIELD(s, f)                       \
+  if constexpr (std::is_same_v<C, s>) a.f = c.f;
+#include "api/struct_layout.def"
+#undef LFCE_STRUCT
+#undef LFCE_FIELD
   return a;
 }
 
+inline runtime::ForwardArgs forward_args_from_c(const lfce_forward_args& c) {
+  return args_from_c<lfce_forward_args, runtime::ForwardArgs>(c);
+}
+
 inline runtime::BackwardArgs backward_args_from_c(const lfce_backward_args& c) {
-  runtime::BackwardArgs a;
-  a.hidden = c.hidden;
-  a.weight = c.weight;
-  a.bias = c.bias;
-  a.targets = c.targets;
-  a.class_weight = c.class_weight;
-  a.lse = c.lse;
-  a.valid_count = c.valid_count;
-  a.grad_loss = c.grad_loss;
-  a.grad_lse = c.grad_lse;
-  a.grad_hidden = c.grad_hidden;
-  a.grad_weight = c.grad_weight;
-  a.grad_bias = c.grad_bias;
-  a.workspace = c.workspace;
-  a.workspace_bytes = c.workspace_bytes;
-  a.device = c.device;
-  a.stream = c.stream;
-  return a;
+  return args_from_c<lfce_backward_args, runtime::BackwardArgs>(c);
 }
 
 }  // namespace lfce::api
