@@ -19,28 +19,6 @@ const std::map<std::string, int32_t> kReductions = {
     {"mean", LFCE_REDUCTION_MEAN}, {"sum", LFCE_REDUCTION_SUM}, {"none", LFCE_REDUCTION_NONE}};
 const std::map<std::string, int32_t> kTargets = {{"i64", LFCE_INDEX_INT64}, {"i32", LFCE_INDEX_INT32}};
 
-// The float options: the text of each is checked to name a float, and the range of the
-// lfce_problem field it sets (the library's to check) is quoted when it does not.
-struct FloatOption {
-  const char* name;
-  float ProblemOptions::*field;
-  const char* help;
-  const char* range;  // "lfce_problem.<field>: <its range>"
-};
-const FloatOption kFloatOptions[] = {
-    {"--softcap", &ProblemOptions::softcap, "logit softcap c: the softmax sees c*tanh(z/c) (Gemma 2: 30; 0: none)",
-     "lfce_problem.softcap: 0 (none) or a cap up to 1e6"},
-    {"--temperature", &ProblemOptions::temperature,
-     "temperature T: the softmax sees the (capped) logits / T (1: none)",
-     "lfce_problem.temperature: 1 (none) or a temperature in [1e-6, 1e6]"},
-    {"--z-loss-scale", &ProblemOptions::z_loss_scale,
-     "z-loss s: each token's loss gains s*LSE^2 (PaLM: 1e-4; 0: none)",
-     "lfce_problem.z_loss_scale: 0 (none) or a scale up to 1e6"},
-    {"--label-smoothing", &ProblemOptions::label_smoothing,
-     "label smoothing eps in [0, 1], PyTorch's cross_entropy semantics (0: none)",
-     "lfce_problem.label_smoothing: in [0, 1], 0 for none"},
-};
-
 template <typename T>
 std::vector<std::string> keys(const std::map<std::string, T>& m) {
   std::vector<std::string> out;
@@ -190,19 +168,15 @@ void ProblemOptions::add_to(CLI::App& app) {
   app.add_option("--budget-mib", budget_mib, "backward workspace budget in MiB (0: 256)")
       ->check(integer_in(0, kMaxBudgetMib))
       ->capture_default_str();
-  // The text must name a float (not one that rounds to 0 or overflows); the range is the
-  // library's to check (lfce_check_problem names the value), and is quoted in the messages.
-  for (const FloatOption& o : kFloatOptions)
-    app.add_option(o.name, this->*o.field, o.help)->check(float_number(o.range))->capture_default_str();
-  app.add_flag("--class-weight", class_weight,
-               "per-class weights (PyTorch's cross_entropy weight): the kernels of a weighted problem "
-               "(compile and precompile only: the weights are run-time data)");
-  app.add_flag("--accumulate-grad-weight", accumulate_grad_weight,
-               "the backward adds grad_weight into an fp32 buffer (Megatron's main_grad); recompute mode");
-  app.add_flag("--token-scaling", token_scaling,
-               "each token's loss and gradient times its detached p(target) (Liger-Kernel's use_token_scaling)");
-  app.add_flag("--accumulate-grad-bias", accumulate_grad_bias,
-               "the backward adds grad_bias into an fp32 buffer; needs --bias, recompute mode");
+  // The loss options. A float's text must name a float (not one that rounds to 0 or overflows);
+  // the range is the library's to check (lfce_check_problem names the value), and is quoted in
+  // the messages.
+#define LFCE_PROBLEM_FLOAT(member, c_field, option, none, lowest, highest, range, help) \
+  app.add_option(option, member, help)                                                  \
+      ->check(float_number("lfce_problem." #c_field ": " range))                        \
+      ->capture_default_str();
+#define LFCE_PROBLEM_FLAG(member, c_field, option, spec_member, help) app.add_flag(option, member, help);
+#include "runtime/problem_options.def"
   // Its fit to --tokens is the library's to check (tokens a multiple of it).
   app.add_option("--sequence-length", sequence_length,
                  "causal shift over sequences of this many tokens: position t scored against target t+1 "
@@ -226,14 +200,9 @@ lfce_problem ProblemOptions::problem(int64_t vocab, int64_t hidden) const {
   p.ignore_index = ignore_index;
   p.chunk_size = chunk;
   p.workspace_budget = budget_mib << 20;
-  p.softcap = softcap;
-  p.temperature = temperature;
-  p.z_loss_scale = z_loss_scale;
-  p.label_smoothing = label_smoothing;
-  p.has_class_weight = class_weight ? 1 : 0;
-  p.accumulate_grad_weight = accumulate_grad_weight ? 1 : 0;
-  p.accumulate_grad_bias = accumulate_grad_bias ? 1 : 0;
-  p.token_scaling = token_scaling ? 1 : 0;
+#define LFCE_PROBLEM_FLOAT(member, c_field, ...) p.c_field = member;
+#define LFCE_PROBLEM_FLAG(member, c_field, ...) p.c_field = member ? 1 : 0;
+#include "runtime/problem_options.def"
   p.sequence_length = sequence_length;
   for (const std::string& list : outputs)
     for (const std::string& name : split_list(list))

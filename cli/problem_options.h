@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "compiler/kernel_spec.h"
 #include "lfce/lfce.h"
 
 namespace lfce::cli {
@@ -20,20 +21,17 @@ struct ProblemOptions {
   bool bias = false;
   int64_t chunk = 0;
   int64_t budget_mib = 0;
-  float softcap = 0.f;       // 0: none
-  float temperature = 1.f;   // 1: none
-  float z_loss_scale = 0.f;  // 0: none
-  float label_smoothing = 0.f;  // 0: none
-  bool class_weight = false;
-  bool accumulate_grad_weight = false, accumulate_grad_bias = false;
-  bool token_scaling = false;
+  // The loss options, one member each from runtime/problem_options.def.
+#define LFCE_PROBLEM_FLOAT(member, c_field, option, none, ...) float member = none;
+#define LFCE_PROBLEM_FLAG(member, ...) bool member = false;
+#include "runtime/problem_options.def"
   int64_t sequence_length = 0;
   std::vector<std::string> outputs;  // each a comma-separated list of "entropy", "logprob", "predicted"
   int64_t ignore_index = -100;
 
-  // Adds --tokens, --dtype, --mode, --reduction, --targets, --bias, --chunk, --budget-mib, --softcap,
-  // --temperature, --z-loss-scale, --label-smoothing, --class-weight, --accumulate-grad-weight,
-  // --accumulate-grad-bias, --token-scaling, --outputs.
+  // Adds --tokens, --dtype, --mode, --reduction, --targets, --bias, --chunk, --budget-mib, an option
+  // for each line of runtime/problem_options.def (--softcap, ..., --token-scaling), --sequence-length
+  // and --outputs.
   void add_to(CLI::App& app);
   lfce_problem problem(int64_t vocab, int64_t hidden) const;
 };

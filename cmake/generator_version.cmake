@@ -3,8 +3,8 @@
 # content, in sorted order). Cached kernels carry this version in their key, so any change to the
 # code that generates them makes old entries stale, with no number to bump by hand.
 # Usage: cmake -DROOT=<source dir> -DOUT=<header> -P generator_version.cmake
-file(GLOB_RECURSE sources RELATIVE "${ROOT}" "${ROOT}/compiler/*.cpp" "${ROOT}/compiler/*.h"
-     "${ROOT}/templates/*.cpp" "${ROOT}/templates/*.h")
+file(GLOB_RECURSE sources RELATIVE "${ROOT}" "${ROOT}/compiler/*.cpp" "${ROOT}/compiler/*.h" "${ROOT}/compiler/*.def"
+     "${ROOT}/templates/*.cpp" "${ROOT}/templates/*.h" "${ROOT}/templates/*.def")
 list(SORT sources)
 set(manifest "")
 foreach(source IN LISTS sources)

@@ -131,20 +131,11 @@ std::string KernelSpec::text() const {
       << ";mode=" << mode_name(mode) << ";dtype=" << dtype_name(dtype)
       << ";targets=" << name_of(kIndexTypes, targets) << ";reduction=" << reduction_name(reduction)
       << ";bias=" << (bias ? 1 : 0) << ";arch=" << arch_name(arch) << ";tile=" << tile.text();
-  if (softcap != 0.f) out << ";softcap=" << float_text(softcap);
-  if (temperature != 1.f) out << ";temperature=" << float_text(temperature);
-  if (z_loss_scale != 0.f) out << ";z_loss_scale=" << float_text(z_loss_scale);
-  if (label_smoothing != 0.f) out << ";label_smoothing=" << float_text(label_smoothing);
-  if (class_weight) out << ";class_weight=1";
-  if (accumulate) out << ";accumulate=1";
-  if (token_scaling) out << ";token_scaling=1";
-  if (entropy) out << ";entropy=1";
-  if (argmax) out << ";argmax=1";
-  if (logprob) out << ";logprob=1";
-  if (lse_grad) out << ";lse_grad=1";
-  if (shift) out << ";shift=1";
-  if (eager_operand) out << ";eager_operand=1";
-  if (eager_fixup) out << ";eager_fixup=1";
+#define LFCE_SPEC_FLOAT(member, bit, none, ...) \
+  if (member != none) out << ";" #member "=" << float_text(member);
+#define LFCE_SPEC_FLAG(member, ...) \
+  if (member) out << ";" #member "=1";
+#include "compiler/spec_options.def"
   return out.str();
 }
 
@@ -203,10 +194,6 @@ KernelSpec KernelSpec::parse(std::string_view text) {
       throw SpecError(std::string("KernelSpec field '") + name + "' must be a float in canonical form other than " +
                       float_text(none) + " (none: no field), got '" + text + "'");
   };
-  take_float("softcap", spec.softcap);
-  take_float("temperature", spec.temperature);
-  take_float("z_loss_scale", spec.z_loss_scale);
-  take_float("label_smoothing", spec.label_smoothing);
   // Flags: "1" when set, no field otherwise.
   auto take_flag = [&](const char* name, bool& value, const char* unset) {
     if (!fields.count(name)) return;
@@ -216,16 +203,9 @@ KernelSpec KernelSpec::parse(std::string_view text) {
                       "'");
     value = true;
   };
-  take_flag("class_weight", spec.class_weight, "without class weights");
-  take_flag("accumulate", spec.accumulate, "storing the gradient");
-  take_flag("token_scaling", spec.token_scaling, "without token scaling");
-  take_flag("entropy", spec.entropy, "without the entropy");
-  take_flag("argmax", spec.argmax, "without the argmax");
-  take_flag("logprob", spec.logprob, "without the logprob");
-  take_flag("lse_grad", spec.lse_grad, "without gradients of the lse rows");
-  take_flag("shift", spec.shift, "without a causal shift");
-  take_flag("eager_operand", spec.eager_operand, "reading dz");
-  take_flag("eager_fixup", spec.eager_fixup, "reading dz as stored");
+#define LFCE_SPEC_FLOAT(member, ...) take_float(#member, spec.member);
+#define LFCE_SPEC_FLAG(member, bit, absent, unread) take_flag(#member, spec.member, absent);
+#include "compiler/spec_options.def"
   if (!fields.empty()) throw SpecError("KernelSpec has unknown field '" + fields.begin()->first + "'");
   return spec;
 }
@@ -271,34 +251,25 @@ void KernelSpec::validate() const {
            float_text(limit) + " (" + float_text(none) + ": none)");
     if (value != none && !(reads & field)) fail(std::string(name) + " is set on a kernel that " + unread);
   };
-  option(softcap, "softcap", 0.f, kMaxSoftcap, 0.f, kFieldSoftcap, "reads no logits");
-  option(temperature, "temperature", kMinTemperature, kMaxTemperature, 1.f, kFieldTemperature, "reads no logits");
-  option(z_loss_scale, "z_loss_scale", 0.f, kMaxZLossScale, 0.f, kFieldZLoss, "computes neither the loss nor dz");
-  option(label_smoothing, "label_smoothing", 0.f, 1.f, 0.f, kFieldLabelSmoothing, "computes neither the loss nor dz");
-  if (class_weight && !(reads & kFieldClassWeight))
-    fail(kind == KernelKind::LseForward ? "class_weight is set on lse_forward without label smoothing (it reads the "
-                                          "class weights only for the smoothing term)"
-                                        : "class_weight is set on a kernel that reads no class weights");
-  if (accumulate && !(reads & kFieldAccumulate)) fail("accumulate is set on a kernel that writes no weight or bias gradient");
-  if (token_scaling && !(reads & kFieldTokenScaling))
-    fail(kind == KernelKind::LossReduce ? "token_scaling is set on loss_reduce without class weights, a z-loss and mean "
-                                          "(it reads the scale only to split the z-loss out)"
-                                        : "token_scaling is set on a kernel that computes neither the loss nor dz");
+  // Two options a kind reads only with others (fields_read()): said so where they are set alone.
+  if (class_weight && kind == KernelKind::LseForward && !(reads & kFieldClassWeight))
+    fail("class_weight is set on lse_forward without label smoothing (it reads the class weights only for the "
+         "smoothing term)");
+  if (token_scaling && kind == KernelKind::LossReduce && !(reads & kFieldTokenScaling))
+    fail("token_scaling is set on loss_reduce without class weights, a z-loss and mean (it reads the scale only to "
+         "split the z-loss out)");
   auto flag = [&](bool value, const char* name, uint32_t field, const char* unread) {
     if (value && !(reads & field)) fail(std::string(name) + " is set on a kernel that " + unread);
   };
-  flag(entropy, "entropy", kFieldEntropy, "computes no entropy (nor dz through it)");
-  flag(argmax, "argmax", kFieldArgmax, "computes no argmax");
-  flag(logprob, "logprob", kFieldLogprob, "computes no logprob (nor dz through it)");
-  flag(lse_grad, "lse_grad", kFieldLseGrad, "computes no dz");
-  flag(shift, "shift", kFieldShift, "reads no targets");
-  flag(eager_operand, "eager_operand", kFieldEagerOperand, "reads no dz operand");
+#define LFCE_SPEC_FLOAT(member, bit, none, lowest, highest, unread) \
+  option(member, #member, lowest, highest, none, bit, unread);
+#define LFCE_SPEC_FLAG(member, bit, absent, unread) flag(member, #member, bit, unread);
+#include "compiler/spec_options.def"
   if (eager_operand &&
       (dtype == DType::FP32 || (info.gemm && (!tile.wgmma() || tile.cluster != 1 || tile.split_n || arch != Arch::SM90A))))
     fail("eager_operand needs a 16-bit dtype and, on a GEMM, an unclustered, unsplit sm_90a wgmma tile (its transform "
          "runs in the TMA pipeline; a split consumer's two m64 blocks of fragments spill), got " + std::string(dtype_name(dtype)) + ", tile " + tile.text() + " on " +
          std::string(arch_name(arch)));
-  flag(eager_fixup, "eager_fixup", kFieldEagerFixup, "does not read dz from the eager workspace (grad_weight does)");
   if (eager_fixup && (eager_operand || dtype == DType::FP32 || !tile.wgmma() || arch != Arch::SM90A))
     fail("eager_fixup needs a 16-bit dtype and an sm_90a wgmma tile without eager_operand (its fix-up runs in the TMA "
          "pipeline's producer warpgroup), got " + std::string(dtype_name(dtype)) + ", tile " + tile.text() + " on " +
@@ -440,20 +411,27 @@ KernelSpec KernelSpec::normalised() const {
   if (reads & kFieldReduction) out.reduction = reduction;
   if (reads & kFieldBias) out.bias = bias;
   if (reads & kFieldTile) out.tile = tile;
-  if (reads & kFieldSoftcap) out.softcap = softcap;
-  if (reads & kFieldTemperature) out.temperature = temperature;
-  if (reads & kFieldZLoss) out.z_loss_scale = z_loss_scale;
-  if (reads & kFieldLabelSmoothing) out.label_smoothing = label_smoothing;
-  if (reads & kFieldClassWeight) out.class_weight = class_weight;
-  if (reads & kFieldAccumulate) out.accumulate = accumulate;
-  if (reads & kFieldTokenScaling) out.token_scaling = token_scaling;
-  if (reads & kFieldEntropy) out.entropy = entropy;
-  if (reads & kFieldArgmax) out.argmax = argmax;
-  if (reads & kFieldLogprob) out.logprob = logprob;
-  if (reads & kFieldLseGrad) out.lse_grad = lse_grad;
-  if (reads & kFieldShift) out.shift = shift;
-  if (reads & kFieldEagerOperand) out.eager_operand = eager_operand;
-  if (reads & kFieldEagerFixup) out.eager_fixup = eager_fixup;
+#define LFCE_SPEC_FLOAT(member, bit, ...) \
+  if (reads & bit) out.member = member;
+#define LFCE_SPEC_FLAG(member, bit, ...) \
+  if (reads & bit) out.member = member;
+#include "compiler/spec_options.def"
+  return out;
+}
+
+KernelSpec KernelSpec::read_options_only() const {
+  // fields_read() depends on some options (lse_forward reads the class weights only with label
+  // smoothing, ...): clear until no option is set that the code does not read.
+  KernelSpec out = *this;
+  for (KernelSpec last; last != out;) {
+    last = out;
+    const uint32_t reads = out.fields_read();
+#define LFCE_SPEC_FLOAT(member, bit, none, ...) \
+  if (!(reads & bit)) out.member = none;
+#define LFCE_SPEC_FLAG(member, bit, ...) \
+  if (!(reads & bit)) out.member = false;
+#include "compiler/spec_options.def"
+  }
   return out;
 }
 

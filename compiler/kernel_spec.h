@@ -120,61 +120,18 @@ class KernelSpec {
   bool bias = false;
   Arch arch = Arch::SM90A;
   TileConfig tile;
-  // Logit softcap c (Gemma 2): each logit z (bias included) becomes c·tanh(z / c) before the
-  // softmax; 0 = none. A constant of the generated code (kernels differ per value).
-  float softcap = 0.f;
   static constexpr float kMaxSoftcap = 1e6f;
-  // Temperature T: the softmax sees each logit (capped first, where there is a softcap) divided
-  // by T, and the loss is LSE(z / T) − z_y / T; 1 = none. A constant of the code.
-  float temperature = 1.f;
   static constexpr float kMinTemperature = 1e-6f, kMaxTemperature = 1e6f;
-  // z-loss scale s (PaLM's auxiliary loss, Liger-Kernel's lse_square_scale): each counted
-  // token's loss gains s·LSE², its logits' gradient 2s·LSE·softmax; 0 = none. A constant.
-  float z_loss_scale = 0.f;
   static constexpr float kMaxZLossScale = 1e6f;
-  // Label smoothing eps in [0, 1] (PyTorch's cross_entropy): the cross-entropy term of a token
-  // becomes (1 − eps)·(LSE − u_y) + eps / V · Σ_v (LSE − u_v) (class-weighted: w_y and w_v
-  // inside); 0 = none. A constant of the code.
-  float label_smoothing = 0.f;
-  // Per-class weights w [V] (PyTorch's cross_entropy `weight`, a run-time fp32 array): the
-  // token's cross-entropy term times w_y, "mean" over the counted tokens' Σ w_y.
-  bool class_weight = false;
-  // grad_weight / grad_bias: add the gradient into an fp32 buffer (Megatron's main_grad) instead
-  // of storing it in the dtype.
-  bool accumulate = false;
-  // Token scaling (Liger-Kernel's use_token_scaling): each counted token's loss and gradient times
-  // its detached p(target); lse_combine stores the scale after the N LSEs, dlogits_backward reads it.
-  bool token_scaling = false;
-  // Extra per-token outputs (lfce_problem.outputs). entropy: lse_forward also accumulates each row's
-  // Σ e^(u − max)·(u − max) and lse_combine writes H = −Σ p·log p; argmax: lse_forward tracks each
-  // row's first largest u and lse_combine writes the predicted ids; logprob: lse_combine writes
-  // u_y − LSE. The entropy and logprob rows follow the LSEs (and the token scales) in lse.
-  bool entropy = false;
-  bool argmax = false;
-  bool logprob = false;
-  // dlogits_backward adds the upstream gradients of the lse rows (lfce_backward_args.grad_lse):
-  // of the LSE (p_v), the entropy (−p_v·(u_v − S)) and the logprob ([v = y] − p_v).
-  bool lse_grad = false;
-  // Causal shift (lfce_problem.sequence_length): row m's target is targets[m + 1], and the last row
-  // of each sequence (m + 1 a multiple of the run-time `sequence_length` argument) has none.
-  bool shift = false;
-  // grad_weight / grad_input in eager mode's three-GEMM schedule (sm_90a, 16-bit): operand A is
-  // eager_logits' stored exponentials p̃, which the consumers turn into dz in registers on their
-  // way from shared memory to the wgmma (templates/eager_operand.h), in place of eager_dz's pass
-  // over the [V, ld] workspace.
-  bool eager_operand = false;
-  // grad_weight in eager mode's three-GEMM schedule (sm_90a, 16-bit): the producer warpgroup's
-  // spare warps rewrite the stored exponentials p̃ into dz in place (eager_dz's pass, from the
-  // constants eager_dz stored in its eager_operand form) while the consumers compute, each row
-  // block of the workspace before the tiles that read it (templates/eager_fixup.h).
-  bool eager_fixup = false;
+  // The options, each declared by its line in compiler/spec_options.def (which says what it means).
+#define LFCE_SPEC_FLOAT(member, bit, none, lowest, highest, unread) float member = none;
+#define LFCE_SPEC_FLAG(member, bit, absent, unread) bool member = false;
+#include "compiler/spec_options.def"
 
   // Canonical text, e.g.
   // "lse_forward;V=128256;H=4096;chunk=0;mode=recompute;dtype=bf16;targets=i64;reduction=mean;
-  //  bias=0;arch=sm_90a;tile=128x128x64/2x4/s3", then ";softcap=30", ";temperature=0.7" and
-  //  ";z_loss_scale=1e-04", ";label_smoothing=0.1", ";class_weight=1", ";accumulate=1" and
-  //  ";token_scaling=1", ";entropy=1", ";argmax=1", ";logprob=1", ";lse_grad=1", ";shift=1", ";eager_operand=1", ";eager_fixup=1" where they are not the
-  //  defaults (none)
+  //  bias=0;arch=sm_90a;tile=128x128x64/2x4/s3", then each option of spec_options.def that is not
+  //  its default, in the table's order: ";softcap=30", ";temperature=0.7", ";class_weight=1", ...
   std::string text() const;
   static KernelSpec parse(std::string_view text);  // throws SpecError naming the bad field
   // Throws SpecError if the spec cannot be generated (sizes and their limits above, tile
@@ -188,11 +145,16 @@ class KernelSpec {
   // KernelSpec's, sizes 0): specs that generate the same code normalise to the same value,
   // so they share one compile, one cache entry and one tuning.
   KernelSpec normalised() const;
+  // This spec with every option (spec_options.def) its code does not read set to none, the other
+  // fields as they are: a problem's options, each kernel keeping those it reads.
+  KernelSpec read_options_only() const;
 
   auto tie() const {
-    return std::tie(kind, vocab, hidden, chunk, mode, dtype, targets, reduction, bias, arch, tile, softcap, temperature,
-                    z_loss_scale, label_smoothing, class_weight, accumulate, token_scaling, entropy, argmax, logprob,
-                    lse_grad, shift, eager_operand, eager_fixup);
+    return std::tie(kind, vocab, hidden, chunk, mode, dtype, targets, reduction, bias, arch, tile
+#define LFCE_SPEC_FLOAT(member, ...) , member
+#define LFCE_SPEC_FLAG(member, ...) , member
+#include "compiler/spec_options.def"
+    );
   }
   bool operator==(const KernelSpec& o) const { return tie() == o.tie(); }
   bool operator!=(const KernelSpec& o) const { return !(*this == o); }

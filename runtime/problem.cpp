@@ -9,17 +9,16 @@
 namespace lfce::runtime {
 
 std::string problem_text(const Problem& p) {
-  return std::to_string(p.tokens) + "," + std::to_string(p.hidden) + "," + std::to_string(p.vocab) + "," +
-         std::string(dtype_name(p.dtype)) + "," + (p.targets == IndexType::I64 ? "i64" : "i32") + "," +
-         (p.bias ? "bias" : "nobias") + "," + std::string(reduction_name(p.reduction)) + "," +
-         std::string(mode_name(p.mode)) + "," + std::to_string(p.ignore_index) + "," + std::to_string(p.chunk_size) +
-         "," + std::to_string(p.workspace_budget) + ",softcap=" + float_text(p.softcap) +
-         ",temperature=" + float_text(p.temperature) + ",z_loss_scale=" + float_text(p.z_loss_scale) +
-         ",label_smoothing=" + float_text(p.label_smoothing) + ",class_weight=" + (p.class_weight ? "1" : "0") +
-         ",accumulate=" + (p.accumulate_grad_weight ? "w" : "") + (p.accumulate_grad_bias ? "b" : "") +
-         ",token_scaling=" + (p.token_scaling ? "1" : "0") + ",outputs=" + (p.entropy ? "e" : "") +
-         (p.logprob ? "l" : "") + (p.predicted ? "p" : "") + ",lse_grad=" + (p.lse_grad ? "1" : "0") +
-         ",sequence_length=" + std::to_string(p.sequence_length);
+  std::string text = std::to_string(p.tokens) + "," + std::to_string(p.hidden) + "," + std::to_string(p.vocab) + "," +
+                     std::string(dtype_name(p.dtype)) + "," + (p.targets == IndexType::I64 ? "i64" : "i32") + "," +
+                     (p.bias ? "bias" : "nobias") + "," + std::string(reduction_name(p.reduction)) + "," +
+                     std::string(mode_name(p.mode)) + "," + std::to_string(p.ignore_index) + "," +
+                     std::to_string(p.chunk_size) + "," + std::to_string(p.workspace_budget);
+#define LFCE_PROBLEM_FLOAT(member, ...) text += "," #member "=" + float_text(p.member);
+#define LFCE_PROBLEM_FLAG(member, ...) text += p.member ? "," #member "=1" : "," #member "=0";
+#include "runtime/problem_options.def"
+  return text + ",outputs=" + (p.entropy ? "e" : "") + (p.logprob ? "l" : "") + (p.predicted ? "p" : "") +
+         ",lse_grad=" + (p.lse_grad ? "1" : "0") + ",sequence_length=" + std::to_string(p.sequence_length);
 }
 
 int lse_rows(const Problem& p) { return 1 + p.token_scaling + p.entropy + p.logprob; }
@@ -91,29 +90,21 @@ KernelSpec problem_spec(KernelKind kind, const Problem& p, Arch arch) {
   s.reduction = p.reduction;
   s.bias = p.bias;
   s.arch = arch;
-  // Each kernel gets only the options its code reads (KernelSpec::fields_read, which depends on
-  // the options themselves: lse_forward reads the class weights only with label smoothing).
-  s.label_smoothing = p.label_smoothing;
-  s.class_weight = p.class_weight;
-  s.z_loss_scale = p.z_loss_scale;  // (loss_reduce's reads depend on it; cleared below where unread)
-  const uint32_t reads = s.fields_read();
-  if (reads & kFieldSoftcap) s.softcap = p.softcap;
-  if (reads & kFieldTemperature) s.temperature = p.temperature;
-  if (!(reads & kFieldZLoss)) s.z_loss_scale = 0.f;
-  s.token_scaling = p.token_scaling && (reads & kFieldTokenScaling);
-  s.lse_grad = p.lse_grad && (reads & kFieldLseGrad);
-  s.shift = p.sequence_length > 0 && (reads & kFieldShift);
-  // (dlogits_backward reads the entropy and logprob flags only with lse_grad: after it.)
-  const uint32_t output_reads = s.fields_read();
-  s.entropy = p.entropy && (output_reads & kFieldEntropy);
-  s.logprob = p.logprob && (output_reads & kFieldLogprob);
-  s.argmax = p.predicted && (output_reads & kFieldArgmax);
-  if (!(reads & kFieldLabelSmoothing)) s.label_smoothing = 0.f;
-  if (!(reads & kFieldClassWeight)) s.class_weight = false;
+  // Every option, then each kernel keeps only those its code reads (KernelSpec::fields_read, which
+  // depends on the options themselves: lse_forward reads the class weights only with label smoothing).
+#define LFCE_PROBLEM_FLOAT(member, ...) s.member = p.member;
+#define LFCE_PROBLEM_FLAG(member, c_field, option, spec_member, help) \
+  if (bool KernelSpec::*flag = spec_member) s.*flag = p.member;
+#include "runtime/problem_options.def"
+  s.lse_grad = p.lse_grad;
+  s.shift = p.sequence_length > 0;
+  s.entropy = p.entropy;
+  s.logprob = p.logprob;
+  s.argmax = p.predicted;
   // One flag in the spec, each gradient kernel its own from the problem.
   s.accumulate = (kind == KernelKind::GradWeight && p.accumulate_grad_weight) ||
                  (kind == KernelKind::GradBias && p.accumulate_grad_bias);
-  return s;
+  return s.read_options_only();
 }
 
 }  // namespace lfce::runtime

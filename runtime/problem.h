@@ -19,16 +19,11 @@ struct Problem {
   int64_t ignore_index = -100;
   int64_t chunk_size = 0;
   int64_t workspace_budget = 0;
-  // The loss options (KernelSpec's fields of the same names); a problem shares the tuning of
-  // the same problem without them.
-  float softcap = 0.f;       // 0 = none
-  float temperature = 1.f;   // 1 = none (the C struct's 0 also means none)
-  float z_loss_scale = 0.f;  // 0 = none
-  float label_smoothing = 0.f;  // 0 = none
-  bool class_weight = false;    // per-class weights given in the forward and backward arguments
-  // The backward adds grad_weight / grad_bias into fp32 buffers (recompute mode).
-  bool accumulate_grad_weight = false, accumulate_grad_bias = false;
-  bool token_scaling = false;  // each token's loss and gradient times its detached p(target)
+  // The loss options, each declared by its line in runtime/problem_options.def (KernelSpec's options
+  // of the same names); a problem shares the tuning of the same problem without them.
+#define LFCE_PROBLEM_FLOAT(member, c_field, option, none, ...) float member = none;
+#define LFCE_PROBLEM_FLAG(member, ...) bool member = false;
+#include "runtime/problem_options.def"
   // The extra per-token outputs (lfce_problem.outputs), and whether the backward adds the lse rows'
   // gradients (lfce_backward_args.grad_lse not NULL: set by lfce_backward, never by the C struct).
   bool entropy = false, logprob = false, predicted = false;

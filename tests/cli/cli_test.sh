@@ -283,7 +283,7 @@ case $test in
     expect_status 2 "softcap.*'1e-40'.*below a float's smallest normal number" \
       "$lfce" compile --vocab 100 --hidden 16 --softcap 1e-40 -o "$work/x"
     expect_status 2 "softcap.*got ''" "$lfce" compile --vocab 100 --hidden 16 --softcap "" -o "$work/x"
-    expect_status 2 "softcap.*'1e39'.*up to 1e6" "$lfce" compile --vocab 100 --hidden 16 --softcap 1e39 -o "$work/x"
+    expect_status 2 "softcap.*'1e39'.*lfce_problem.softcap: 0 (none) or a positive cap in \[1.1754944e-38, 1e6\]" "$lfce" compile --vocab 100 --hidden 16 --softcap 1e39 -o "$work/x"
     grep -q "got inf" "$work/err" && fail "--softcap 1e39 was reported as inf: $(cat "$work/err")"
     expect_status 2 "z-loss-scale.*'0x1p-3'" "$lfce" compile --vocab 100 --hidden 16 --z-loss-scale 0x1p-3 -o "$work/x"
     expect_status 2 "label-smoothing.*'nan'" "$lfce" compile --vocab 100 --hidden 16 --label-smoothing nan -o "$work/x"

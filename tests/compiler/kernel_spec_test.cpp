@@ -417,6 +417,56 @@ TEST(KernelSpec, EveryFieldChangesTheKey) {
   EXPECT_EQ(texts.size(), variants.size() + 1);
 }
 
+// Every line of compiler/spec_options.def: set to a value other than none, the option is in the
+// canonical text under its name and parses back; a kind whose code reads it keeps it through
+// normalised() and read_options_only(); a kind that reads it nowhere is refused by validate()
+// naming it, and normalised() clears it. A line added to the table is covered without a test edit.
+TEST(KernelSpec, EveryOptionOfTheTableIsInTheTextReadWhereItsBitSaysAndNamedWhereNot) {
+  int rows = 0;
+  auto check = [&](const char* name, uint32_t bit, auto set, auto is_set) {
+    ++rows;
+    bool read_somewhere = false, unread_somewhere = false;
+    for (const KernelKindInfo& info : kKernelKinds) {
+      KernelSpec s = sample();
+      s.kind = info.kind;
+      s.dtype = DType::BF16;
+      s.reduction = Reduction::Mean;
+      s.class_weight = true;  // (what makes lse_forward, loss_reduce and dlogits read their options)
+      s.label_smoothing = 0.1f;
+      s.z_loss_scale = 1e-4f;
+      s.lse_grad = true;
+      set(s);
+      const std::string text = s.text();
+      EXPECT_NE(text.find(std::string(";") + name + "="), std::string::npos) << text;
+      EXPECT_EQ(KernelSpec::parse(text), s) << text;
+      if (s.fields_read() & bit) {
+        read_somewhere = true;
+        EXPECT_TRUE(is_set(s.normalised())) << name << " on " << info.name;
+        EXPECT_TRUE(is_set(s.read_options_only())) << name << " on " << info.name;
+      } else {
+        unread_somewhere = true;
+        EXPECT_FALSE(is_set(s.normalised())) << name << " on " << info.name;
+        EXPECT_FALSE(is_set(s.read_options_only())) << name << " on " << info.name;
+        KernelSpec alone = s.read_options_only();  // (the other options only where read)
+        set(alone);
+        EXPECT_NE(spec_error([&] { alone.validate(); }).find(name), std::string::npos) << name << " on " << info.name;
+      }
+    }
+    EXPECT_TRUE(read_somewhere) << name << ": no kind reads it";
+    EXPECT_TRUE(unread_somewhere) << name << ": every kind reads it";
+  };
+#define LFCE_SPEC_FLOAT(member, bit, none, lowest, highest, unread)                                      \
+  check(                                                                                                 \
+      #member, bit, [](KernelSpec& s) { s.member = (none) == (highest) ? (lowest) : (highest); },        \
+      [](const KernelSpec& s) { return s.member != (none); });
+#define LFCE_SPEC_FLAG(member, bit, absent, unread) \
+  check(#member, bit, [](KernelSpec& s) { s.member = true; }, [](const KernelSpec& s) { return s.member; });
+  constexpr float kMaxSoftcap = KernelSpec::kMaxSoftcap, kMinTemperature = KernelSpec::kMinTemperature,
+                  kMaxTemperature = KernelSpec::kMaxTemperature, kMaxZLossScale = KernelSpec::kMaxZLossScale;
+#include "compiler/spec_options.def"
+  EXPECT_EQ(rows, 14);  // four floats and ten flags
+}
+
 // eager_operand: only on the kinds that read it (eager_dz, grad_weight, grad_input), in 16-bit, and on
 // the GEMMs only with an unclustered, unsplit sm_90a wgmma tile; each rejection names what was wrong.
 TEST(KernelSpec, EagerOperandNeedsA16BitHopperPipelineTile) {

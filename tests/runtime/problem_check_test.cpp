@@ -98,6 +98,44 @@ TEST(Plan, LossOptionsOfTheCStructAreCheckedAndNamed) {
   EXPECT_EQ(problem_spec(KernelKind::GradWeight, p, Arch::SM90A).temperature, 1.f);
 }
 
+// Every line of runtime/problem_options.def: the C field reaches the Problem member, changes the
+// problem's text key, and a bad value is refused naming the C field; a kernel that reads the
+// option gets it in its spec. A line added to the table is covered here without a test edit.
+TEST(ProblemFromC, EveryLossOptionOfTheTableReachesTheProblemItsKeyAndItsMessages) {
+  lfce_problem base = llama3(8192);
+  base.has_bias = 1;  // (accumulate_grad_bias needs a bias)
+  const std::string base_text = problem_text(problem_from_c(&base));
+  int rows = 0;
+#define LFCE_PROBLEM_FLOAT(member, c_field, option, none, lowest, highest, range, help)                    \
+  {                                                                                                         \
+    ++rows;                                                                                                 \
+    lfce_problem c = base;                                                                                  \
+    const float value = (none) == (highest) ? (lowest) : (highest);                                         \
+    c.c_field = value;                                                                                      \
+    const Problem p = problem_from_c(&c);                                                                   \
+    EXPECT_EQ(p.member, value) << #member;                                                                  \
+    EXPECT_NE(problem_text(p), base_text) << #member;                                                       \
+    c.c_field = -(highest);                                                                                 \
+    EXPECT_NE(error_of(c).find("lfce_problem." #c_field " must be " range), std::string::npos) << error_of(c); \
+  }
+#define LFCE_PROBLEM_FLAG(member, c_field, option, spec_member, help)                             \
+  {                                                                                              \
+    ++rows;                                                                                      \
+    lfce_problem c = base;                                                                       \
+    c.c_field = 1;                                                                               \
+    const Problem p = problem_from_c(&c);                                                        \
+    EXPECT_TRUE(p.member) << #member;                                                            \
+    EXPECT_NE(problem_text(p), base_text) << #member;                                            \
+    if (bool KernelSpec::*flag = spec_member)                                                    \
+      EXPECT_TRUE(problem_spec(KernelKind::DlogitsBackward, p, Arch::SM90A).*flag) << #member;   \
+    c.c_field = 2;                                                                               \
+    EXPECT_NE(error_of(c).find("lfce_problem." #c_field " must be 0 or 1, got 2"), std::string::npos) \
+        << error_of(c);                                                                          \
+  }
+#include "runtime/problem_options.def"
+  EXPECT_EQ(rows, 8);  // softcap, temperature, z_loss_scale, label_smoothing and four flags
+}
+
 // fp16's dz headroom is 2x (template_util.h, dz_scale): a temperature of 0.5 or less is refused there.
 TEST(Plan, Fp16RefusesATemperatureThatCouldOverflowDz) {
   lfce_problem c = llama3(8192);
