@@ -11,6 +11,7 @@
 #include "runtime/driver.h"
 #include "runtime/kernel_args.h"
 #include "runtime/kernel_cache.h"
+#include "templates/tile_scheduler.h"
 
 namespace lfce::runtime {
 namespace {
@@ -61,42 +62,32 @@ struct Operand {
   int64_t ld, mn, k;
 };
 
-// The TMA map the sm_90a pipeline (templates/wgmma_pipeline.cpp) loads `op` through: boxes of
-// 64 contiguous elements (one 128-byte swizzled row) by BM/BN rows (K-major) or BK rows
-// (MN-major); reads past the extents zero-fill.
-// `tile_mn / parts` rows per box instead where the CTAs of a cluster each load a share of a
-// K-major tile (the pipeline's multicast B, or A along N).
-CUtensorMap operand_map(const Operand& op, Layout layout, DType dtype, int tile_mn, int bk, int parts = 1) {
+// The TMA map the sm_90a pipeline (templates/wgmma_pipeline.cpp) loads `op` through, in the boxes
+// the pipeline's ring is laid out for (tma_box in templates/tile_scheduler.h); reads past the
+// extents zero-fill.
+CUtensorMap operand_map(const Operand& op, const TileConfig& tile, Layout layout, int which, DType dtype) {
+  const TmaBox box = tma_box(tile, layout, which);
   const bool k_major = layout == Layout::KMajor;
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k_major ? op.k : op.mn),
                               static_cast<cuuint64_t>(k_major ? op.mn : op.k)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(op.ld) * static_cast<cuuint64_t>(dtype_bytes(dtype))};
-  const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(k_major ? tile_mn / parts : bk)};
+  const cuuint32_t box_dims[2] = {static_cast<cuuint32_t>(box.inner), static_cast<cuuint32_t>(box.outer)};
   const cuuint32_t element_strides[2] = {1, 1};
   CUtensorMap map;
   check(Driver::get().cuTensorMapEncodeTiled(
             &map, dtype == DType::BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
-            const_cast<void*>(op.base), dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+            const_cast<void*>(op.base), dims, strides, box_dims, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
         "cuTensorMapEncodeTiled");
   return map;
 }
 
-// The grid of a backward GEMM whose output is [rows, cols]: one CTA per tile for mma.sync
-// tiles; for wgmma tiles, persistent CTAs (as many as fill the device) that loop over the
-// tiles, counting them in 32 bits and stepping by the grid, so tiles + grid must not wrap.
-// Clustered tiles: whole clusters, each taking groups of `cluster` tiles adjacent along M (N).
+// The grid of a GEMM kernel whose output is [rows, cols], as its tile scheduler walks it
+// (templates/tile_scheduler.h), each axis's tile count within CUDA's limits.
 Dim3 gemm_grid(const Plan& plan, const KernelSpec& spec, int64_t rows, int64_t cols, const char* kernel) {
-  const Dim3 grid{grid_dim(rows, spec.tile.bm, 'x'), grid_dim(cols, spec.tile.bn, 'y'), 1};
-  if (!spec.tile.wgmma()) return grid;
-  const int64_t cluster = spec.tile.cluster;
-  const int64_t tiles = spec.tile.cluster_n ? int64_t{grid.x} * (ceil_div(int64_t{grid.y}, cluster) * cluster)
-                                            : ceil_div(int64_t{grid.x}, cluster) * cluster * grid.y;
-  const int64_t ctas = std::max(std::min(tiles, plan.device_ctas(spec.tile)) / cluster, int64_t{1}) * cluster;
-  if (tiles > INT32_MAX - ctas)
-    throw SpecError(std::string("problem too large: ") + std::to_string(tiles) + " " + kernel +
-                    " tiles in one launch, over 2^31 - 1 - " + std::to_string(ctas));
-  return {static_cast<unsigned>(ctas), 1, 1};
+  const auto [x, y] = TileScheduler(spec.tile).grid(grid_dim(rows, spec.tile.bm, 'x'), grid_dim(cols, spec.tile.bn, 'y'),
+                                                    plan.device_ctas(spec.tile), kernel);
+  return {static_cast<unsigned>(x), static_cast<unsigned>(y), 1};
 }
 
 // Launches a GEMM kernel with `args`, plus, where it declares them (the wgmma pipeline's, gemm_params
@@ -105,9 +96,8 @@ void launch_gemm(const Kernel& kernel, const KernelSpec& spec, Dim3 grid, CUstre
                  const Operand& a, const Operand& b) {
   if (kernel.declares("tma_a")) {
     const KernelKindInfo& info = kind_info(spec.kind);
-    const int shared_parts = spec.tile.cluster;  // the shared operand's share a CTA loads
-    args.set("tma_a", operand_map(a, info.a, spec.dtype, spec.tile.bm, spec.tile.bk, spec.tile.cluster_n ? shared_parts : 1));
-    args.set("tma_b", operand_map(b, info.b, spec.dtype, spec.tile.bn, spec.tile.bk, spec.tile.cluster_n ? 1 : shared_parts));
+    args.set("tma_a", operand_map(a, spec.tile, info.a, 0, spec.dtype));
+    args.set("tma_b", operand_map(b, spec.tile, info.b, 1, spec.dtype));
   }
   kernel.launch(grid, stream, args, spec.tile.cluster);
 }

@@ -23,6 +23,7 @@
 #include "templates/dz_math.h"
 #include "templates/fragment_epilogue.h"
 #include "templates/gemm_skeleton.h"
+#include "templates/tile_scheduler.h"
 #include "templates/template_util.h"
 #include "templates/templates.h"
 
@@ -51,7 +52,7 @@ KernelShape build_dlogits_backward(llvm::Module& module, const KernelSpec& spec)
   const bool column_weights = spec.class_weight && eps != 0.f;
   auto& ir = kb.ir();
   llvm::Type* elem = elem_type(kb, spec.dtype);
-  GemmSkeleton gemm(kb, spec, Layout::KMajor, Layout::KMajor);
+  GemmSkeleton gemm(kb, spec);
   const int extra = gemm.extra_offset();
   const int lse_off = extra, g_off = extra + 4 * t.bm, tgt_off = extra + 8 * t.bm;
   const int p_off = extra + 16 * t.bm, t_off = extra + 20 * t.bm;  // with row terms
@@ -227,7 +228,7 @@ KernelShape build_dlogits_backward(llvm::Module& module, const KernelSpec& spec)
   }
 
   Value *m0, *n0;
-  std::tie(m0, n0) = gemm.tile_origin();
+  std::tie(m0, n0) = TileScheduler(t).origin(kb);
   Value* tid = kb.tid();
 
   // Per-row constants of this tile, read once.

@@ -17,6 +17,7 @@
 // the staged fp32 tile (one warp per row for the statistics, then every element).
 #include "templates/fragment_epilogue.h"
 #include "templates/gemm_skeleton.h"
+#include "templates/tile_scheduler.h"
 #include "templates/template_util.h"
 #include "templates/templates.h"
 
@@ -38,7 +39,7 @@ KernelShape build_eager_logits(llvm::Module& module, const KernelSpec& spec) {
   // it (bf16: 8), so its rounding, the one eager mode adds to recompute's, is 8x smaller than
   // dz's own; eager_dz reads it and writes dz in the dtype over it.
   llvm::Type* elem = eager_exponential_type(kb, spec.dtype);
-  GemmSkeleton gemm(kb, spec, Layout::KMajor, Layout::KMajor);
+  GemmSkeleton gemm(kb, spec);
   const int max_off = gemm.extra_offset();  // the staged form's row maxima (the other 12 bytes a row unused)
   const int smem_bytes = gemm.smem_bytes(kernel_smem_per_row(spec) * t.bm);
 
@@ -180,14 +181,10 @@ KernelShape build_eager_logits(llvm::Module& module, const KernelSpec& spec) {
   };
   if (t.wgmma()) {
     // (sm_90a with a bias: the staged wgmma form, persistent CTAs over the tiles in grouped order.)
-    kb.for_range(kb.ctaid(0), ir.CreateMul(grid_m, grid_n), kb.nctaid(0), [&](Value* pid) {
-      Value *m0, *n0;
-      std::tie(m0, n0) = gemm.tile_origin(pid, grid_m, grid_n);
-      tile_epilogue(m0, n0);
-    });
+    TileScheduler(t).walk(kb, grid_m, grid_n, tile_epilogue);
   } else {
     Value *m0, *n0;
-    std::tie(m0, n0) = gemm.tile_origin();
+    std::tie(m0, n0) = TileScheduler(t).origin(kb);
     tile_epilogue(m0, n0);
   }
   kb.finish();

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "compiler/errors.h"
+#include "templates/tile_scheduler.h"
 
 namespace lfce {
 
@@ -41,15 +42,20 @@ std::vector<Param> gemm_params(const TileConfig& tile, std::vector<Param> params
   return params;
 }
 
-GemmSkeleton::GemmSkeleton(KernelBuilder& kb, const KernelSpec& spec, Layout a_layout, Layout b_layout)
-    : kb_(kb), tile_(spec.tile), dtype_(spec.dtype), transform_(spec.eager_operand), layouts_{a_layout, b_layout} {
+GemmSkeleton::GemmSkeleton(KernelBuilder& kb, const KernelSpec& spec)
+    : kb_(kb),
+      tile_(spec.tile),
+      dtype_(spec.dtype),
+      transform_(spec.eager_operand),
+      layouts_{kind_info(spec.kind).a, kind_info(spec.kind).b} {
+  if (!kind_info(spec.kind).gemm) throw InternalError("GemmSkeleton for " + spec.text() + ", which is not a GEMM");
   if (tile_.wgmma()) {
-    pipeline_ = make_wgmma_pipeline(kb, tile_, dtype_, a_layout, b_layout);
+    pipeline_ = make_wgmma_pipeline(kb, tile_, dtype_, layouts_[0], layouts_[1]);
     return;
   }
   if (transform_) throw InternalError("an operand transform needs the sm_90a pipeline (tile " + tile_.text() + ")");
-  mainloop_ = make_mainloop(kb, tile_, dtype_, operand_tile(tile_, dtype_, a_layout, tile_.bm),
-                            operand_tile(tile_, dtype_, b_layout, tile_.bn));
+  mainloop_ = make_mainloop(kb, tile_, dtype_, operand_tile(tile_, dtype_, layouts_[0], tile_.bm),
+                            operand_tile(tile_, dtype_, layouts_[1], tile_.bn));
 }
 
 GemmSkeleton::~GemmSkeleton() = default;
@@ -63,37 +69,6 @@ int gemm_smem_bytes(const TileConfig& tile, DType dtype, Layout a, Layout b, int
 }
 
 int GemmSkeleton::extra_offset() const { return gemm_smem_bytes(tile_, dtype_, layouts_[0], layouts_[1]); }
-
-std::pair<Value*, Value*> GemmSkeleton::tile_origin() {
-  auto& ir = kb_.ir();
-  Value* pid = ir.CreateAdd(kb_.ctaid(0), ir.CreateMul(kb_.ctaid(1), kb_.nctaid(0)));  // launch order
-  return tile_origin(pid, kb_.nctaid(0), kb_.nctaid(1));
-}
-
-std::pair<Value*, Value*> GemmSkeleton::tile_origin(Value* pid, Value* grid_m, Value* grid_n) {
-  auto& ir = kb_.ir();
-  Value *m_block, *n_block;
-  std::tie(m_block, n_block) = tile_blocks(pid, grid_m, grid_n);
-  return {ir.CreateMul(ir.CreateZExt(m_block, kb_.i64()), kb_.c64(tile_.bm)),
-          ir.CreateMul(ir.CreateZExt(n_block, kb_.i64()), kb_.c64(tile_.bn))};
-}
-
-std::pair<Value*, Value*> GemmSkeleton::tile_blocks(Value* pid, Value* grid_m, Value* grid_n) {
-  auto& ir = kb_.ir();
-  // Opaque to LLVM: with a grid known at generation time (grad_input's H / BN) it bounds the
-  // divisors below and narrows the 32-bit divisions to 16 bits, which SASS implements as a
-  // subroutine call, and any call makes ptxas serialise every wgmma of the kernel.
-  grid_m = kb_.opaque_i32(grid_m);
-  grid_n = kb_.opaque_i32(grid_n);
-  Value* per_group = ir.CreateMul(kb_.c32(kGroupRows), grid_n);
-  Value* first_m = ir.CreateMul(ir.CreateUDiv(pid, per_group), kb_.c32(kGroupRows));
-  Value* rows_left = ir.CreateSub(grid_m, first_m);
-  Value* group_rows = ir.CreateSelect(ir.CreateICmpULT(rows_left, kb_.c32(kGroupRows)), rows_left, kb_.c32(kGroupRows));
-  Value* in_group = ir.CreateURem(pid, per_group);
-  Value* m_block = ir.CreateAdd(first_m, ir.CreateURem(in_group, group_rows));
-  Value* n_block = ir.CreateUDiv(in_group, group_rows);
-  return {m_block, n_block};
-}
 
 Value* GemmSkeleton::blocks_for(Value* extent, int tile) {
   auto& ir = kb_.ir();
@@ -215,42 +190,12 @@ void GemmSkeleton::run_specialised(const TileSchedule& schedule, const OperandTr
 
 void GemmSkeleton::run_persistent(Value* grid_m, Value* grid_n, Value* k_tiles, const TileEpilogue& epilogue,
                                   const OperandTransform* transform, const ProducerWork* work) {
-  auto& ir = kb_.ir();
   if (transform && tile_.cluster != 1)
     throw InternalError("an operand transform on a clustered tile (" + tile_.text() + ")");
-  if (tile_.cluster == 1) {
-    Value* tiles = ir.CreateMul(grid_m, grid_n);
-    run_specialised([&](bool, const TileVisit& visit) {
-      kb_.for_range(kb_.ctaid(0), tiles, kb_.nctaid(0), [&](Value* pid) {
-        Value *m0, *n0;
-        std::tie(m0, n0) = tile_origin(pid, grid_m, grid_n);
-        visit(m0, n0, k_tiles, [&](const Fragment& f) { epilogue(m0, n0, f); });
-      });
-    }, transform, work);
-    return;
-  }
-  // Clusters of C CTAs (consecutive along x) walk a grid of C x 1 tile groups (1 x C along N);
-  // CTA r of a cluster takes M block C·i + r of group i (N block C·j + r), so the pair's tiles
-  // share their B tile (A tile). Where grid_m (grid_n) is not a multiple of C, the last group's
-  // extra CTAs compute a tile wholly past M (N): TMA loads zeros, the epilogues write no row at
-  // or past M (no column at or past N: grad_weight's and grad_input's, which alone take
-  // clusters along N), and they still multicast their share to the peer that needs it.
-  const int c = tile_.cluster;
-  const bool along_n = tile_.cluster_n;
-  Value* groups_m = along_n ? grid_m : ir.CreateUDiv(ir.CreateAdd(grid_m, kb_.c32(c - 1)), kb_.c32(c));
-  Value* groups_n = along_n ? ir.CreateUDiv(ir.CreateAdd(grid_n, kb_.c32(c - 1)), kb_.c32(c)) : grid_n;
-  Value* groups = ir.CreateMul(groups_m, groups_n);
+  const TileScheduler scheduler(tile_);
+  const TileScheduler::Walk tiles = scheduler.prepare(kb_, grid_m, grid_n);
   run_specialised([&](bool, const TileVisit& visit) {
-    Value* rank = kb_.cluster_rank();
-    Value* cluster = ir.CreateUDiv(kb_.ctaid(0), kb_.c32(c));
-    Value* clusters = ir.CreateUDiv(kb_.nctaid(0), kb_.c32(c));
-    kb_.for_range(cluster, groups, clusters, [&](Value* pid) {
-      Value *group_m, *group_n;
-      std::tie(group_m, group_n) = tile_blocks(pid, groups_m, groups_n);
-      Value* m_block = along_n ? group_m : ir.CreateAdd(ir.CreateMul(group_m, kb_.c32(c)), rank);
-      Value* n_block = along_n ? ir.CreateAdd(ir.CreateMul(group_n, kb_.c32(c)), rank) : group_n;
-      Value* m0 = ir.CreateMul(ir.CreateZExt(m_block, kb_.i64()), kb_.c64(tile_.bm));
-      Value* n0 = ir.CreateMul(ir.CreateZExt(n_block, kb_.i64()), kb_.c64(tile_.bn));
+    scheduler.walk(kb_, tiles, [&](Value* m0, Value* n0) {
       visit(m0, n0, k_tiles, [&](const Fragment& f) { epilogue(m0, n0, f); });
     });
   }, transform, work);

@@ -124,7 +124,8 @@ int gemm_smem_bytes(const TileConfig& tile, DType dtype, Layout a, Layout b, int
 
 class GemmSkeleton {
  public:
-  GemmSkeleton(KernelBuilder& kb, const KernelSpec& spec, Layout a_layout, Layout b_layout);
+  // The operand layouts are the spec's kind's (kKernelKinds in compiler/kernel_kind.h).
+  GemmSkeleton(KernelBuilder& kb, const KernelSpec& spec);
   ~GemmSkeleton();
 
   // Shared memory: the pipeline ring and the staged tile overlap; templates may use the
@@ -147,10 +148,9 @@ class GemmSkeleton {
   // `transform` is then required.
   bool transforms() const { return transform_; }
   // run_specialised over a (grid_m, grid_n) grid of tiles (i32 counts), each K = k_tiles deep:
-  // persistent CTAs take tiles ctaid.x, ctaid.x + nctaid.x, ... in grouped order (tile_origin),
-  // and `epilogue` runs on each tile's fragment with the tile's origin (m0, n0), i64. Clustered
-  // tiles: each cluster takes groups of `cluster` tiles adjacent along M (along N with
-  // cluster_n) instead (the grid is launched in whole clusters).
+  // persistent CTAs take the tiles in the order of the TileScheduler (templates/tile_scheduler.h,
+  // which also gives the host its grid), and `epilogue` runs on each tile's fragment with the
+  // tile's origin (m0, n0), i64.
   using TileEpilogue = std::function<void(llvm::Value* m0, llvm::Value* n0, const Fragment&)>;
   // With `transform`, operand A reaches the wgmma through registers (OperandTransform); with
   // `work`, the producer warpgroup's spare warps and its TMA thread do more (ProducerWork).
@@ -164,15 +164,6 @@ class GemmSkeleton {
   // Visits every (r, c) of the tile once across the CTA; rows fastest (coalesced along M)
   // or columns fastest (coalesced along N).
   void for_each_element(bool rows_fastest, const std::function<void(llvm::Value*, llvm::Value*)>& body);
-  // The origin (m0, n0), i64, of this CTA's tile on a (ceil(M/BM), ceil(N/BN)) grid, in grouped
-  // order: CTAs launched together cover kGroupRows row blocks by as many column blocks as fit,
-  // rather than whole columns, so the operand tiles they share are read from L2, not DRAM.
-  std::pair<llvm::Value*, llvm::Value*> tile_origin();
-  // The same for tile `pid` (i32) of a (grid_m, grid_n) grid, for kernels that loop over tiles.
-  std::pair<llvm::Value*, llvm::Value*> tile_origin(llvm::Value* pid, llvm::Value* grid_m, llvm::Value* grid_n);
-  // The (M block, N block) of tile `pid`, i32, in the same grouped order.
-  std::pair<llvm::Value*, llvm::Value*> tile_blocks(llvm::Value* pid, llvm::Value* grid_m, llvm::Value* grid_n);
-  static constexpr int kGroupRows = 16;
   // ceil(extent / tile) as i32, for an extent (i64) whose block count fits (the runtime checks).
   llvm::Value* blocks_for(llvm::Value* extent_i64, int tile);
   // ceil(extent / BK) as i32.

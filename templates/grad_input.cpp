@@ -5,6 +5,7 @@
 // A = dzᵀ [chunk, ld] (MN-major: tokens contiguous); B = W[chunk] [chunk, H] (MN-major).
 #include "templates/eager_operand.h"
 #include "templates/gemm_skeleton.h"
+#include "templates/tile_scheduler.h"
 #include "templates/template_util.h"
 #include "templates/templates.h"
 
@@ -29,7 +30,7 @@ KernelShape build_grad_input(llvm::Module& module, const KernelSpec& spec) {
   KernelBuilder kb(module, "grad_input", gemm_params(t, params), t.threads());
   auto& ir = kb.ir();
   llvm::Type* elem = elem_type(kb, spec.dtype);
-  GemmSkeleton gemm(kb, spec, Layout::MNMajor, Layout::MNMajor);
+  GemmSkeleton gemm(kb, spec);
   Value* n = kb.arg("n");
   Value* hidden = kb.c64(spec.hidden);
   const int row_align = hidden_row_align(spec.hidden, spec.dtype);  // rows of H elements
@@ -124,7 +125,7 @@ KernelShape build_grad_input(llvm::Module& module, const KernelSpec& spec) {
   }
 
   Value *m0, *n0;
-  std::tie(m0, n0) = gemm.tile_origin();
+  std::tie(m0, n0) = TileScheduler(t).origin(kb);
 
   GemmOperand dz{kb.arg("dz"), kb.arg("ld"), Layout::MNMajor, n, v_len};
   GemmOperand w{w_chunk, hidden, Layout::MNMajor, hidden, v_len, row_align};

@@ -7,6 +7,7 @@
 #include "templates/eager_fixup.h"
 #include "templates/eager_operand.h"
 #include "templates/gemm_skeleton.h"
+#include "templates/tile_scheduler.h"
 #include "templates/template_util.h"
 #include "templates/templates.h"
 
@@ -28,7 +29,7 @@ KernelShape build_grad_weight(llvm::Module& module, const KernelSpec& spec) {
   llvm::Type* elem = elem_type(kb, spec.dtype);
   // The type grad_weight is stored in: the dtype, or fp32 when added into.
   llvm::Type* out = spec.accumulate ? kb.f32() : elem;
-  GemmSkeleton gemm(kb, spec, Layout::KMajor, Layout::MNMajor);
+  GemmSkeleton gemm(kb, spec);
   Value* hidden = kb.c64(spec.hidden);
   const int row_align = hidden_row_align(spec.hidden, spec.dtype);  // rows of H elements
   Value* v_len = kb.arg("v_len");
@@ -73,7 +74,7 @@ KernelShape build_grad_weight(llvm::Module& module, const KernelSpec& spec) {
 
   if (spec.eager_fixup) throw InternalError("eager_fixup on a tile without the TMA pipeline (" + t.text() + ")");
   Value *m0, *n0;
-  std::tie(m0, n0) = gemm.tile_origin();
+  std::tie(m0, n0) = TileScheduler(t).origin(kb);
 
   GemmOperand dz{kb.arg("dz"), ld, Layout::KMajor, v_len, ld};
   GemmOperand x{kb.arg("x"), hidden, Layout::MNMajor, hidden, kb.arg("n"), row_align};

@@ -207,7 +207,7 @@ KernelShape build_lse_forward(llvm::Module& module, const KernelSpec& spec) {
   add_shift_param(spec, params);
   KernelBuilder kb(module, "lse_forward", gemm_params(t, params), t.threads());
   auto& ir = kb.ir();
-  GemmSkeleton gemm(kb, spec, Layout::KMajor, Layout::KMajor);
+  GemmSkeleton gemm(kb, spec);
   const int extra = gemm.extra_offset();
   const int max_off = extra, sum_off = extra + 4 * t.bm, tgt_off = extra + 8 * t.bm, logit_sum_off = extra + 16 * t.bm;
   // Then, where the spec has them, the entropy's t and the argmax (i32) of each row.

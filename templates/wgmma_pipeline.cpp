@@ -52,6 +52,7 @@
 // dlogits_backward): no staged tile, no CTA barrier, setmaxnreg once.
 #include "compiler/errors.h"
 #include "templates/gemm_skeleton.h"
+#include "templates/tile_scheduler.h"
 
 namespace lfce {
 
@@ -61,7 +62,7 @@ namespace {
 
 constexpr int kSwizzleRow = 128;   // bytes of one swizzled row
 constexpr int kAtomBytes = 1024;   // 8 rows x 128 bytes: the swizzle pattern's period
-constexpr int kBoxElems = 64;      // 16-bit elements per 128-byte row
+constexpr int kBoxElems = TmaBox::kElements;  // 16-bit elements per 128-byte row
 // The producer warpgroup keeps this many registers per thread while it issues loads: enough for
 // the templates' values live across the mainloop (row-block and tile loop state).
 constexpr int kProducerRegisters = 32;
@@ -290,14 +291,16 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
   Value* a_base(Value* slot) { return kb_.ir().CreateMul(slot, kb_.c32(g_.stage_bytes)); }
   Value* b_base(Value* slot) { return kb_.ir().CreateAdd(a_base(slot), kb_.c32(g_.a_bytes)); }
 
-  // Loads operand tile rows [mn0, mn0 + rows) x K slice kt into `dst`. With `rank` (i32, a
-  // CTA of the cluster), only that CTA's 1/cluster share of the rows, multicast to every CTA.
-  void load(Value* map, Layout layout, int rows, Value* dst, Value* mn0, Value* kt, Value* bar,
-            Value* rank = nullptr) {
+  // Loads operand `which`'s tile rows [mn0, mn0 + rows) x K slice kt into `dst`, in the boxes of
+  // tma_box (templates/tile_scheduler.h), the ones the runtime's tensor map has. With `rank` (i32,
+  // a CTA of the cluster: the operand the cluster shares), only that CTA's 1/cluster share of the
+  // rows, multicast to every CTA.
+  void load(Value* map, Layout layout, int which, Value* dst, Value* mn0, Value* kt, Value* bar, Value* rank) {
     auto& ir = kb_.ir();
+    const TmaBox box = tma_box(t_, layout, which);
+    if ((box.parts > 1) != (rank != nullptr)) throw InternalError("a TMA share without its cluster rank");
     Value* mn = ir.CreateTrunc(mn0, kb_.i32());
     Value* k = ir.CreateMul(kt, kb_.c32(t_.bk));
-    const int parts = rank ? t_.cluster : 1;
     Value* mask = ir.getInt16((1u << t_.cluster) - 1);
     auto copy = [&](Value* to, Value* c0, Value* c1) {
       if (rank)
@@ -306,17 +309,16 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
         kb_.tma_load_2d(to, map, c0, c1, bar);
     };
     if (layout == Layout::KMajor) {  // one box {BK, rows / parts}: 128-byte rows, whole atoms
-      Value* first = rank ? ir.CreateMul(rank, kb_.c32(rows / parts)) : kb_.c32(0);
+      Value* first = rank ? ir.CreateMul(rank, kb_.c32(box.outer)) : kb_.c32(0);
       copy(ir.CreateAdd(dst, ir.CreateMul(first, kb_.c32(kSwizzleRow))), k, ir.CreateAdd(mn, first));
       return;
     }
     // Boxes {64, BK}, one per 64 rows of M or N; this CTA's share of them.
-    const int boxes = rows / kBoxElems / parts;
-    Value* first_box = rank ? ir.CreateMul(rank, kb_.c32(boxes)) : kb_.c32(0);
-    for (int j = 0; j < boxes; ++j) {
-      Value* box = ir.CreateAdd(first_box, kb_.c32(j));
-      copy(ir.CreateAdd(dst, ir.CreateMul(box, kb_.c32(t_.bk * kSwizzleRow))),
-           ir.CreateAdd(mn, ir.CreateMul(box, kb_.c32(kBoxElems))), k);
+    Value* first_box = rank ? ir.CreateMul(rank, kb_.c32(box.boxes)) : kb_.c32(0);
+    for (int j = 0; j < box.boxes; ++j) {
+      Value* at = ir.CreateAdd(first_box, kb_.c32(j));
+      copy(ir.CreateAdd(dst, ir.CreateMul(at, kb_.c32(t_.bk * kSwizzleRow))),
+           ir.CreateAdd(mn, ir.CreateMul(at, kb_.c32(kBoxElems))), k);
     }
   }
 
@@ -339,8 +341,8 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
       // passes at once for each slot's first use.
       kb_.mbarrier_wait(empty(c.slot), ir.CreateXor(c.phase, kb_.c32(1)));
       kb_.mbarrier_arrive_expect_tx(full(c.slot), g_.stage_bytes);  // out-of-bounds zeros count too
-      load(map_a, a_, t_.bm, a_base(c.slot), m0, kt, full(c.slot), rank_a);
-      load(map_b, b_, t_.bn, b_base(c.slot), n0, kt, full(c.slot), rank_b);
+      load(map_a, a_, 0, a_base(c.slot), m0, kt, full(c.slot), rank_a);
+      load(map_b, b_, 1, b_base(c.slot), n0, kt, full(c.slot), rank_b);
       Cursor next = advance(c);
       kb_.store(next.slot, kb_.at(state, kb_.i32(), 0));
       kb_.store(next.phase, kb_.at(state, kb_.i32(), 1));
