@@ -119,7 +119,7 @@ inline constexpr KernelKindInfo kKernelKinds[] = {
      kGemmFields | kFieldEagerOperand, true, true},
     {KernelKind::GradBias, "grad_bias", false, true, true, true, Layout::KMajor, Layout::KMajor, 0, 0, false,
      kFieldDType | kFieldAccumulate, true},
-    // Eager mode's three-GEMM schedule (templates/eager_logits.cpp, eager_dz.cpp, loss_reduce.cpp,
+    // Eager mode's three-GEMM schedule (templates/kernels/eager_logits.cpp, eager_dz.cpp, loss_reduce.cpp,
     // grad_convert.cpp). token_count reads the class weights' bound (V) with class weights, as loss_reduce.
     {KernelKind::TokenCount, "token_count", false, false, false, false, Layout::KMajor, Layout::KMajor, 0, 8192, false,
      kFieldTargets | kFieldClassWeight, false, false, true},

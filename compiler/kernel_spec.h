@@ -28,7 +28,7 @@ int dtype_bytes(DType dtype);
 // and 4 that divides the row's H·elem bytes, else the element size. 16 lets the GEMMs copy with
 // 16-byte cp.async and, on sm_90a, TMA (whose global row strides are multiples of 16 bytes);
 // narrower rows (H not a multiple of 8 in 16-bit, of 4 in fp32) are copied in these pieces by the
-// mma.sync / SIMT mainloops (templates/gemm_skeleton.cpp) and never take the wgmma pipeline.
+// mma.sync / SIMT mainloops (templates/gemm/gemm_skeleton.cpp) and never take the wgmma pipeline.
 int hidden_row_align(int64_t hidden, DType dtype);
 
 // The largest sizes a spec (and so a problem) may carry; validate() and the C API's problem check

@@ -11,7 +11,7 @@
 #include "runtime/driver.h"
 #include "runtime/kernel_args.h"
 #include "runtime/kernel_cache.h"
-#include "templates/tile_scheduler.h"
+#include "templates/gemm/tile_scheduler.h"
 
 namespace lfce::runtime {
 namespace {
@@ -62,8 +62,8 @@ struct Operand {
   int64_t ld, mn, k;
 };
 
-// The TMA map the sm_90a pipeline (templates/wgmma_pipeline.cpp) loads `op` through, in the boxes
-// the pipeline's ring is laid out for (tma_box in templates/tile_scheduler.h); reads past the
+// The TMA map the sm_90a pipeline (templates/gemm/wgmma_pipeline.cpp) loads `op` through, in the boxes
+// the pipeline's ring is laid out for (tma_box in templates/gemm/tile_scheduler.h); reads past the
 // extents zero-fill.
 CUtensorMap operand_map(const Operand& op, const TileConfig& tile, Layout layout, int which, DType dtype) {
   const TmaBox box = tma_box(tile, layout, which);
@@ -83,7 +83,7 @@ CUtensorMap operand_map(const Operand& op, const TileConfig& tile, Layout layout
 }
 
 // The grid of a GEMM kernel whose output is [rows, cols], as its tile scheduler walks it
-// (templates/tile_scheduler.h), each axis's tile count within CUDA's limits.
+// (templates/gemm/tile_scheduler.h), each axis's tile count within CUDA's limits.
 Dim3 gemm_grid(const Plan& plan, const KernelSpec& spec, int64_t rows, int64_t cols, const char* kernel) {
   const auto [x, y] = TileScheduler(spec.tile).grid(grid_dim(rows, spec.tile.bm, 'x'), grid_dim(cols, spec.tile.bn, 'y'),
                                                     plan.device_ctas(spec.tile), kernel);
@@ -91,7 +91,7 @@ Dim3 gemm_grid(const Plan& plan, const KernelSpec& spec, int64_t rows, int64_t c
 }
 
 // Launches a GEMM kernel with `args`, plus, where it declares them (the wgmma pipeline's, gemm_params
-// in templates/gemm_skeleton.h), the tensor maps of its operands A and B.
+// in templates/gemm/gemm_skeleton.h), the tensor maps of its operands A and B.
 void launch_gemm(const Kernel& kernel, const KernelSpec& spec, Dim3 grid, CUstream stream, KernelArgs args,
                  const Operand& a, const Operand& b) {
   if (kernel.declares("tma_a")) {
@@ -271,7 +271,7 @@ void zero_f32(void* buffer, int64_t floats, CUstream stream) {
 // Plan::eager_operand eager_dz stores only its constants, and the two GEMMs form dz from the
 // exponentials as they load them. With Plan::eager_fixup (and a grad_weight to compute) eager_dz
 // stores only its constants too, and grad_weight's producer warpgroup rewrites the workspace into
-// dz ahead of its tiles (templates/eager_fixup.h), its work counters over eager_dz's partial
+// dz ahead of its tiles (templates/epilogue/eager_fixup.h), its work counters over eager_dz's partial
 // maxima (read by then; [ceil(V/64), ld] floats hold the 1 + ceil(V/BM) counters for any BM >= 64).
 void run_three_gemm(const Problem& problem, const Plan& plan, const ForwardArgs& a, const Gradients& g) {
   const auto layout = plan.eager_layout();
@@ -307,7 +307,7 @@ void run_three_gemm(const Problem& problem, const Plan& plan, const ForwardArgs&
 
   const int64_t tile_n = logits.tile.bn;
   // The operand transform reads the constants of tile v / tile_n for whole slices of the
-  // vocabulary (templates/eager_operand.h): BK = 64 in grad_input, BM in grad_weight, all from v = 0.
+  // vocabulary (templates/gemm/eager_operand.h): BK = 64 in grad_input, BM in grad_weight, all from v = 0.
   for (const KernelSpec* s : {&gw, &gx})
     if ((s->eager_operand && (tile_n % s->tile.bk != 0 || (s == &gw && tile_n % s->tile.bm != 0))) ||
         (s->eager_fixup && tile_n % s->tile.bm != 0))

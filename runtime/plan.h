@@ -71,7 +71,7 @@ class Plan {
   // LFCE_EXPERIMENTAL=eager_dz_kernel (Tuning::eager_fixup) or eager_operand, on sm_90a in 16-bit
   // with a wgmma grad_weight tile whose BM divides eager_logits' tile width, token chunks of at
   // most 8192 (the measured gain; slower at 16384), and fewer than 2^31 work items
-  // (templates/eager_fixup.h).
+  // (templates/epilogue/eager_fixup.h).
   // Where no grad_weight is asked for, the run launches eager_dz's full pass instead
   // (eager_dz_pass_spec).
   bool eager_fixup() const;

@@ -5,7 +5,7 @@
 
 #include "compiler/errors.h"
 #include "compiler/nvptx_backend.h"
-#include "templates/gemm_skeleton.h"
+#include "templates/gemm/gemm_skeleton.h"
 #include "templates/template_util.h"
 #include "templates/templates.h"
 

@@ -17,6 +17,14 @@ inline llvm::Type* elem_type(KernelBuilder& kb, DType dtype) {
   return nullptr;
 }
 
+// A persistent thread's first index (i64) and its stride: every thread of the grid, one apart.
+inline std::pair<llvm::Value*, llvm::Value*> grid_stride(KernelBuilder& kb, int threads) {
+  auto& ir = kb.ir();
+  llvm::Value* first = ir.CreateAdd(ir.CreateMul(ir.CreateZExt(kb.ctaid(0), kb.i64()), kb.c64(threads)),
+                                    ir.CreateZExt(kb.tid(), kb.i64()));
+  return {first, ir.CreateMul(ir.CreateZExt(kb.nctaid(0), kb.i64()), kb.c64(threads))};
+}
+
 // How eager_logits stores p̃ = e^(u − tile max) in the dzᵀ workspace for eager_dz: fp16 for the
 // 16-bit dtypes (p̃ is in (0, 1], where fp16 has 11 bits to bf16's 8), fp32 for fp32.
 inline llvm::Type* eager_exponential_type(KernelBuilder& kb, DType dtype) {
@@ -24,7 +32,7 @@ inline llvm::Type* eager_exponential_type(KernelBuilder& kb, DType dtype) {
 }
 
 // A non-target element of eager's dz from its stored exponential p̃ and its row constant: coef·p̃ in
-// fp32, rounded once to `elem`. eager_dz's pass and grad_weight's fix-up (templates/eager_fixup.h)
+// fp32, rounded once to `elem`. eager_dz's pass and grad_weight's fix-up (templates/epilogue/eager_fixup.h)
 // both form it here, so they write the same bits.
 inline llvm::Value* eager_dz_element(KernelBuilder& kb, llvm::Value* coef, llvm::Value* stored, llvm::Type* elem) {
   return kb.from_f32(kb.ir().CreateFMul(coef, kb.to_f32(stored)), elem);

@@ -102,7 +102,7 @@ TEST_P(KindFields, UnreadFieldsLeaveThePtxAndKeyAloneAndReadOnesChangeBoth) {
     if ((reads & f.field) && ((f.field == kFieldEagerOperand && (b.dtype == DType::FP32 || kind_info(b.kind).gemm)) ||
                               f.field == kFieldEagerFixup)) {
       // The GEMMs' operand transform runs in the sm_90a pipeline only (these bases are sm_80 mma.sync
-      // tiles): rejected, naming it (templates/eager_operand.h; its code: codegen_test.cpp).
+      // tiles): rejected, naming it (templates/gemm/eager_operand.h; its code: codegen_test.cpp).
       EXPECT_THROW(generate_kernel(changed), SpecError) << f.name << " on an sm_80 tile";
     } else if (reads & f.field) {
       EXPECT_NE(generate_kernel(changed).ptx, base_ptx) << f.name << " is marked read but does not change the code";

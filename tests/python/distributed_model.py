@@ -1,6 +1,6 @@
 """A CPU model of lfce's kernels on one vocabulary shard, for testing lfce.distributed without a GPU.
 
-It follows the kernels' contract (templates/lse_combine.cpp, dlogits_backward.cpp): the shard's LSE
+It follows the kernels' contract (templates/kernels/lse_combine.cpp, dlogits_backward.cpp): the shard's LSE
 over its own columns whatever the target; token loss LSE - z_target for a target in [0, V_shard),
 0 for the problem's ignore_index, NaN for any other target; dz = g (softmax - onehot) with g = 0 for
 ignored tokens, divided by the given valid count for "mean", rounded to the dtype before the two

@@ -2,7 +2,7 @@
 // left p̃ = e^(u − M) (fp16 for 16-bit dtypes, fp32 for fp32) in the dzᵀ workspace [V, ld] (M: the
 // row's max over the vocabulary tile of
 // `tile_n` columns that holds v, partial_max [tiles, C]); with the LSE from lse_combine,
-//   p = p̃·e^(M − LSE),   dz = (dlogits_backward's formula of p, templates/dz_math.h)
+//   p = p̃·e^(M − LSE),   dz = (dlogits_backward's formula of p, templates/epilogue/dz_math.h)
 // is written over it in place, rounded to the dtype, with an upstream gradient of 1 (eager mode:
 // the autograd backward scales the gradients), divided for mean by the valid count (token_count
 // ran first), fp16's dz_scale, the temperature's 1 / T, the z-loss factor, class weights and
@@ -17,13 +17,13 @@
 // groups x 8 row groups). Each thread forms its 8 tokens' row constants once (the tile's M among
 // them) and then walks the tile's rows, 8 at a time (4 for fp32), one vector of 8 tokens a row.
 //
-// With spec.eager_operand (the GEMMs turn p̃ into dz themselves, templates/eager_operand.h)
+// With spec.eager_operand (the GEMMs turn p̃ into dz themselves, templates/gemm/eager_operand.h)
 // nothing of the workspace is rewritten: each thread stores its 8 tokens' constants for one tile,
 // coef [tiles, ld] (0 past C), and the tile-0 threads each token's target, target_col [ld] (-1:
 // none in [0, V); an ignored token's is kept, its dz being 0), and its dz, target_dz [ld] in the
 // dtype; the residuals as above. Grid (ceil(ld / 256), ceil(tiles / 8)): the 8 row groups of a CTA
 // take 8 consecutive tiles.
-#include "templates/dz_math.h"
+#include "templates/epilogue/dz_math.h"
 #include "templates/template_util.h"
 #include "templates/templates.h"
 

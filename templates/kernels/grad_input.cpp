@@ -3,9 +3,9 @@
 // last converts it to the dtype (one chunk: straight to the output). Each element belongs to
 // one CTA per launch, so the read-modify-write needs no atomics.
 // A = dzᵀ [chunk, ld] (MN-major: tokens contiguous); B = W[chunk] [chunk, H] (MN-major).
-#include "templates/eager_operand.h"
-#include "templates/gemm_skeleton.h"
-#include "templates/tile_scheduler.h"
+#include "templates/gemm/eager_operand.h"
+#include "templates/gemm/gemm_skeleton.h"
+#include "templates/gemm/tile_scheduler.h"
 #include "templates/template_util.h"
 #include "templates/templates.h"
 

@@ -26,8 +26,8 @@
 
 #include "compiler/kernel_builder.h"
 #include "compiler/kernel_spec.h"
-#include "templates/eager_operand.h"
-#include "templates/gemm_skeleton.h"
+#include "templates/gemm/eager_operand.h"
+#include "templates/gemm/gemm_skeleton.h"
 #include "templates/template_util.h"
 
 namespace lfce {

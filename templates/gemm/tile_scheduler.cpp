@@ -1,4 +1,4 @@
-#include "templates/tile_scheduler.h"
+#include "templates/gemm/tile_scheduler.h"
 
 #include <algorithm>
 #include <cstdint>

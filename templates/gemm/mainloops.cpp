@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "templates/gemm_skeleton.h"
+#include "templates/gemm/gemm_skeleton.h"
 
 namespace lfce {
 

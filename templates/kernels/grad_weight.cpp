@@ -4,10 +4,10 @@
 // A = dzᵀ (K-major, rows of `ld` tokens, zero past N); B = x [N, H] (MN-major: H contiguous).
 // With spec.accumulate grad_weight is an fp32 buffer (Megatron's main_grad) and each element is
 // added to it (one read-modify-write, still once per element: deterministic).
-#include "templates/eager_fixup.h"
-#include "templates/eager_operand.h"
-#include "templates/gemm_skeleton.h"
-#include "templates/tile_scheduler.h"
+#include "templates/epilogue/eager_fixup.h"
+#include "templates/gemm/eager_operand.h"
+#include "templates/gemm/gemm_skeleton.h"
+#include "templates/gemm/tile_scheduler.h"
 #include "templates/template_util.h"
 #include "templates/templates.h"
 

@@ -51,8 +51,8 @@
 // consumers run the template's epilogue on their accumulators in registers (lse_forward,
 // dlogits_backward): no staged tile, no CTA barrier, setmaxnreg once.
 #include "compiler/errors.h"
-#include "templates/gemm_skeleton.h"
-#include "templates/tile_scheduler.h"
+#include "templates/gemm/gemm_skeleton.h"
+#include "templates/gemm/tile_scheduler.h"
 
 namespace lfce {
 
@@ -292,7 +292,7 @@ class TmaWgmmaPipeline final : public WgmmaPipeline {
   Value* b_base(Value* slot) { return kb_.ir().CreateAdd(a_base(slot), kb_.c32(g_.a_bytes)); }
 
   // Loads operand `which`'s tile rows [mn0, mn0 + rows) x K slice kt into `dst`, in the boxes of
-  // tma_box (templates/tile_scheduler.h), the ones the runtime's tensor map has. With `rank` (i32,
+  // tma_box (templates/gemm/tile_scheduler.h), the ones the runtime's tensor map has. With `rank` (i32,
   // a CTA of the cluster: the operand the cluster shares), only that CTA's 1/cluster share of the
   // rows, multicast to every CTA.
   void load(Value* map, Layout layout, int which, Value* dst, Value* mn0, Value* kt, Value* bar, Value* rank) {

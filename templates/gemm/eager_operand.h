@@ -1,7 +1,7 @@
 // Eager mode's dz, formed where the gradient GEMMs read it (KernelSpec::eager_operand): grad_weight
 // and grad_input take eager_logits' stored exponentials p̃ (fp16, the dzᵀ workspace [V, ld]) as
 // operand A, and each consumer thread turns its A fragments into dz in registers on their way
-// from shared memory to the wgmma (OperandTransform, templates/wgmma_pipeline.cpp), with the
+// from shared memory to the wgmma (OperandTransform, templates/gemm/wgmma_pipeline.cpp), with the
 // constants eager_dz stored in its eager_operand form:
 //   dz[v, m] = target_dz[m]                          where v = target_col[m],
 //              coef[v / tile_n, m] · p̃[v, m]          otherwise, rounded to the dtype (pairs
@@ -23,7 +23,7 @@
 #include "compiler/errors.h"
 #include "compiler/kernel_builder.h"
 #include "compiler/kernel_spec.h"
-#include "templates/gemm_skeleton.h"
+#include "templates/gemm/gemm_skeleton.h"
 #include "templates/template_util.h"
 
 namespace lfce {

@@ -13,8 +13,8 @@
 // with the argmax, the index of the split's first largest u ([splits, N] i32).
 // lse_combine finishes the rows.
 #include "compiler/errors.h"
-#include "templates/fragment_epilogue.h"
-#include "templates/gemm_skeleton.h"
+#include "templates/epilogue/fragment_epilogue.h"
+#include "templates/gemm/gemm_skeleton.h"
 #include "templates/template_util.h"
 #include "templates/templates.h"
 

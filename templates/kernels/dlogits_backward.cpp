@@ -20,10 +20,10 @@
 // with P += g_lse + g_H·S − g_lp, T −= g_lp and one more term −g_H·p_v·u_v (the entropy's, S = LSE − H),
 // for every token (ignored ones too: their LSE and entropy are outputs); g_lp only where the target
 // is counted and in [0, V).
-#include "templates/dz_math.h"
-#include "templates/fragment_epilogue.h"
-#include "templates/gemm_skeleton.h"
-#include "templates/tile_scheduler.h"
+#include "templates/epilogue/dz_math.h"
+#include "templates/epilogue/fragment_epilogue.h"
+#include "templates/gemm/gemm_skeleton.h"
+#include "templates/gemm/tile_scheduler.h"
 #include "templates/template_util.h"
 #include "templates/templates.h"
 

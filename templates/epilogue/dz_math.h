@@ -2,7 +2,7 @@
 // eager_dz (which forms the same dz from stored exponentials). Per row m: the upstream gradient
 // g (0 for ignored tokens and rows past N; 1 in eager mode, applied later), divided for mean
 // by the valid count, times dz_scale for fp16; with label smoothing eps or class weights w the
-// P/T/U form dz_v = P·p_v − T·[v = y] − U·w_v (templates/dlogits_backward.cpp's header); with
+// P/T/U form dz_v = P·p_v − T·[v = y] − U·w_v (templates/kernels/dlogits_backward.cpp's header); with
 // the lse rows' gradients (lse_grad) its extra terms. The kernels that call it take the
 // parameters it reads by name: targets, ignore_index, lse, valid_count, grad_loss (recompute
 // mode), class_weight (with class weights), grad_lse (with lse_grad).

@@ -15,9 +15,9 @@
 // Two epilogues: on sm_90a without a bias, in registers over the wgmma fragment (persistent
 // CTAs in grouped order, the quad of lanes holding a row reduces it by shuffles); otherwise over
 // the staged fp32 tile (one warp per row for the statistics, then every element).
-#include "templates/fragment_epilogue.h"
-#include "templates/gemm_skeleton.h"
-#include "templates/tile_scheduler.h"
+#include "templates/epilogue/fragment_epilogue.h"
+#include "templates/gemm/gemm_skeleton.h"
+#include "templates/gemm/tile_scheduler.h"
 #include "templates/template_util.h"
 #include "templates/templates.h"
 

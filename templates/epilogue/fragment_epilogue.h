@@ -1,4 +1,4 @@
-// Epilogue pieces over a wgmma accumulator fragment in registers (templates/gemm_skeleton.h's
+// Epilogue pieces over a wgmma accumulator fragment in registers (templates/gemm/gemm_skeleton.h's
 // Fragment), shared by the templates whose math is per element plus per-row reductions:
 // reductions across the quad that holds a row, and the transposed store of a tile (tokens
 // contiguous, as the dzᵀ workspace the gradient GEMMs read).
@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "compiler/kernel_builder.h"
-#include "templates/gemm_skeleton.h"
+#include "templates/gemm/gemm_skeleton.h"
 
 namespace lfce {
 

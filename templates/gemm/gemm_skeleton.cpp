@@ -1,10 +1,10 @@
-#include "templates/gemm_skeleton.h"
+#include "templates/gemm/gemm_skeleton.h"
 
 #include <algorithm>
 #include <vector>
 
 #include "compiler/errors.h"
-#include "templates/tile_scheduler.h"
+#include "templates/gemm/tile_scheduler.h"
 
 namespace lfce {
 

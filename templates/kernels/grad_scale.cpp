@@ -1,47 +1,15 @@
-// Eager mode's elementwise passes over a gradient, persistent threads striding over `count`
-// elements:
-// grad_convert: dst[i] = src[i] rounded to the dtype, for the fp32 sums that eager mode's
-// three-GEMM schedule accumulates grad_weight and grad_bias in when the tokens take several
-// chunks (each chunk's grad_weight is added in fp32, in chunk order: deterministic).
 // grad_scale: dst[i] = src[i] · scale[0] in fp32, rounded once to the dtype (torch.mul of a 16-bit
-// tensor by an fp32 0-dim tensor would round the scale to the dtype first), for the autograd backward of eager mode, which
-// scales the gradients held since the forward by the upstream gradient read on the device (no host
+// tensor by an fp32 0-dim tensor would round the scale to the dtype first), persistent threads
+// striding over `count` elements, for the autograd backward of eager mode, which scales the
+// gradients held since the forward by the upstream gradient read on the device (no host
 // synchronisation); 8 elements a thread in 16-byte vectors (16-bit) where they are whole. In place
 // (src = dst) with a scale of 1 it writes nothing.
-#include <utility>
-
 #include "templates/template_util.h"
 #include "templates/templates.h"
 
 namespace lfce {
 
 using llvm::Value;
-
-namespace {
-
-// A persistent thread's first index and its stride: every thread of the grid, one apart.
-std::pair<Value*, Value*> grid_stride(KernelBuilder& kb, int threads) {
-  auto& ir = kb.ir();
-  Value* first = ir.CreateAdd(ir.CreateMul(ir.CreateZExt(kb.ctaid(0), kb.i64()), kb.c64(threads)),
-                              ir.CreateZExt(kb.tid(), kb.i64()));
-  return {first, ir.CreateMul(ir.CreateZExt(kb.nctaid(0), kb.i64()), kb.c64(threads))};
-}
-
-}  // namespace
-
-KernelShape build_grad_convert(llvm::Module& module, const KernelSpec& spec) {
-  constexpr int kThreads = 256;
-  KernelBuilder kb(module, "grad_convert",
-                   {{"src", ParamType::GlobalPtr}, {"dst", ParamType::GlobalPtr}, {"count", ParamType::I64}}, kThreads);
-  llvm::Type* elem = elem_type(kb, spec.dtype);
-  auto [first, stride] = grid_stride(kb, kThreads);
-  kb.for_range(first, kb.arg("count"), stride, [&](Value* i) {
-    Value* value = kb.load(kb.f32(), kb.gep(kb.arg("src"), kb.f32(), i));
-    kb.store(kb.from_f32(value, elem), kb.gep(kb.arg("dst"), elem, i));
-  });
-  kb.finish();
-  return {"grad_convert", kThreads, 0, kb.signature()};
-}
 
 KernelShape build_grad_scale(llvm::Module& module, const KernelSpec& spec) {
   constexpr int kThreads = 256, kVector = 8;

@@ -7,7 +7,7 @@
 //               of 16 bytes (GemmOperand::row_align) are copied in narrower pieces;
 //     mainloop: replaceable — mma.sync tensor cores (16-bit inputs) or SIMT FMA (fp32);
 //   or, for wgmma tiles (TileConfig::consumers > 0, sm_90a), the whole loop is replaced by a
-//   warp-specialised pipeline (templates/wgmma_pipeline.cpp): TMA loads into a 128-byte-swizzled
+//   warp-specialised pipeline (templates/gemm/wgmma_pipeline.cpp): TMA loads into a 128-byte-swizzled
 //   ring signalled by mbarriers, wgmma consumer warpgroups; the kernel then takes two extra
 //   TensorMap parameters (gemm_params), built by the runtime for the same operands;
 //     staging:  the fp32 tile lands in shared memory, readable through staged();
@@ -148,7 +148,7 @@ class GemmSkeleton {
   // `transform` is then required.
   bool transforms() const { return transform_; }
   // run_specialised over a (grid_m, grid_n) grid of tiles (i32 counts), each K = k_tiles deep:
-  // persistent CTAs take the tiles in the order of the TileScheduler (templates/tile_scheduler.h,
+  // persistent CTAs take the tiles in the order of the TileScheduler (templates/gemm/tile_scheduler.h,
   // which also gives the host its grid), and `epilogue` runs on each tile's fragment with the
   // tile's origin (m0, n0), i64.
   using TileEpilogue = std::function<void(llvm::Value* m0, llvm::Value* n0, const Fragment&)>;
