@@ -66,7 +66,6 @@ struct KernelKindInfo {
   bool chunked;         // run once per vocabulary chunk
   bool bias_only;       // run only for problems with a bias
   Layout a, b;          // GEMM operand layouts (the GemmSkeleton constructor in templates/)
-  int smem_per_row;     // GEMM: the template's shared-memory bytes per BM row after the skeleton's
   int smem_bytes;       // not a GEMM: the template's fixed dynamic shared memory
   bool thread_per_row;  // GEMM: sets up per-row statistics one thread per row, so BM <= threads
   uint32_t reads;       // SpecField bits the code depends on, whatever the dtype
@@ -81,8 +80,8 @@ struct KernelKindInfo {
   bool eager = false;
 };
 
-// Shared memory: lse_forward / dlogits_backward keep (max or LSE f32, sum or g f32, target
-// i64) per BM row; loss_reduce's tree holds two floats for each of its 1024 threads.
+// Shared memory: a GEMM kind's per-row slots after the skeleton's are laid out in one place,
+// templates/epilogue/row_slots.h; loss_reduce's tree holds two floats for each of its 1024 threads.
 // Fields: the template's own reads of spec.<field>, and those of the helpers it calls
 // (load_target: targets and shift; load_bias: bias, dtype; elem_type: dtype; GemmSkeleton: tile, dtype).
 // No kind reads the chunk: a chunk's offset and length are run-time arguments (v_begin, v_len).
@@ -97,41 +96,40 @@ inline constexpr uint32_t kTargetTermFields = kFieldLabelSmoothing | kFieldClass
 // dlogits_backward reads the entropy and logprob flags only with lse_grad (KernelSpec::fields_read).
 inline constexpr uint32_t kOutputFields = kFieldEntropy | kFieldLogprob;
 inline constexpr KernelKindInfo kKernelKinds[] = {
-    // kind, name, gemm, backward, chunked, bias_only, a, b, smem_per_row, smem_bytes, thread_per_row,
+    // kind, name, gemm, backward, chunked, bias_only, a, b, smem_bytes, thread_per_row,
     // reads, unscales_dz[, adds_target_term]
-    {KernelKind::LseForward, "lse_forward", true, false, false, false, Layout::KMajor, Layout::KMajor, 16, 0, true,
+    {KernelKind::LseForward, "lse_forward", true, false, false, false, Layout::KMajor, Layout::KMajor, 0, true,
      kGemmFields | kFieldVocab | kFieldTargets | kFieldBias | kLogitMapFields | kTargetTermFields | kFieldEntropy |
          kFieldArgmax,
      false},
-    {KernelKind::LseCombine, "lse_combine", false, false, false, false, Layout::KMajor, Layout::KMajor, 0, 0, false,
+    {KernelKind::LseCombine, "lse_combine", false, false, false, false, Layout::KMajor, Layout::KMajor, 0, false,
      kFieldVocab | kFieldTargets | kFieldZLoss | kTargetTermFields | kFieldTokenScaling | kOutputFields | kFieldArgmax,
      false},
-    {KernelKind::LossReduce, "loss_reduce", false, false, false, false, Layout::KMajor, Layout::KMajor, 0, 8192, false,
+    {KernelKind::LossReduce, "loss_reduce", false, false, false, false, Layout::KMajor, Layout::KMajor, 8192, false,
      kFieldTargets | kFieldReduction | kFieldClassWeight | kFieldZLoss | kFieldTokenScaling, false},
-    {KernelKind::DlogitsBackward, "dlogits_backward", true, true, true, false, Layout::KMajor, Layout::KMajor, 16, 0,
-     true,
+    {KernelKind::DlogitsBackward, "dlogits_backward", true, true, true, false, Layout::KMajor, Layout::KMajor, 0, true,
      kGemmFields | kFieldMode | kFieldTargets | kFieldReduction | kFieldBias | kLogitMapFields | kFieldZLoss |
          kTargetTermFields | kFieldTokenScaling | kOutputFields | kFieldLseGrad,
      false},
-    {KernelKind::GradWeight, "grad_weight", true, true, true, false, Layout::KMajor, Layout::MNMajor, 0, 0, false,
+    {KernelKind::GradWeight, "grad_weight", true, true, true, false, Layout::KMajor, Layout::MNMajor, 0, false,
      kGemmFields | kFieldAccumulate | kFieldEagerOperand | kFieldEagerFixup, true},
-    {KernelKind::GradInput, "grad_input", true, true, true, false, Layout::MNMajor, Layout::MNMajor, 0, 0, false,
+    {KernelKind::GradInput, "grad_input", true, true, true, false, Layout::MNMajor, Layout::MNMajor, 0, false,
      kGemmFields | kFieldEagerOperand, true, true},
-    {KernelKind::GradBias, "grad_bias", false, true, true, true, Layout::KMajor, Layout::KMajor, 0, 0, false,
+    {KernelKind::GradBias, "grad_bias", false, true, true, true, Layout::KMajor, Layout::KMajor, 0, false,
      kFieldDType | kFieldAccumulate, true},
     // Eager mode's three-GEMM schedule (templates/kernels/eager_logits.cpp, eager_dz.cpp, loss_reduce.cpp,
     // grad_convert.cpp). token_count reads the class weights' bound (V) with class weights, as loss_reduce.
-    {KernelKind::TokenCount, "token_count", false, false, false, false, Layout::KMajor, Layout::KMajor, 0, 8192, false,
+    {KernelKind::TokenCount, "token_count", false, false, false, false, Layout::KMajor, Layout::KMajor, 8192, false,
      kFieldTargets | kFieldClassWeight, false, false, true},
-    {KernelKind::EagerLogits, "eager_logits", true, false, false, false, Layout::KMajor, Layout::KMajor, 16, 0, true,
+    {KernelKind::EagerLogits, "eager_logits", true, false, false, false, Layout::KMajor, Layout::KMajor, 0, true,
      kGemmFields | kFieldVocab | kFieldTargets | kFieldBias | kFieldTemperature, false, false, true},
-    {KernelKind::EagerDz, "eager_dz", false, false, false, false, Layout::KMajor, Layout::KMajor, 0, 0, false,
+    {KernelKind::EagerDz, "eager_dz", false, false, false, false, Layout::KMajor, Layout::KMajor, 0, false,
      kFieldDType | kFieldTargets | kFieldReduction | kFieldTemperature | kFieldZLoss | kFieldClassWeight |
          kFieldTokenScaling | kFieldEagerOperand,
      false, false, true},
-    {KernelKind::GradConvert, "grad_convert", false, false, false, false, Layout::KMajor, Layout::KMajor, 0, 0, false,
+    {KernelKind::GradConvert, "grad_convert", false, false, false, false, Layout::KMajor, Layout::KMajor, 0, false,
      kFieldDType, false, false, true},
-    {KernelKind::GradScale, "grad_scale", false, true, false, false, Layout::KMajor, Layout::KMajor, 0, 0, false,
+    {KernelKind::GradScale, "grad_scale", false, true, false, false, Layout::KMajor, Layout::KMajor, 0, false,
      kFieldDType, false, false, true},
 };
 

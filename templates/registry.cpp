@@ -5,6 +5,7 @@
 
 #include "compiler/errors.h"
 #include "compiler/nvptx_backend.h"
+#include "templates/epilogue/row_slots.h"
 #include "templates/gemm/gemm_skeleton.h"
 #include "templates/template_util.h"
 #include "templates/templates.h"
@@ -48,17 +49,7 @@ static_assert(every_kind_has_a_template(), "kTemplates: one builder per row of k
 
 }  // namespace
 
-int kernel_smem_per_row(const KernelSpec& spec) {
-  const KernelKindInfo& info = kind_info(spec.kind);
-  // lse_forward's label-smoothing logit sum, entropy sum and argmax; dlogits_backward's row
-  // coefficients P and T.
-  if (spec.kind == KernelKind::LseForward)
-    return info.smem_per_row + (spec.label_smoothing != 0.f ? 4 : 0) + (spec.entropy ? 4 : 0) + (spec.argmax ? 4 : 0);
-  // (dlogits_backward: P and T with target terms or the lse rows' gradients, and q for the entropy's.)
-  if (spec.kind == KernelKind::DlogitsBackward && (has_target_terms(spec) || spec.lse_grad))
-    return info.smem_per_row + 8 + (spec.lse_grad && spec.entropy ? 4 : 0);
-  return info.smem_per_row;
-}
+int kernel_smem_per_row(const KernelSpec& spec) { return row_slots(spec).bytes; }
 
 int kernel_smem_bytes(const KernelSpec& spec) {
   const KernelKindInfo& info = kind_info(spec.kind);

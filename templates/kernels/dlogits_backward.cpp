@@ -22,6 +22,7 @@
 // is counted and in [0, V).
 #include "templates/epilogue/dz_math.h"
 #include "templates/epilogue/fragment_epilogue.h"
+#include "templates/epilogue/row_slots.h"
 #include "templates/gemm/gemm_skeleton.h"
 #include "templates/gemm/tile_scheduler.h"
 #include "templates/template_util.h"
@@ -54,10 +55,11 @@ KernelShape build_dlogits_backward(llvm::Module& module, const KernelSpec& spec)
   llvm::Type* elem = elem_type(kb, spec.dtype);
   GemmSkeleton gemm(kb, spec);
   const int extra = gemm.extra_offset();
-  const int lse_off = extra, g_off = extra + 4 * t.bm, tgt_off = extra + 8 * t.bm;
-  const int p_off = extra + 16 * t.bm, t_off = extra + 20 * t.bm;  // with row terms
-  const int q_off = extra + 24 * t.bm;                               // with the entropy's gradient
-  const int smem_bytes = gemm.smem_bytes(kernel_smem_per_row(spec) * t.bm);
+  // The per-row slots (templates/epilogue/row_slots.h): P and T with row terms, q with the entropy's gradient.
+  const RowSlots rows = row_slots(spec);
+  const int lse_off = extra + rows.lse * t.bm, g_off = extra + rows.g * t.bm, tgt_off = extra + rows.target * t.bm;
+  const int p_off = extra + rows.p * t.bm, t_off = extra + rows.t * t.bm, q_off = extra + rows.q * t.bm;
+  const int smem_bytes = gemm.smem_bytes(rows.bytes * t.bm);
   auto row_slot = [&](int base, Value* r, int bytes) {
     return kb.smem(ir.CreateAdd(kb.c32(base), ir.CreateMul(r, kb.c32(bytes))));
   };

@@ -16,6 +16,7 @@
 // CTAs in grouped order, the quad of lanes holding a row reduces it by shuffles); otherwise over
 // the staged fp32 tile (one warp per row for the statistics, then every element).
 #include "templates/epilogue/fragment_epilogue.h"
+#include "templates/epilogue/row_slots.h"
 #include "templates/gemm/gemm_skeleton.h"
 #include "templates/gemm/tile_scheduler.h"
 #include "templates/template_util.h"
@@ -40,8 +41,9 @@ KernelShape build_eager_logits(llvm::Module& module, const KernelSpec& spec) {
   // dz's own; eager_dz reads it and writes dz in the dtype over it.
   llvm::Type* elem = eager_exponential_type(kb, spec.dtype);
   GemmSkeleton gemm(kb, spec);
-  const int max_off = gemm.extra_offset();  // the staged form's row maxima (the other 12 bytes a row unused)
-  const int smem_bytes = gemm.smem_bytes(kernel_smem_per_row(spec) * t.bm);
+  const RowSlots rows = row_slots(spec);  // the staged form's row maxima (templates/epilogue/row_slots.h)
+  const int max_off = gemm.extra_offset() + rows.max * t.bm;
+  const int smem_bytes = gemm.smem_bytes(rows.bytes * t.bm);
 
   Value* n = kb.arg("n");
   Value* ld = kb.arg("ld");

@@ -14,6 +14,7 @@
 // lse_combine finishes the rows.
 #include "compiler/errors.h"
 #include "templates/epilogue/fragment_epilogue.h"
+#include "templates/epilogue/row_slots.h"
 #include "templates/gemm/gemm_skeleton.h"
 #include "templates/template_util.h"
 #include "templates/templates.h"
@@ -209,11 +210,12 @@ KernelShape build_lse_forward(llvm::Module& module, const KernelSpec& spec) {
   auto& ir = kb.ir();
   GemmSkeleton gemm(kb, spec);
   const int extra = gemm.extra_offset();
-  const int max_off = extra, sum_off = extra + 4 * t.bm, tgt_off = extra + 8 * t.bm, logit_sum_off = extra + 16 * t.bm;
-  // Then, where the spec has them, the entropy's t and the argmax (i32) of each row.
-  const int entropy_off = logit_sum_off + (smoothing ? 4 * t.bm : 0);
-  const int argmax_off = entropy_off + (spec.entropy ? 4 * t.bm : 0);
-  const int smem_bytes = gemm.smem_bytes(kernel_smem_per_row(spec) * t.bm);
+  // The per-row slots (templates/epilogue/row_slots.h); the entropy's and argmax's where the spec has them.
+  const RowSlots rows = row_slots(spec);
+  const int max_off = extra + rows.max * t.bm, sum_off = extra + rows.sum * t.bm, tgt_off = extra + rows.target * t.bm;
+  const int logit_sum_off = extra + rows.logit_sum * t.bm, entropy_off = extra + rows.entropy * t.bm;
+  const int argmax_off = extra + rows.argmax * t.bm;
+  const int smem_bytes = gemm.smem_bytes(rows.bytes * t.bm);
   auto row_slot = [&](int base, Value* r, int bytes) {
     return kb.smem(ir.CreateAdd(kb.c32(base), ir.CreateMul(r, kb.c32(bytes))));
   };
