@@ -39,6 +39,24 @@ elif [ "${CI:-}" = true ]; then
 else
   echo "warning: could not install ruff $RUFF_VERSION; lint step skipped" >&2
 fi
+# Type step: mypy over the package (config: pyproject.toml [tool.mypy]), the version pinned in
+# tests/python/requirements-torch.txt, run by the Python that has it and torch 2.4+ (whose annotations
+# the package's use): build/venv-torch, or /usr/bin/python3 where it has both. Only CI (CI=true)
+# fails when it cannot run; elsewhere the step is skipped.
+MYPY_VERSION=$(sed -n 's/^mypy==//p' tests/python/requirements-torch.txt)
+typing_python=/usr/bin/python3
+if [ -x build/venv-torch/bin/python ]; then typing_python=build/venv-torch/bin/python; fi
+echo "--- types: mypy $MYPY_VERSION (python/lfce) with $typing_python ---"
+if "$typing_python" -m mypy --version 2>/dev/null | grep -q "^mypy $MYPY_VERSION "; then
+  "$typing_python" -m mypy
+elif [ "${CI:-}" = true ]; then
+  echo "error: mypy $MYPY_VERSION is not installed for $typing_python (scripts/torch_venv.sh installs it)" >&2
+  exit 1
+else
+  echo "warning: no mypy $MYPY_VERSION for $typing_python; type step skipped" >&2
+fi
+# Format step: the C/C++ lines the newest commit changed, as .clang-format writes them.
+bash scripts/format_check.sh
 cd build
 status=0
 start=$SECONDS

@@ -70,65 +70,41 @@ Outside torch.compile the same implementations and autograd rule run inside a
 with an autograd formula imports torch._dynamo on first use, 3.6 s of cold start that eager
 training does not need. Results are identical either way.
 
-The first call for a problem loads (or compiles) its kernels, which cannot happen while a CUDA
-graph is being captured: such a call raises a RuntimeError asking for a warm-up call first.
+The implementations' signatures are the schemas: ``ForwardInputs`` / ``BackwardInputs`` name their
+arguments, ``forward_inputs`` flattens a ``LossOptions`` into lfce::forward's (the one place that
+does), and the autograd rule passes lfce::forward's options on to lfce::backward by name. The
+ctypes calls (problems, workspaces, launches) are ``_bridge.py``'s; CPU tensors take ``_cpu.py``.
 """
 
-import ctypes
-from typing import Optional
+import collections
+import inspect
+from collections.abc import Mapping
+from typing import Any, Optional
 
 import torch
 from torch import Tensor
 
-from . import _lib
-from .errors import InvalidArgumentError, UsageError
+from . import _bridge, _lib
+from .errors import InvalidArgumentError
+from .options import OPTION_NAMES, LossOptions
 
-__all__ = ["HAVE_CUSTOM_OPS", "forward"]
+__all__ = ["HAVE_CUSTOM_OPS", "ForwardInputs", "forward", "forward_inputs"]
 
 HAVE_CUSTOM_OPS = all(hasattr(torch.library, name) for name in ("custom_op", "register_fake", "register_autograd"))
 
-DTYPES = {torch.bfloat16: _lib.DTYPE_BF16, torch.float16: _lib.DTYPE_FP16, torch.float32: _lib.DTYPE_FP32}
-INDEX_DTYPES = {torch.int64: _lib.INDEX_INT64, torch.int32: _lib.INDEX_INT32}
-_ALIGNMENT = 16  # bytes; the most lfce.h asks of any operand
+DTYPES = _bridge.DTYPES  # the input dtypes the operators take on CUDA tensors (lfce_dtype codes)
+INDEX_DTYPES = _bridge.INDEX_DTYPES
 _F32 = torch.float32
 # The operators' schemas are inferred from these annotations (at run time: no string annotations).
 OptionalTensor = Optional[Tensor]
 OptionalInt = Optional[int]
 OptionalFloat = Optional[float]
 
-
-# --- the real implementations (ctypes) --------------------------------------------------------
-
-def _aligned(tensor, alignment=_ALIGNMENT):
-    """A contiguous version of tensor starting on `alignment` bytes (itself when it already is)."""
-    if tensor is None:
-        return None
-    tensor = tensor.contiguous()
-    if tensor.data_ptr() % alignment:
-        tensor = tensor.clone()  # a fresh allocation is aligned
-    return tensor
+_statistics_dtype = _bridge.statistics_dtype
+_accumulated = _bridge.accumulated
 
 
-def _rows_aligned(tensor):
-    """hidden or weight ([rows, H]) as lfce.h asks: starting on 16 bytes when a row's bytes are a
-    multiple of 16, else on the widest of 8, 4 or the element size that divides them (the kernels
-    copy rows in such pieces). So a slice of whole rows of an odd-H tensor is used in place."""
-    row_bytes = tensor.shape[-1] * tensor.element_size()
-    return _aligned(tensor, next((piece for piece in (16, 8, 4) if row_bytes % piece == 0), tensor.element_size()))
-
-
-def _ptr(tensor):
-    return None if tensor is None else tensor.data_ptr()
-
-
-def _workspace(nbytes, device):
-    # At least one byte so the pointer is a real allocation even when none is needed.
-    return torch.empty(max(int(nbytes), 1), dtype=torch.uint8, device=device)
-
-
-def _stream(device):
-    return torch.cuda.current_stream(device).cuda_stream or None  # 0 is the legacy default stream
-
+# --- the operators' contract: checks of a direct call, and the shapes of the outputs ---------------
 
 def _check_class_weight(class_weight, valid_count=None):
     """The operators' own check of what the kernels read as float*: the functional layer converts
@@ -148,66 +124,9 @@ _DIFFERENTIABLE_OUTPUTS = _lib.OUTPUT_ENTROPY | _lib.OUTPUT_LOGPROB
 
 def _eager(mode, reduction, outputs):
     """Whether the forward computes the gradients: mode "eager" needs a scalar loss and no entropy
-    or logprob row (their gradients come after the forward); otherwise it recomputes."""
+    or logprob row (their gradients come after the forward); otherwise it recomputes. (Which
+    schedule lfce_forward_backward then runs is the library's choice: lfce_eager_schedule.)"""
     return mode == "eager" and reduction != "none" and not outputs & _DIFFERENTIABLE_OUTPUTS
-
-
-# Eager mode's default token chunk: every token at once when the chunk's [N, V] exponentials
-# (in the dtype) fit in an eighth of the device memory free now, else chunks of that budget,
-# rounded down to a power of two so that nearby sizes share one plan.
-_EAGER_MEMORY_SHARE = 8
-
-
-def _eager_budget(hidden, weight):
-    """workspace_budget for an eager call that set neither chunk_size nor workspace_budget: None
-    (one chunk) when the [N, V] workspace fits, else the power of two under the free share."""
-    free, _ = torch.cuda.mem_get_info(hidden.device)
-    # Memory the caching allocator holds but no tensor uses is free to this call too.
-    reserved, allocated = _allocator_bytes(hidden.device)
-    free += reserved - allocated
-    share = max(free // _EAGER_MEMORY_SHARE, 1)
-    needed = hidden.shape[0] * weight.shape[0] * hidden.element_size()
-    return None if needed <= share else 1 << (share.bit_length() - 1)
-
-
-def _allocator_bytes(device):
-    """(reserved, allocated) bytes of the caching allocator on ``device``. torch.cuda.memory_reserved
-    and memory_allocated each flatten the allocator's whole statistics dictionary in Python (1 ms of
-    host time an eager call at llama3-8b, docs/measurements.md#eager-scaling): its two counters are read from the
-    nested dictionary itself where this PyTorch has it."""
-    try:
-        stats = torch._C._cuda_memoryStats(device.index if device.index is not None else torch.cuda.current_device())
-        return int(stats["reserved_bytes"]["all"]["current"]), int(stats["allocated_bytes"]["all"]["current"])
-    except (AttributeError, KeyError, TypeError, RuntimeError):
-        return torch.cuda.memory_reserved(device), torch.cuda.memory_allocated(device)
-
-
-def _problem(hidden, weight, bias, targets, class_weight, ignore_index, reduction, mode, chunk_size,
-             workspace_budget, softcap, temperature, z_loss_scale, label_smoothing, token_scaling, outputs,
-             sequence_length, accumulate=(False, False)):
-    return _lib.make_problem(
-        hidden.shape[0], hidden.shape[1], weight.shape[0], DTYPES[hidden.dtype],
-        target_dtype=INDEX_DTYPES[targets.dtype], has_bias=bias is not None,
-        reduction=_lib.REDUCTIONS[reduction], mode=_lib.MODES[mode], ignore_index=ignore_index,
-        chunk_size=chunk_size, workspace_budget=workspace_budget, softcap=softcap, temperature=temperature,
-        z_loss_scale=z_loss_scale, label_smoothing=label_smoothing, has_class_weight=class_weight is not None,
-        accumulate_grad_weight=accumulate[0], accumulate_grad_bias=accumulate[1], token_scaling=token_scaling,
-        outputs=outputs, sequence_length=sequence_length)
-
-
-def _accumulated(wanted, accumulators):
-    """(accumulate grad_weight, accumulate grad_bias): an accumulator given for a wanted gradient."""
-    return tuple(want and acc is not None for want, acc in zip(wanted[1:], accumulators))
-
-
-def _accumulator(name, tensor, like):
-    """``tensor`` as the kernels add into it: fp32, contiguous, like's shape (the Python layer
-    checks this with the user's names; here it guards direct calls of the operator). Never a copy:
-    the sum would be lost."""
-    if tensor.dtype != _F32 or not tensor.is_contiguous() or tuple(tensor.shape) != tuple(like.shape):
-        raise InvalidArgumentError(f"{name} must be a contiguous torch.float32 tensor of shape {tuple(like.shape)}, "
-                                   f"got {tensor.dtype} of shape {tuple(tensor.shape)} and strides {tensor.stride()}")
-    return tensor
 
 
 def _lse_size(n, token_scaling, outputs):
@@ -227,79 +146,12 @@ def _check_lse(hidden, lse, grad_lse, token_scaling, outputs):
                                    f"it), got {lse.numel()}")
     if grad_lse is None:
         return
-    if grad_lse.numel() != expected or grad_lse.dtype != _F32:
-        raise InvalidArgumentError(f"lfce::backward: grad_lse must be torch.float32 with {expected} values, like lse, "
-                                   f"got {grad_lse.dtype} with {grad_lse.numel()}")
+    if grad_lse.numel() != expected or grad_lse.dtype != _statistics_dtype(hidden):
+        raise InvalidArgumentError(f"lfce::backward: grad_lse must be {_statistics_dtype(hidden)} with {expected} "
+                                   f"values, like lse, got {grad_lse.dtype} with {grad_lse.numel()}")
     if hidden.dtype == torch.float16:
         raise InvalidArgumentError("lfce::backward: grad_lse (a gradient of the lse, entropy or logprob outputs) is "
                                    "not supported with torch.float16 inputs; use torch.bfloat16 or torch.float32")
-
-
-def _valid_count(hidden, class_weight):
-    """The forward's valid_count: [1], or [3] with class weights. Zeroed then: the library writes
-    the last (the sum of all class weights) only with label smoothing, and an output must not
-    carry stale memory."""
-    if class_weight is None:
-        return hidden.new_empty(1, dtype=_F32)
-    return hidden.new_zeros(3, dtype=_F32)
-
-
-# Problems whose kernels this process has loaded, per device and pass: the only ones a CUDA graph
-# capture may run (loading a module is not a stream operation and cannot be captured).
-_loaded = set()
-
-
-def _key(problem, device, *which):
-    return (device.index,) + tuple(getattr(problem, name) for name, _ in _lib.Problem._fields_) + which
-
-
-def _require_loaded(key, problem, what):
-    if key in _loaded or not torch.cuda.is_current_stream_capturing():
-        return
-    dtype = {code: name for name, code in _lib.DTYPES.items()}[problem.dtype]
-    raise UsageError(
-        f"lfce: the first {what} for N={problem.tokens}, H={problem.hidden}, V={problem.vocab}, {dtype} "
-        "runs inside CUDA graph capture, where its kernels cannot be loaded or compiled; run the same "
-        "step once outside the capture first (a warm-up call with the same shapes and options)")
-
-
-def backward_kernels(problem, hidden, weight, bias, targets, class_weight, lse, valid_count, grad_loss, wanted,
-                     accumulators=(None, None), grad_lse=None):
-    """Enqueue lfce_backward for the gradients ``wanted`` (need_hidden, need_weight, need_bias);
-    return (grad_hidden, grad_weight, grad_bias), None for each one not wanted or added into its
-    accumulator (weight_grad_accumulator, bias_grad_accumulator: fp32 buffers, or None; the
-    problem's accumulate flags must match what _accumulated() says). grad_lse: None, or the fp32
-    gradient of lse's rows (lfce_backward_args.grad_lse).
-
-    A gradient not wanted is never allocated and its kernel never runs (NULL in the C API).
-    """
-    need_hidden, need_weight, need_bias = wanted
-    need_bias = need_bias and bias is not None
-    if not (need_hidden or need_weight or need_bias):
-        return None, None, None
-    device = hidden.device
-    add_weight, add_bias = problem.accumulate_grad_weight, problem.accumulate_grad_bias
-    grad_hidden = hidden.new_empty(hidden.shape) if need_hidden else None
-    grad_weight = None
-    if need_weight:
-        grad_weight = (_accumulator("weight_grad_accumulator", accumulators[0], weight) if add_weight
-                       else weight.new_empty(weight.shape))
-    grad_bias = None
-    if need_bias:
-        grad_bias = (_accumulator("bias_grad_accumulator", accumulators[1], bias) if add_bias
-                     else bias.new_empty(bias.shape))
-    workspace = _workspace(_lib.backward_workspace_size(problem), device)
-    args = _lib.BackwardArgs(
-        hidden=_ptr(hidden), weight=_ptr(weight), bias=_ptr(bias), targets=_ptr(targets),
-        class_weight=_ptr(class_weight), lse=_ptr(lse), valid_count=_ptr(valid_count), grad_loss=_ptr(grad_loss),
-        grad_lse=_ptr(grad_lse), grad_hidden=_ptr(grad_hidden), grad_weight=_ptr(grad_weight),
-        grad_bias=_ptr(grad_bias),
-        workspace=_ptr(workspace), workspace_bytes=workspace.numel(),
-        device=device.index, stream=_stream(device),
-    )
-    _lib.check(_lib.load().lfce_backward(ctypes.byref(problem), ctypes.byref(args)))
-    # The workspace goes back to the caching allocator here; reuse is ordered on this stream.
-    return grad_hidden, None if add_weight else grad_weight, None if add_bias else grad_bias
 
 
 def _or_empty(grads, like):
@@ -307,62 +159,39 @@ def _or_empty(grads, like):
     return tuple(like.new_empty(0) if g is None else g for g in grads)
 
 
+# The operator arguments that are LossOptions fields, under the same names; the extra outputs travel
+# as lfce_problem.outputs flags, the causal shift as sequence_length.
+_OUTPUT_FIELDS = {"return_entropy": _lib.OUTPUT_ENTROPY, "return_logprob": _lib.OUTPUT_LOGPROB,
+                  "return_predicted": _lib.OUTPUT_PREDICTED}
+
+
+def _options_of(arguments: Mapping[str, Any]) -> LossOptions:
+    """The LossOptions an operator call carries (checked again: a direct call is checked too), from
+    its arguments by name: every argument named as a LossOptions field, and the output flags."""
+    named: dict[str, Any] = {name: arguments[name] for name in OPTION_NAMES if name in arguments}
+    flags = arguments.get("outputs", 0)
+    named.update((name, bool(flags & flag)) for name, flag in _OUTPUT_FIELDS.items())
+    return LossOptions(**named)
+
+
+# --- the real implementations (liblfce.so through _bridge) -----------------------------------------
+
 def _forward_impl(hidden: Tensor, weight: Tensor, bias: OptionalTensor, targets: Tensor, class_weight: OptionalTensor,
                   weight_grad_accumulator: OptionalTensor, bias_grad_accumulator: OptionalTensor, ignore_index: int,
                   reduction: str, mode: str, chunk_size: OptionalInt, workspace_budget: OptionalInt,
                   softcap: OptionalFloat, temperature: float, z_loss_scale: float, label_smoothing: float,
                   token_scaling: bool, need_hidden: bool, need_weight: bool, need_bias: bool, outputs: int = 0,
                   sequence_length: int = 0) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    options = _options_of(locals())  # first: locals() holds the arguments only
     eager = _eager(mode, reduction, outputs)
     if eager and (weight_grad_accumulator is not None or bias_grad_accumulator is not None):
         # The accumulators are the backward's; eager mode has no backward kernels to add in (as the library).
         raise InvalidArgumentError("lfce::forward: gradient accumulators need mode 'recompute', got mode 'eager'")
     _check_class_weight(class_weight)
-    hidden, weight = _rows_aligned(hidden), _rows_aligned(weight)
-    bias, targets, class_weight = _aligned(bias), _aligned(targets), _aligned(class_weight)
-    wanted = (need_hidden, need_weight, need_bias and bias is not None) if eager else (False, False, False)
-    eager = eager and any(wanted)  # no gradient wanted: the forward alone
-    if eager and chunk_size is None and workspace_budget is None:
-        workspace_budget = _eager_budget(hidden, weight)
-    problem = _problem(hidden, weight, bias, targets, class_weight, ignore_index, reduction,
-                       "eager" if eager else "recompute", chunk_size, workspace_budget, softcap, temperature,
-                       z_loss_scale, label_smoothing, token_scaling, outputs, sequence_length)
-    device = hidden.device
-    key = _key(problem, device, "forward", wanted)
-    _require_loaded(key, problem, "forward")
-    n = problem.tokens
-    with torch.cuda.device(device):
-        lse = hidden.new_empty(_lse_size(n, token_scaling, outputs), dtype=_F32)
-        token_loss = hidden.new_empty(n, dtype=_F32)
-        predicted = hidden.new_empty(_predicted_size(n, outputs), dtype=torch.int64)
-        loss = token_loss if reduction == "none" else hidden.new_empty((), dtype=_F32)
-        valid_count = _valid_count(hidden, class_weight)
-        # Eager: the gradients for an upstream gradient of 1 in the same call (lfce_forward_backward);
-        # autograd's backward rescales them.
-        grads = (None, None, None)
-        if eager:
-            grads = (hidden.new_empty(hidden.shape) if wanted[0] else None,
-                     weight.new_empty(weight.shape) if wanted[1] else None,
-                     bias.new_empty(bias.shape) if wanted[2] else None)
-            workspace = _workspace(_lib.forward_backward_workspace_size(problem), device)
-        else:
-            workspace = _workspace(_lib.forward_workspace_size(problem), device)
-        args = _lib.ForwardArgs(
-            hidden=_ptr(hidden), weight=_ptr(weight), bias=_ptr(bias), targets=_ptr(targets),
-            class_weight=_ptr(class_weight), lse=_ptr(lse), token_loss=_ptr(token_loss),
-            loss=None if reduction == "none" else _ptr(loss), valid_count=_ptr(valid_count),
-            predicted=_ptr(predicted) if predicted.numel() else None,
-            workspace=_ptr(workspace), workspace_bytes=workspace.numel(),
-            device=device.index, stream=_stream(device),
-        )
-        if eager:
-            _lib.check(_lib.load().lfce_forward_backward(ctypes.byref(problem), ctypes.byref(args),
-                                                         *(_ptr(g) for g in grads)))
-        else:
-            _lib.check(_lib.load().lfce_forward(ctypes.byref(problem), ctypes.byref(args)))
-        del workspace  # back to the caching allocator; reuse is ordered on this stream
-    _loaded.add(key)
-    return (loss, lse, valid_count) + _or_empty(grads, hidden) + (predicted,)
+    out = _bridge.forward(hidden, weight, bias, targets, options, class_weight=class_weight, eager=eager,
+                          wanted=(need_hidden, need_weight, need_bias), sequence_length=sequence_length)
+    grads = _or_empty((out.grad_hidden, out.grad_weight, out.grad_bias), hidden)
+    return (out.loss, out.lse, out.valid_count) + grads + (out.predicted,)
 
 
 def _backward_impl(hidden: Tensor, weight: Tensor, bias: OptionalTensor, targets: Tensor, class_weight: OptionalTensor,
@@ -372,23 +201,52 @@ def _backward_impl(hidden: Tensor, weight: Tensor, bias: OptionalTensor, targets
                    temperature: float, z_loss_scale: float, label_smoothing: float, token_scaling: bool,
                    need_hidden: bool, need_weight: bool, need_bias: bool, grad_lse: OptionalTensor = None,
                    outputs: int = 0, sequence_length: int = 0) -> tuple[Tensor, Tensor, Tensor]:
+    options = _options_of(locals())  # first: locals() holds the arguments only
     _check_class_weight(class_weight, valid_count)
     _check_lse(hidden, lse, grad_lse, token_scaling, outputs)
-    hidden, weight = _rows_aligned(hidden), _rows_aligned(weight)
-    bias, targets, class_weight, grad_loss, grad_lse = (_aligned(t) for t in (bias, targets, class_weight, grad_loss,
-                                                                             grad_lse))
-    wanted = (need_hidden, need_weight, need_bias and bias is not None)
-    accumulators = (weight_grad_accumulator, bias_grad_accumulator)
-    problem = _problem(hidden, weight, bias, targets, class_weight, ignore_index, reduction, "recompute", chunk_size,
-                       workspace_budget, softcap, temperature, z_loss_scale, label_smoothing, token_scaling, outputs,
-                       sequence_length, _accumulated(wanted, accumulators))
-    key = _key(problem, hidden.device, "backward", wanted)
-    _require_loaded(key, problem, "backward")
-    with torch.cuda.device(hidden.device):
-        grads = backward_kernels(problem, hidden, weight, bias, targets, class_weight, lse.contiguous(),
-                                 valid_count.contiguous(), grad_loss, wanted, accumulators, grad_lse)
-    _loaded.add(key)
+    grads = _bridge.backward(hidden, weight, bias, targets, options, lse=lse, valid_count=valid_count,
+                             grad_loss=grad_loss, wanted=(need_hidden, need_weight, need_bias),
+                             class_weight=class_weight, grad_lse=grad_lse,
+                             weight_grad_accumulator=weight_grad_accumulator,
+                             bias_grad_accumulator=bias_grad_accumulator, sequence_length=sequence_length)
     return _or_empty(grads, hidden)
+
+
+def _arguments_of(function):
+    """A named tuple of ``function``'s parameters (its defaults too): an operator's arguments by name."""
+    parameters = inspect.signature(function).parameters.values()
+    defaults = [p.default for p in parameters if p.default is not inspect.Parameter.empty]
+    return collections.namedtuple(function.__name__.strip("_").replace("_impl", "").title() + "Inputs",
+                                  [p.name for p in parameters], defaults=defaults)
+
+
+# lfce::forward's and lfce::backward's arguments, named as their schemas (the implementations' signatures).
+ForwardInputs = _arguments_of(_forward_impl)
+BackwardInputs = _arguments_of(_backward_impl)
+_FORWARD_OPTIONS = tuple(name for name in OPTION_NAMES if name in ForwardInputs._fields)
+
+
+def forward_inputs(hidden: Tensor, weight: Tensor, bias: OptionalTensor, targets: Tensor, options: LossOptions, *,
+                   class_weight: OptionalTensor = None, weight_grad_accumulator: OptionalTensor = None,
+                   bias_grad_accumulator: OptionalTensor = None,
+                   wanted: tuple[bool, bool, bool] = _bridge.NO_GRADIENTS, sequence_length: int = 0) -> Any:
+    """lfce::forward's arguments (a ForwardInputs) for ``options``: the one place a LossOptions is
+    flattened to the operator's schema. Every option argument of the schema takes the field of the
+    same name; the extra outputs become the ``outputs`` flags. wanted: (need_hidden, need_weight,
+    need_bias); sequence_length: T > 0 for a causal shift."""
+    named = {name: getattr(options, name) for name in _FORWARD_OPTIONS}
+    return ForwardInputs(hidden=hidden, weight=weight, bias=bias, targets=targets, class_weight=class_weight,
+                         weight_grad_accumulator=weight_grad_accumulator, bias_grad_accumulator=bias_grad_accumulator,
+                         need_hidden=wanted[0], need_weight=wanted[1], need_bias=wanted[2], outputs=options.outputs,
+                         sequence_length=sequence_length, **named)
+
+
+def _backward_inputs(forward, **given):
+    """lfce::backward's arguments (a BackwardInputs): those ``given``, the rest from lfce::forward's
+    arguments ``forward`` by name (the options, the accumulators, outputs, sequence_length)."""
+    shared = {name: getattr(forward, name) for name in BackwardInputs._fields
+              if name in ForwardInputs._fields and name not in given}
+    return BackwardInputs(**shared, **given)
 
 
 # --- fake implementations: the exact shapes and dtypes, nothing run ---------------------------
@@ -401,59 +259,57 @@ def _predicted_size(n, outputs):
     return n if outputs & _lib.OUTPUT_PREDICTED else 0
 
 
-def _forward_fake(hidden, weight, bias, targets, class_weight, weight_grad_accumulator, bias_grad_accumulator,
-                  ignore_index, reduction, mode, chunk_size, workspace_budget, softcap, temperature, z_loss_scale,
-                  label_smoothing, token_scaling, need_hidden, need_weight, need_bias, outputs=0, sequence_length=0):
+def _forward_fake(*args, **kwargs):
+    a = ForwardInputs(*args, **kwargs)
+    hidden, bias = a.hidden, a.bias
     n = hidden.shape[0]
-    eager = _eager(mode, reduction, outputs)
-    loss = hidden.new_empty((n,) if reduction == "none" else (), dtype=_F32)
-    grad_bias = _empty_unless(eager and need_bias, bias) if bias is not None else hidden.new_empty(0)
-    valid_count = hidden.new_empty(1 if class_weight is None else 3, dtype=_F32)
-    return (loss, hidden.new_empty(_lse_size(n, token_scaling, outputs), dtype=_F32), valid_count,
-            _empty_unless(eager and need_hidden, hidden), _empty_unless(eager and need_weight, weight), grad_bias,
-            hidden.new_empty(_predicted_size(n, outputs), dtype=torch.int64))
+    eager = _eager(a.mode, a.reduction, a.outputs)
+    statistics = _statistics_dtype(hidden)
+    loss = hidden.new_empty((n,) if a.reduction == "none" else (), dtype=statistics)
+    grad_bias = _empty_unless(eager and a.need_bias, bias) if bias is not None else hidden.new_empty(0)
+    valid_count = hidden.new_empty(1 if a.class_weight is None else 3, dtype=statistics)
+    return (loss, hidden.new_empty(_lse_size(n, a.token_scaling, a.outputs), dtype=statistics), valid_count,
+            _empty_unless(eager and a.need_hidden, hidden), _empty_unless(eager and a.need_weight, a.weight), grad_bias,
+            hidden.new_empty(_predicted_size(n, a.outputs), dtype=torch.int64))
 
 
-def _backward_fake(hidden, weight, bias, targets, class_weight, lse, valid_count, grad_loss, weight_grad_accumulator,
-                   bias_grad_accumulator, ignore_index, reduction, chunk_size, workspace_budget, softcap, temperature,
-                   z_loss_scale, label_smoothing, token_scaling, need_hidden, need_weight, need_bias, grad_lse=None,
-                   outputs=0, sequence_length=0):
+def _backward_fake(*args, **kwargs):
+    a = BackwardInputs(*args, **kwargs)
     # A gradient added into its accumulator is returned as [0], as one not needed.
-    need_weight = need_weight and weight_grad_accumulator is None
-    need_bias = need_bias and bias_grad_accumulator is None
-    grad_bias = _empty_unless(need_bias, bias) if bias is not None else hidden.new_empty(0)
-    return _empty_unless(need_hidden, hidden), _empty_unless(need_weight, weight), grad_bias
+    need_weight = a.need_weight and a.weight_grad_accumulator is None
+    need_bias = a.need_bias and a.bias_grad_accumulator is None
+    grad_bias = _empty_unless(need_bias, a.bias) if a.bias is not None else a.hidden.new_empty(0)
+    return _empty_unless(a.need_hidden, a.hidden), _empty_unless(need_weight, a.weight), grad_bias
 
 
 # --- autograd ---------------------------------------------------------------------------------
 
+_TENSOR_INPUTS = ("hidden", "weight", "bias", "targets", "class_weight")
+
+
 def _setup_context(ctx, inputs, output):
-    hidden, weight, bias, targets, class_weight = inputs[:5]
-    ignore_index, reduction, mode, chunk_size, workspace_budget = inputs[7:12]
-    loss_options = inputs[12:17]  # softcap, temperature, z_loss_scale, label_smoothing, token_scaling
-    outputs, sequence_length = (tuple(inputs[20:]) + (0, 0))[:2]  # a direct call may leave the defaults out
+    args = ForwardInputs(*inputs)  # a direct call may leave the defaults out
     _, lse, valid_count, grad_hidden, grad_weight, grad_bias, _ = output
-    ctx.options = (ignore_index, reduction, chunk_size, workspace_budget) + tuple(loss_options)
-    ctx.outputs, ctx.sequence_length = outputs, sequence_length
-    ctx.eager = _eager(mode, reduction, outputs)
-    ctx.has_bias = bias is not None
+    ctx.eager = _eager(args.mode, args.reduction, args.outputs)
+    ctx.has_bias = args.bias is not None
     # An output that no gradient reaches gets None, not zeros: no grad_lse for a loss alone (and
     # none with fp16, which the library refuses), no loss gradient to run for an entropy alone.
     ctx.set_materialize_grads(False)
-    # Kept on ctx, not saved: save_for_backward's version check would fail a second forward into
-    # the same buffer before this backward (and any in-place write to a view of its storage, such
-    # as Megatron's flat gradient buffer). Under torch.compile AOTAutograd saves it with the check.
-    ctx.accumulators = inputs[5:7]
+    # The options and the accumulators are kept on ctx; the accumulators are not saved:
+    # save_for_backward's version check would fail a second forward into the same buffer before
+    # this backward (and any in-place write to a view of its storage, such as Megatron's flat
+    # gradient buffer). Under torch.compile AOTAutograd saves them with the check.
+    ctx.inputs = args._replace(**dict.fromkeys(_TENSOR_INPUTS))
     if ctx.eager:
         # Only the gradients of inputs that required one at forward time were computed.
-        ctx.computed = inputs[17:20]
+        ctx.computed = (args.need_hidden, args.need_weight, args.need_bias)
         ctx.save_for_backward(grad_hidden, grad_weight, grad_bias)
     else:
-        ctx.save_for_backward(hidden, weight, bias, targets, class_weight, lse, valid_count)
+        ctx.save_for_backward(*(getattr(args, name) for name in _TENSOR_INPUTS), lse, valid_count)
 
 
 def _backward_rule(ctx, grad_loss, grad_lse, *unused):
-    """Gradients of lfce::forward's 22 inputs from the upstream gradients of the loss and of lse
+    """Gradients of lfce::forward's inputs from the upstream gradients of the loss and of lse
     (fp32; either None where no gradient reached it); none for weight (bias) when its gradient
     was added into weight_grad_accumulator (bias_grad_accumulator)."""
     need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
@@ -467,68 +323,38 @@ def _backward_rule(ctx, grad_loss, grad_lse, *unused):
         grads = (None, None, None)
     elif ctx.eager:
         # grad_loss is 0-dim (mean / sum): scaling by it needs no host sync. Each gradient is
-        # multiplied by it in fp32 and rounded once to its dtype (torch.mul would round grad_loss
-        # to a 16-bit gradient's dtype first: up to 2^-9 more relative error). Outside torch.compile
-        # lfce's own kernel does it in place in the held gradients, which become the returned ones
-        # (PyTorch's for a 16-bit tensor and an fp32 0-dim tensor is unvectorised: 2.45 of eager's
-        # 42.7 ms at llama3-8b, docs/measurements.md#eager-scaling); with an upstream gradient of 1 it
-        # writes nothing. So a second backward through the same forward (retain_graph) would see
-        # scaled gradients: it is refused. torch.compile fuses _scaled_reference's out-of-place product into one kernel.
-        if _compiling() or _tracing(*ctx.saved_tensors):
-            scale = _scaled_reference
+        # multiplied by it in fp32 and rounded once to its dtype (_bridge.scaled). Outside
+        # torch.compile lfce's own kernel does it in place in the held gradients, which become the
+        # returned ones (PyTorch's for a 16-bit tensor and an fp32 0-dim tensor is unvectorised: 2.45
+        # of eager's 42.7 ms at llama3-8b, docs/measurements.md#eager-scaling); so a second backward
+        # through the same forward (retain_graph) is refused. torch.compile fuses scaled_reference's
+        # out-of-place product into one kernel.
+        held = tuple(g if need and computed else None
+                     for g, need, computed in zip(ctx.saved_tensors, wanted, ctx.computed))
+        if _bridge.compiling() or _tracing(*ctx.saved_tensors):
+            grads = tuple(None if g is None else _bridge.scaled_reference(g, grad_loss) for g in held)
         else:
-            if getattr(ctx, "scaled_in_place", False):
-                raise UsageError("lfce: eager mode's backward scales the gradients it held since the forward in "
-                                   "place, so it runs once per forward; a second backward through the same "
-                                   "forward (retain_graph=True) needs mode='recompute'")
-            ctx.scaled_in_place = True
-            scale = _scaled_in_place
-        grads = tuple(scale(g, grad_loss) if need and computed else None
-                      for g, need, computed in zip(ctx.saved_tensors, wanted, ctx.computed))
+            grads = _bridge.scale_held_gradients(ctx, held, grad_loss)
     else:
         hidden, weight, bias, targets, class_weight, lse, valid_count = ctx.saved_tensors
+        statistics = _statistics_dtype(hidden)
         if grad_loss is None:  # only lse's rows get a gradient (NULL would mean 1)
-            grad_loss = hidden.new_zeros(hidden.shape[0] if ctx.options[1] == "none" else 1, dtype=_F32)
-        grad_loss = grad_loss.to(_F32).reshape(-1)  # [1] or [N]
+            grad_loss = hidden.new_zeros(hidden.shape[0] if ctx.inputs.reduction == "none" else 1, dtype=statistics)
+        grad_loss = grad_loss.to(statistics).reshape(-1)  # [1] or [N]
         if grad_lse is not None:
-            grad_lse = grad_lse.to(_F32).contiguous()
-        backward_op = _backward_impl if getattr(ctx, "direct", False) else _backward_op
-        grads = backward_op(hidden, weight, bias, targets, class_weight, lse, valid_count, grad_loss,
-                            *ctx.accumulators, *ctx.options, need_hidden, need_weight, need_bias, grad_lse,
-                            ctx.outputs, ctx.sequence_length)
-        returned = (need_hidden, need_weight and ctx.accumulators[0] is None,
-                    need_bias and ctx.accumulators[1] is None)
+            grad_lse = grad_lse.to(statistics).contiguous()
+        backward_op = _backward_op
+        if getattr(ctx, "direct", False):  # the autograd.Function: the implementation for the tensors' device
+            backward_op = _cpu.backward if hidden.device.type == "cpu" else _backward_impl
+        grads = backward_op(*_backward_inputs(
+            ctx.inputs, hidden=hidden, weight=weight, bias=bias, targets=targets, class_weight=class_weight, lse=lse,
+            valid_count=valid_count, grad_loss=grad_loss, grad_lse=grad_lse, need_hidden=need_hidden,
+            need_weight=need_weight, need_bias=need_bias))
+        returned = (need_hidden, need_weight and ctx.inputs.weight_grad_accumulator is None,
+                    need_bias and ctx.inputs.bias_grad_accumulator is None)
         grads = tuple(g if want else None for g, want in zip(grads, returned))
-    return grads + (None,) * 19  # none for targets, class_weight, the accumulators (not differentiable), options
-
-
-def _scaled_reference(gradient, grad_loss):
-    """gradient · grad_loss in fp32, rounded once to the gradient's dtype (what lfce_scale_gradient
-    computes)."""
-    return (gradient.to(_F32) * grad_loss.to(_F32)).to(gradient.dtype)
-
-
-def _scaled(gradient, grad_loss, out=None):
-    """gradient · grad_loss (a 0-dim CUDA tensor) through lfce_scale_gradient, into ``out`` (a new
-    tensor where None; ``gradient`` itself in place): the fp32 product rounded once to the
-    gradient's dtype; _scaled_reference for what the kernel does not take (another device, a
-    non-contiguous or misaligned tensor)."""
-    g = grad_loss.to(_F32).reshape(1)
-    if (not gradient.is_cuda or not gradient.is_contiguous() or g.device != gradient.device
-            or gradient.data_ptr() % 16 or gradient.dtype not in DTYPES):
-        return _scaled_reference(gradient, grad_loss)
-    g = g.contiguous()
-    out = torch.empty_like(gradient) if out is None else out
-    device = gradient.device
-    with torch.cuda.device(device):
-        _lib.check(_lib.load().lfce_scale_gradient(DTYPES[gradient.dtype], gradient.data_ptr(), out.data_ptr(),
-                                                   gradient.numel(), g.data_ptr(), device.index, _stream(device)))
-    return out
-
-
-def _scaled_in_place(gradient, grad_loss):
-    """_scaled into ``gradient`` itself (nothing written for an upstream gradient of 1)."""
-    return _scaled(gradient, grad_loss, out=gradient)
+    # None for every other input: targets, class_weight, the accumulators (not differentiable), the options.
+    return tuple(grads) + (None,) * (len(ForwardInputs._fields) - len(grads))
 
 
 # --- registration (once per process) ----------------------------------------------------------
@@ -560,7 +386,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, *inputs):
-        output = _forward_impl(*inputs)
+        output = (_cpu.forward if inputs[0].device.type == "cpu" else _forward_impl)(*inputs)
         _setup_context(ctx, inputs, output)
         ctx.direct = True  # its backward calls the implementation, not lfce::backward
         return output
@@ -583,21 +409,19 @@ def _tracing(*tensors):
     return _get_current_dispatch_mode() is not None or any(is_fake(t) for t in tensors)
 
 
-def _compiling():
-    """Whether torch.compile is tracing (False when this PyTorch cannot tell, or cannot compile)."""
-    is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
-    return bool(is_compiling()) if is_compiling is not None else False
-
-
 if HAVE_CUSTOM_OPS:
     _forward_op, _backward_op = _register()
 
-    def forward(*inputs):
-        """lfce::forward while torch.compile traces (no graph break), else the autograd.Function."""
-        return _forward_op(*inputs) if _compiling() else _LinearCrossEntropy.apply(*inputs)
+    def forward(inputs):
+        """lfce::forward on ``inputs`` (a ForwardInputs, from forward_inputs): the operator while
+        torch.compile traces (no graph break), else the autograd.Function."""
+        return _forward_op(*inputs) if _bridge.compiling() else _LinearCrossEntropy.apply(*inputs)
 else:
-    def forward(*inputs):
-        """lfce::forward through torch.autograd.Function."""
+    def forward(inputs):
+        """lfce::forward on ``inputs`` (a ForwardInputs) through torch.autograd.Function."""
         return _LinearCrossEntropy.apply(*inputs)
 
     _backward_op = _backward_impl
+
+# CPU tensors' implementation, imported last: it imports this module and registers the CPU kernels.
+from . import _cpu

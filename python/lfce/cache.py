@@ -6,29 +6,34 @@ driver) under ``lfce.cache_dir()``: $LFCE_CACHE_DIR, else $XDG_CACHE_HOME/lfce, 
 without a GPU, e.g. while building a container image.
 """
 
+from __future__ import annotations
+
 import ctypes
 import os
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from . import _check, _lib, presets
 from .errors import ArgumentTypeError, InvalidArgumentError
 from .kernels import problem_for
+from .options import Mode, Reduction
 
 __all__ = ["cache_dir", "kernel_load_stats", "precompile", "set_cache_dir", "tune"]
 
 
-def cache_dir():
+def cache_dir() -> str:
     """The kernel cache directory this process uses, as a str (a name that is not UTF-8 is decoded as
     os.fsdecode does, so ``os.fsencode(cache_dir())`` gives its bytes back)."""
     return os.fsdecode(_lib.load().lfce_cache_dir())
 
 
-def set_cache_dir(path):
+def set_cache_dir(path: str | os.PathLike[str]) -> None:
     """Use ``path`` (a str or os.PathLike) as the cache directory from now on in this process:
     for the kernels and the tuning winners (``<path>/tuning``) alike."""
     _lib.check(_lib.load().lfce_set_cache_dir(_check.path("path", path)))
 
 
-def reload_options():
+def reload_options() -> None:
     """Read lfce's environment variables again (the first call into the library reads them once):
     LFCE_LOG_LEVEL, LFCE_CACHE_DIR (unless set_cache_dir chose one), LFCE_DEVICE_SMEM_LIMIT and
     LFCE_DEVICE_SM_COUNT (for devices not used yet). A malformed value raises ValueError naming it."""
@@ -81,9 +86,11 @@ def _archs(archs):
     return archs
 
 
-def precompile(model=None, *, vocab=None, hidden=None, archs=("sm_90a", "sm_80"), dtype="bf16", has_bias=False,
-               mode="recompute", reduction="mean", tokens=8192, chunk_size=None, workspace_budget=None,
-               sm_count=None, smem_per_block=None, **loss_options):
+def precompile(model: str | None = None, *, vocab: int | None = None, hidden: int | None = None,
+               archs: str | Iterable[str] = ("sm_90a", "sm_80"), dtype: object = "bf16", has_bias: bool = False,
+               mode: Mode = "recompute", reduction: Reduction = "mean", tokens: int = 8192,
+               chunk_size: int | None = None, workspace_budget: int | None = None, sm_count: int | None = None,
+               smem_per_block: int | None = None, **loss_options: Any) -> list[dict[str, Any]]:
     """Fill the cache with every kernel of a model preset (or of ``vocab``/``hidden``) for ``archs``.
 
     No GPU is needed. ``sm_count`` and ``smem_per_block`` (bytes, the opt-in limit per block)
@@ -91,7 +98,8 @@ def precompile(model=None, *, vocab=None, hidden=None, archs=("sm_90a", "sm_80")
     H200-class GPU for sm_90a): the default tiles depend on both. ``loss_options``: the loss
     options of the calls to precompile for, as lfce.kernels.problem_for takes them (softcap,
     temperature, z_loss_scale, label_smoothing, class_weight=True/False, token_scaling,
-    outputs=("entropy", "logprob", "predicted"), shift=True/False); with an entropy or logprob output the backward
+    outputs=("entropy", "logprob", "predicted"), shift=True/False; or options=lfce.LossOptions(...)); with an
+    entropy or logprob output the backward
     kernel that takes their gradients is compiled too. Returns one dict per kernel and arch:
     name, arch, spec, key, cache_hit, compile_ms (LLVM), elapsed_ms, ptx_size.
     """
@@ -115,9 +123,11 @@ def precompile(model=None, *, vocab=None, hidden=None, archs=("sm_90a", "sm_80")
     return rows
 
 
-def tune(model=None, *, vocab=None, hidden=None, tokens=8192, dtype="bf16", has_bias=False, mode="recompute",
-         reduction="mean", device=0, space="default", budget_minutes=0.0, verify=False, repetitions=0,
-         progress=None):
+def tune(model: str | None = None, *, vocab: int | None = None, hidden: int | None = None, tokens: int = 8192,
+         dtype: object = "bf16", has_bias: bool = False, mode: Mode = "recompute", reduction: Reduction = "mean",
+         device: int = 0, space: str = "default", budget_minutes: float = 0.0, verify: bool = False,
+         repetitions: int = 0, progress: Callable[[int, int, float, str, str], object] | None = None
+         ) -> list[dict[str, Any]]:
     """Autotune the GEMM kernels of one problem on CUDA device ``device``.
 
     Winners and every measurement persist in the cache directory: later calls (and new
@@ -162,7 +172,7 @@ def tune(model=None, *, vocab=None, hidden=None, tokens=8192, dtype="bf16", has_
     return rows
 
 
-def kernel_load_stats():
+def kernel_load_stats() -> list[dict[str, Any]]:
     """How each kernel this process loaded got there: source ("cubin-cache", "ptx-cache" or
     "llvm") and the milliseconds spent in LLVM, the driver JIT, disk reads and module loading.
     The warp-specialised sm_90a GEMM kernels keep no cubin (docs/cache.md): warm, they say

@@ -18,17 +18,23 @@ Targets are global vocabulary ids. Two layouts of the input:
 The algorithm, on each rank, on the unmodified single-GPU kernels (docs/parallel.md):
 
 1. forward kernels on the shard with local targets (t - v0 where the target is in the shard,
-   NOT_IN_SHARD elsewhere, which matches no column): the shard's log-sum-exp [N] and, for its own
-   targets, the target logit (lse - token loss);
-2. one all-gather of those two [N] fp32 vectors; every rank takes the logsumexp over the P shard
-   LSEs (in rank order: bit-identical on all ranks) and the target logit from its owner;
-   loss_i = LSE_i - z_{i,y_i} (0 where ignored, NaN for a target outside [0, V));
+   NOT_IN_SHARD elsewhere, which matches no column): the shard's log-sum-exp [N] of the mapped
+   logits u = softcap(z) / temperature (per element: the same map on every rank) and, for its own
+   targets, the target's u (lse - token loss);
+2. one all-gather of those two [N] fp32 vectors (three with the entropy: the shard's mean logit);
+   every rank takes the logsumexp over the P shard LSEs (in rank order: bit-identical on all
+   ranks) and the target logit from its owner; loss_i = LSE_i - z_{i,y_i} (+ s·LSE_i² with a
+   z-loss; 0 where ignored, NaN for a target outside [0, V));
 3. backward kernels on the shard with the global LSE and the global valid count (so "mean" divides
    by the count over all tokens): the shard's grad_weight / grad_bias, final as they are, and a
    partial grad_hidden, summed over the ranks (all-reduce, or reduce-scatter in sequence parallel).
 
-Held between forward and backward in recompute mode: the global LSE (4·N bytes) and the count,
-besides the inputs. Eager mode runs step 3 inside the forward (upstream gradient 1) and holds the
+Options: softcap and temperature map each logit (the shard kernels apply them), the z-loss is
+added on the global LSE, lse / entropy / logprob are combined in the same all-gather (k rows of
+[N] fp32), the gradient accumulators are the shard's; docs/parallel.md derives each combine.
+
+Held between forward and backward in recompute mode: the global LSE (4·N bytes; 4·k·N with the
+entropy and logprob rows) and the count, besides the inputs. Eager mode runs step 3 inside the forward (upstream gradient 1) and holds the
 gradients, as on one GPU. The op is a ``torch.autograd.Function`` (a graph break under torch.compile).
 
 Every call first all-gathers each rank's shard size, token count, options, an error flag and (in
@@ -39,13 +45,20 @@ collective its peers do not. As for any collective, every rank of the group must
 calls in the same order.
 """
 
+from __future__ import annotations
+
+import dataclasses
 import operator
+import struct
+from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import Tensor
 
-from . import _check, _lib, _ops, functional
+from . import _bridge, _check, _cpu, _lib, _ops, functional
 from .errors import ArgumentTypeError, InvalidArgumentError, ProcessGroupError
+from .options import EXTRA_OUTPUTS, OPTION_NAMES, LossOptions, Mode, Reduction, resolve
 
 __all__ = ["VocabParallelLinearCrossEntropyLoss", "linear_cross_entropy", "vocab_shard"]
 
@@ -55,7 +68,12 @@ NOT_IN_SHARD = -2   # a target of another rank's shard, or outside [0, V): its l
 
 # Every rank's local view, all-gathered on every call and checked for consistency.
 _FIELDS = ("vocab_shard", "vocab_start", "tokens", "hidden", "dtype", "target_dtype", "has_bias", "ignore_index",
-           "reduction", "mode", "sequence_parallel", "need_hidden", "need_weight", "need_bias")
+           "softcap", "temperature", "z_loss_scale", "reduction", "mode", "sequence_parallel", "need_hidden", "need_weight",
+           "need_bias", "outputs")
+# The per-element maps of the logits (u = softcap · tanh(z / softcap) / temperature) and the z-loss
+# scale: every rank must apply the same, so they travel in the handshake as their float64 bits
+# (softcap None as 0.0).
+_FLOAT_FIELDS = ("softcap", "temperature", "z_loss_scale")
 _SAME_ON_EVERY_RANK = _FIELDS[2:]
 _NAMES = {"dtype": {code: str(dtype) for dtype, code in _ops.DTYPES.items()},
           "target_dtype": {code: str(dtype) for dtype, code in _ops.INDEX_DTYPES.items()},
@@ -63,7 +81,7 @@ _NAMES = {"dtype": {code: str(dtype) for dtype, code in _ops.DTYPES.items()},
           "mode": {code: name for name, code in _lib.MODES.items()}}
 
 
-def vocab_shard(vocab, rank, world_size):
+def vocab_shard(vocab: int, rank: int, world_size: int) -> tuple[int, int]:
     """(start, size) of ``rank``'s rows of a [vocab, H] weight: a contiguous equal split with the
     remainder on the last ranks (151937 over 2: (0, 75968) and (75968, 75969))."""
     vocab = _check.positive("vocab", vocab)
@@ -93,7 +111,21 @@ class Layout:
                 f"{self.vocab}, tokens={self.tokens}, sequence_parallel={self.sequence_parallel})")
 
 
+def float_bits(value):
+    """A float as the int64 of its float64 bits (how a float option travels in the handshake's row)."""
+    return struct.unpack("<q", struct.pack("<d", float(value)))[0]
+
+
+def _from_bits(bits):
+    return struct.unpack("<d", struct.pack("<q", int(bits)))[0]
+
+
 def _describe(field, value):
+    if field == "outputs":
+        return "+".join(name for i, name in enumerate(EXTRA_OUTPUTS) if value >> i & 1) or "none"
+    if field in _FLOAT_FIELDS:
+        number = _from_bits(value)
+        return None if field == "softcap" and number == 0.0 else number
     return _NAMES.get(field, {}).get(value, value)
 
 
@@ -112,7 +144,7 @@ def check_layout(rows, rank):
                               "count on every rank, tensor parallel the same batch)",
                     "need_hidden": "whether hidden requires a gradient", "need_weight":
                     "whether the weight shard requires a gradient", "need_bias": "whether the bias requires a gradient",
-                    "has_bias": "whether a bias shard is given"}.get(field, field)
+                    "has_bias": "whether a bias shard is given", "outputs": "the extra outputs asked for"}.get(field, field)
             raise InvalidArgumentError(f"lfce.distributed: {what} differs across the ranks of the group ({detail}); "
                                        "every rank must pass the same")
     starts = [row["vocab_start"] for row in rows]
@@ -301,54 +333,128 @@ def local_targets(targets, v0, shard, ignore_index):
     return torch.where(in_shard, targets - v0, codes)
 
 
-def combine(shard_lse, target_logit, group=None, nccl=False):
-    """(global LSE [N], target logit [N]) from each rank's shard LSE and its target logits (0 where the
-    target is not in its shard): one all-gather of [2, N] fp32, then a logsumexp over the P shards
-    and a sum in rank order, so every rank gets the same bits."""
-    parts = torch.stack((shard_lse, target_logit))
+def combine(shard_lse, target_logit, group=None, nccl=False, shard_mean_logit=None):
+    """(global LSE [N], target logit [N], mean logit [N] or None) from each rank's shard LSE_r, its
+    target logits (0 where the target is not in its shard) and, for the entropy, its shard's mean
+    logit S_r = Σ_{v in r} exp(u_v - LSE_r) u_v: one all-gather of [k, N] fp32 (k = 2, 3 with the
+    entropy), then in rank order on every rank (the same bits everywhere) LSE = logsumexp_r LSE_r,
+    z = Σ_r z_r and S = Σ_r exp(LSE_r - LSE) S_r (the mean logit under the whole softmax)."""
+    rows = (shard_lse, target_logit) + (() if shard_mean_logit is None else (shard_mean_logit,))
+    parts = torch.stack(rows)
     if group is not None:
         parts = _all_gather(parts, group, nccl)
-    parts = parts.reshape(-1, 2, shard_lse.shape[0])
-    return torch.logsumexp(parts[:, 0], dim=0), parts[:, 1].sum(dim=0)
+    parts = parts.reshape(-1, len(rows), shard_lse.shape[0])
+    lse = torch.logsumexp(parts[:, 0], dim=0)
+    mean_logit = None
+    if shard_mean_logit is not None:
+        mean_logit = (torch.exp(parts[:, 0] - lse) * parts[:, 2]).sum(dim=0)
+    return lse, parts[:, 1].sum(dim=0), mean_logit
 
 
-def token_losses(lse, target_logit, targets, vocab, ignore_index):
-    """(loss_i = LSE_i - z_{i,y_i}: 0 where ignored, NaN for a target outside [0, vocab), count [1])."""
+def token_losses(lse, target_logit, targets, vocab, ignore_index, z_loss_scale=0.0):
+    """(loss_i = LSE_i - z_{i,y_i} + s·LSE_i²: 0 where ignored, NaN for a target outside [0, vocab),
+    count [1]); s the z-loss scale (its term on the global LSE, as one GPU's)."""
     valid = targets != ignore_index
     bad = valid & ((targets < 0) | (targets >= vocab))
-    loss = torch.where(valid, lse - target_logit, torch.zeros_like(lse))
+    per_token = lse - target_logit
+    if z_loss_scale:
+        per_token = per_token + z_loss_scale * lse * lse
+    loss = torch.where(valid, per_token, torch.zeros_like(lse))
     loss = torch.where(bad, torch.full_like(lse, float("nan")), loss)
     return loss, valid.sum(dtype=torch.float32).reshape(1)
 
 
+# The extra outputs that are rows of lfce's lse (options.EXTRA_OUTPUTS' first three): their combines
+# are above; accuracy and predicted (an argmax across the shards) are not implemented here.
+ROW_OUTPUTS = EXTRA_OUTPUTS[:3]
+
+
+def shard_row_gradients(options, grad_rows, local, targets, vocab):
+    """The gradients of lse's rows ([k·N] flat, or None) as this rank's shard backward takes them.
+
+    The logprob's gradient g is -g·p_v on every column and -g more at the target (dz += g·(onehot - p)).
+    The kernels apply it only where the target is a column of their problem (lfce's dz_math: counted
+    and in range), so for a counted token whose target is on another rank's shard it moves into the
+    lse row's gradient (+g_L·p_v there: g_L - g gives the -g·p_v) and leaves the logprob row (0).
+    A target outside [0, vocab) keeps no gradient, as on one GPU."""
+    if grad_rows is None or not options.return_logprob:
+        return grad_rows
+    n = local.shape[0]
+    rows = grad_rows.reshape(-1, n).clone()
+    elsewhere = (local == NOT_IN_SHARD) & (targets >= 0) & (targets < vocab)
+    rows[0] = torch.where(elsewhere, rows[0] - rows[-1], rows[0])
+    rows[-1] = torch.where(local == NOT_IN_SHARD, torch.zeros_like(rows[-1]), rows[-1])
+    return rows.reshape(-1)
+
+
+def output_rows(options, lse, target_logit, mean_logit, targets, vocab, ignore_index):
+    """The global rows of lfce's lse for ``options`` as a [k, N] tensor: LSE, then the entropy
+    H = LSE - S (with return_entropy), then the logprob z_y - LSE (with return_logprob: 0 where
+    ignored, NaN for a target outside [0, vocab), as on one GPU)."""
+    rows = [lse]
+    if options.return_entropy:
+        rows.append(lse - mean_logit)
+    if options.return_logprob:
+        valid = targets != ignore_index
+        bad = valid & ((targets < 0) | (targets >= vocab))
+        logprob = torch.where(valid, target_logit - lse, torch.zeros_like(lse))
+        rows.append(torch.where(bad, torch.full_like(lse, float("nan")), logprob))
+    return torch.stack(rows)
+
+
 # --- the kernels on this rank's shard (replaced by a CPU model in the CPU tests) -------------------
 
-def local_forward(hidden, weight, bias, targets, chunk_size, workspace_budget):
-    """(shard LSE [N], token loss [N]) from lfce's forward kernels on the shard; the token loss is
-    LSE - z_target where the target is in the shard, 0 for LOCAL_IGNORE, NaN for NOT_IN_SHARD."""
-    loss, lse = _ops._forward_impl(hidden, weight, bias, targets, None, None, None, LOCAL_IGNORE, "none", "recompute",
-                                   chunk_size, workspace_budget, None, 1.0, 0.0, 0.0, False, False, False, False)[:2]
-    return lse, loss
+def shard_options(options, reduction, forward=False):
+    """The shard problem's LossOptions: the caller's, with the shard's own ignore code, ``reduction``
+    and the recompute schedule (eager mode calls the backward itself). The backward's keep the rows
+    of lse the caller asked for (entropy, logprob: their layout and gradients); the forward's ask
+    for the shard entropy alone (its S_r), the logprob coming from the combined LSE, and no z-loss.
+    The backward's z-loss term 2·s·LSE·p_v / count reads the global LSE and count it is given."""
+    shard = dataclasses.replace(options, ignore_index=LOCAL_IGNORE, reduction=reduction, mode="recompute")
+    if forward:  # the z-loss is added on the global LSE: the shard's token loss stays LSE_r - u_y
+        shard = dataclasses.replace(shard, return_lse=False, return_logprob=False, z_loss_scale=0.0)
+    return shard
 
 
-def local_backward(hidden, weight, bias, targets, lse, valid_count, grad_loss, reduction, chunk_size,
-                   workspace_budget, wanted):
+def local_forward(hidden, weight, bias, targets, options):
+    """(shard LSE [N], token loss [N]) from lfce's forward on the shard (``options``: shard_options):
+    the LSE of the mapped logits u = softcap(z) / T over the shard's columns, and the token loss
+    LSE - u_target where the target is in the shard, 0 for LOCAL_IGNORE, NaN for NOT_IN_SHARD. CUDA
+    tensors run lfce's kernels, CPU tensors lfce's CPU implementation (_cpu.py)."""
+    if hidden.device.type == "cpu":
+        out = _cpu.forward(*_ops.forward_inputs(hidden, weight, bias, targets, options))
+        return out[1], out[0]
+    out = _bridge.forward(hidden, weight, bias, targets, options)
+    return out.lse, out.loss
+
+
+def local_backward(hidden, weight, bias, targets, options, lse, valid_count, grad_loss, wanted, grad_lse=None,
+                   accumulators=(None, None)):
     """The shard's (grad_hidden partial, grad_weight, grad_bias), None where not wanted, from lfce's
-    backward kernels with the global LSE and count."""
-    grads = _ops._backward_impl(hidden, weight, bias, targets, None, lse, valid_count, grad_loss, None, None,
-                                LOCAL_IGNORE, reduction, chunk_size, workspace_budget, None, 1.0, 0.0, 0.0, False,
-                                *wanted)
-    return tuple(g if want else None for g, want in zip(grads, wanted))
+    backward on the shard with the global rows of lse (LSE, entropy, logprob), their gradients
+    ``grad_lse`` (or None) and the global count; a gradient with an accumulator (fp32, the shard's
+    shape) is added into it and given as None."""
+    if hidden.device.type == "cpu":
+        inputs = _ops.forward_inputs(hidden, weight, bias, targets, options, wanted=wanted,
+                                     weight_grad_accumulator=accumulators[0], bias_grad_accumulator=accumulators[1])
+        grads = _cpu.backward(*_ops._backward_inputs(inputs, lse=lse, valid_count=valid_count, grad_loss=grad_loss,
+                                                     grad_lse=grad_lse))
+        return tuple(g if want and g.numel() else None for g, want in zip(grads, wanted))
+    return _bridge.backward(hidden, weight, bias, targets, options, lse=lse, valid_count=valid_count,
+                            grad_loss=grad_loss, wanted=wanted, grad_lse=grad_lse,
+                            weight_grad_accumulator=accumulators[0], bias_grad_accumulator=accumulators[1])
 
 
 # --- autograd -------------------------------------------------------------------------------------
 
-def _shard_gradients(layout, options, wanted, hidden, weight, bias, targets, lse, count, grad_loss):
-    """Run the shard's backward on the gathered tokens; grad_hidden summed over the ranks."""
-    ignore_index, reduction, chunk_size, workspace_budget = options
-    local = local_targets(targets, layout.v0, layout.shard, ignore_index)
-    grads = local_backward(hidden, weight, bias, local, lse, count, grad_loss, reduction, chunk_size,
-                           workspace_budget, wanted)
+def _shard_gradients(layout, options, wanted, hidden, weight, bias, targets, lse, count, grad_loss, grad_rows=None,
+                     accumulators=(None, None)):
+    """Run the shard's backward on the gathered tokens; grad_hidden summed over the ranks. ``lse``:
+    the global rows [k·N] (LSE, entropy, logprob as asked for); ``grad_rows``: their gradients, or None."""
+    local = local_targets(targets, layout.v0, layout.shard, options.ignore_index)
+    grad_rows = shard_row_gradients(options, grad_rows, local, targets, layout.vocab)
+    grads = local_backward(hidden, weight, bias, local, shard_options(options, options.reduction), lse, count,
+                           grad_loss, wanted, grad_rows, accumulators)
     if grads[0] is not None:
         grads = (_sum_hidden_grad(grads[0], layout),) + tuple(grads[1:])
     return grads
@@ -356,52 +462,89 @@ def _shard_gradients(layout, options, wanted, hidden, weight, bias, targets, lse
 
 class _VocabParallelLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, layout, options, eager, wanted):
-        ignore_index, reduction, chunk_size, workspace_budget = options
+    def forward(ctx, hidden, weight, bias, targets, layout, options, eager, wanted, accumulators):
+        ignore_index, reduction = options.ignore_index, options.reduction
         all_hidden, all_targets = _gather_tokens(hidden, layout), _gather_tokens(targets, layout)
         local = local_targets(all_targets, layout.v0, layout.shard, ignore_index)
-        shard_lse, shard_loss = local_forward(all_hidden, weight, bias, local, chunk_size, workspace_budget)
+        shard_rows, shard_loss = local_forward(all_hidden, weight, bias, local, shard_options(options, "none", True))
+        n = local.shape[0]
+        shard_lse = shard_rows[:n]
         own = torch.where(local >= 0, shard_lse - shard_loss, torch.zeros_like(shard_lse))
-        del local, shard_loss
-        lse, target_logit = combine(shard_lse, own, layout.group, layout.nccl)
-        token_loss, count = token_losses(lse, target_logit, all_targets, layout.vocab, ignore_index)
+        # The shard's mean logit S_r = LSE_r - H_r (its entropy row).
+        shard_mean = shard_lse - shard_rows[n:2 * n] if options.return_entropy else None
+        del local, shard_loss, shard_rows
+        lse, target_logit, mean_logit = combine(shard_lse, own, layout.group, layout.nccl, shard_mean)
+        token_loss, count = token_losses(lse, target_logit, all_targets, layout.vocab, ignore_index,
+                                         options.z_loss_scale)
+        rows = output_rows(options, lse, target_logit, mean_logit, all_targets, layout.vocab, ignore_index)
+        lse = rows.reshape(-1)  # what the backward reads: the global rows, in the shard problem's layout
         if reduction == "none":
             loss = token_loss.narrow(0, layout.token_start, layout.local_tokens).clone() if layout.sequence_parallel \
                 else token_loss
         else:
             loss = token_loss.sum() if reduction == "sum" else token_loss.sum() / count[0]
-        ctx.layout, ctx.options, ctx.eager = layout, options, eager
+        ctx.layout, ctx.options, ctx.eager, ctx.accumulators = layout, options, eager, accumulators
+        # None (not zeros) for an output no gradient reached: the rows' gradients are then not passed
+        # to the kernels (whose plan without them is the faster one), as on one GPU.
+        ctx.set_materialize_grads(False)
+        rows_out = rows.narrow(1, layout.token_start, layout.local_tokens).clone() if layout.sequence_parallel \
+            else rows
         if eager:  # the gradients for an upstream gradient of 1, held until the backward scales them
             ones = torch.ones(1, dtype=torch.float32, device=hidden.device)
             grads = _shard_gradients(layout, options, wanted, all_hidden, weight, bias, all_targets, lse, count, ones)
             ctx.save_for_backward(*grads)
         else:
             ctx.save_for_backward(hidden, weight, bias, targets, lse, count)
-        return loss
+        return loss, rows_out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_loss):
+    def backward(ctx, grad_loss, grad_rows):
         wanted = ctx.needs_input_grad[:3]
-        if ctx.eager:
-            grads = tuple(None if g is None else torch.mul(g, grad_loss) for g in ctx.saved_tensors)
+        if ctx.eager and grad_loss is None:
+            grads = (None, None, None)
+        elif ctx.eager:
+            # As on one GPU (lfce::forward's autograd rule): each held gradient times grad_loss in fp32,
+            # rounded once to its dtype, in place (lfce_scale_gradient), once per forward.
+            held = tuple(g if need else None for g, need in zip(ctx.saved_tensors, wanted))
+            grads = _bridge.scale_held_gradients(ctx, held, grad_loss)
         else:
             hidden, weight, bias, targets, lse, count = ctx.saved_tensors
-            layout = ctx.layout
+            layout, sequence = ctx.layout, ctx.layout.sequence_parallel
+            none = ctx.options.reduction == "none"
+            if grad_loss is None:  # only the rows got a gradient
+                grad_loss = torch.zeros(layout.local_tokens if none else 1, dtype=torch.float32, device=lse.device)
             grad_loss = grad_loss.to(torch.float32).reshape(-1)  # [1], or this rank's [N_r] for "none"
-            if ctx.options[1] == "none":
+            if none:
                 grad_loss = _gather_tokens(grad_loss, layout)
+            if not _row_outputs(ctx.options) or (grad_rows is None and not sequence):
+                grad_rows = None
+            else:
+                # Sequence parallel gathers them on every rank (zeros where none reached this rank's
+                # rows: the ranks make the same collectives). [k, N_r] -> [k, N], token-major, so each
+                # rank's tokens land in place.
+                k = lse.shape[0] // layout.tokens
+                if grad_rows is None:
+                    grad_rows = torch.zeros(k, layout.local_tokens, dtype=torch.float32, device=lse.device)
+                grad_rows = _gather_tokens(grad_rows.to(torch.float32).t().contiguous(), layout).t().reshape(-1)
+                grad_rows = grad_rows.contiguous()
             grads = _shard_gradients(layout, ctx.options, wanted, _gather_tokens(hidden, layout), weight, bias,
-                                     _gather_tokens(targets, layout), lse, count, grad_loss)
-        return tuple(g if need else None for g, need in zip(grads, wanted)) + (None,) * 5
+                                     _gather_tokens(targets, layout), lse, count, grad_loss, grad_rows,
+                                     ctx.accumulators)
+        return tuple(g if need else None for g, need in zip(grads, wanted)) + (None,) * 6
 
 
 # --- the public entry points ------------------------------------------------------------------------
 
-def linear_cross_entropy(hidden, weight, targets, bias=None, *, group=None, vocab_start=None,
-                         sequence_parallel=False, ignore_index=-100, reduction="mean", mode="recompute",
-                         chunk_size=None, workspace_budget=None, return_lse=False, return_entropy=False,
-                         return_logprob=False, return_accuracy=False, return_predicted=False):
+def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, bias: Tensor | None = None, *,
+                         group: dist.ProcessGroup | None = None, vocab_start: int | None = None,
+                         sequence_parallel: bool = False, ignore_index: int = -100, reduction: Reduction = "mean",
+                         mode: Mode = "recompute", chunk_size: int | None = None, workspace_budget: int | None = None,
+                         softcap: float | None = None, temperature: float | None = None,
+                         z_loss_scale: float | None = None, weight_grad_accumulator: Tensor | None = None,
+                         bias_grad_accumulator: Tensor | None = None, return_lse: bool = False, return_entropy: bool = False, return_logprob: bool = False,
+                         return_accuracy: bool = False, return_predicted: bool = False,
+                         options: LossOptions | None = None) -> Tensor | functional.LossOutput:
     """Cross-entropy of ``hidden @ W.T + b`` against ``targets`` with W, b sharded by vocabulary rows.
 
     Args:
@@ -415,18 +558,28 @@ def linear_cross_entropy(hidden, weight, targets, bias=None, *, group=None, voca
             one another in group rank order. Given on every rank, the shards may be in any order
             but must tile [0, V).
         sequence_parallel: the input layout (see the module docstring).
-        ignore_index, reduction, mode, chunk_size, workspace_budget: as lfce.linear_cross_entropy;
-            mean and sum cover every token of the batch, on every rank. Its loss options (softcap,
-            temperature, z_loss_scale, label_smoothing, class_weight, token_scaling) and gradient accumulators
-            (weight_grad_accumulator, bias_grad_accumulator; nor in the module's forward) are not
-            supported here yet: this function has no such arguments (a TypeError names the one passed).
-        return_lse, return_entropy, return_logprob, return_accuracy, return_predicted: not supported
-            here yet (ValueError naming the one set to True): each rank's kernels see only its own
-            columns, and these outputs would need their own combine across the ranks.
+        ignore_index, reduction, mode, chunk_size, workspace_budget, softcap, temperature, z_loss_scale:
+            as lfce.linear_cross_entropy; mean and sum cover every token of the batch, on every rank;
+            softcap, temperature and z_loss_scale must be the same on every rank (checked).
+        weight_grad_accumulator, bias_grad_accumulator: fp32 tensors shaped like this rank's weight
+            and bias shards (recompute mode), into which the backward adds the shard's gradients
+            instead of returning them, as lfce.linear_cross_entropy does with the whole weight; not
+            in the module's forward.
+        Not supported here yet: label_smoothing, class_weight, token_scaling, shift, return_z_loss
+            (this function has no such arguments: a TypeError names the one passed; in ``options`` a
+            ValueError names the one set).
+        return_lse, return_entropy, return_logprob: as lfce.linear_cross_entropy (an lfce.LossOutput
+            is returned, each differentiable; per token of this rank: all N in tensor parallel), from
+            the statistics combined across the ranks (docs/parallel.md); mode "eager" then runs
+            "recompute", as on one GPU. return_accuracy, return_predicted: not supported here yet
+            (ValueError): the argmax across the shards needs its own combine.
+        options: all of ignore_index ... return_predicted as one lfce.LossOptions instead (the
+            keyword options then left at their defaults).
 
     Returns:
         The fp32 loss, equal on every rank for mean / sum; for "none" the losses of this rank's
-        tokens (all of them in tensor parallel), shaped like ``targets``. The gradients of hidden
+        tokens (all of them in tensor parallel), shaped like ``targets``; with return_lse,
+        return_entropy or return_logprob an lfce.LossOutput of it and those (fp32, like ``targets``). The gradients of hidden
         (summed over the ranks), of the weight shard and of the bias shard, in their dtypes.
 
     Raises:
@@ -438,39 +591,83 @@ def linear_cross_entropy(hidden, weight, targets, bias=None, *, group=None, voca
     # rank is the same error on every rank, never one rank raising while its peers wait.
     failure, row, targets_1d = None, None, None
     try:
-        functional.validate_options(ignore_index, reduction, mode, chunk_size, workspace_budget)
-        _refuse_extra_outputs((return_lse, return_entropy, return_logprob, return_accuracy, return_predicted))
+        options = _supported(resolve(
+            options, ignore_index=ignore_index, reduction=reduction, mode=mode, chunk_size=chunk_size,
+            workspace_budget=workspace_budget, softcap=softcap, temperature=temperature, z_loss_scale=z_loss_scale,
+            return_lse=return_lse,
+            return_entropy=return_entropy, return_logprob=return_logprob, return_accuracy=return_accuracy,
+            return_predicted=return_predicted))
         _check.flag("sequence_parallel", sequence_parallel)
         _check.integer("vocab_start", vocab_start, minimum=0, allow_none=True)
         hidden, weight, bias = functional._autocast((hidden, weight, bias))
-        n, h, shard = functional._validate_tensors(hidden, weight, targets, bias)
+        accumulators = (weight_grad_accumulator, bias_grad_accumulator)
+        functional._check_accumulator_mode(options.mode, accumulators)
+        n, h, shard = functional._validate_tensors(hidden, weight, targets, bias, accumulators=accumulators)
+        if options.z_loss_scale != 0.0 and hidden.dtype == torch.float16:
+            raise InvalidArgumentError(f"z_loss_scale={options.z_loss_scale!r} is not supported with torch.float16 "
+                                       "inputs (as lfce.linear_cross_entropy: fp16's gradient scaling bounds |p - "
+                                       "onehot| by 1); use torch.bfloat16 or torch.float32")
         batch_shape = targets.shape
         hidden, targets_1d = hidden.reshape(n, h), targets.reshape(n)
-        eager = mode == "eager" and reduction != "none"
+        # As on one GPU: eager needs a scalar loss and no gradient through lse, entropy or logprob.
+        eager = options.mode == "eager" and options.reduction != "none" and not _row_outputs(options)
         wanted = tuple(torch.is_grad_enabled() and t is not None and t.requires_grad for t in (hidden, weight, bias))
         row = {"vocab_shard": shard, "vocab_start": -1 if vocab_start is None else operator.index(vocab_start),
                "tokens": n, "hidden": h, "dtype": _ops.DTYPES[hidden.dtype],
                "target_dtype": _ops.INDEX_DTYPES[targets.dtype], "has_bias": int(bias is not None),
-               "ignore_index": operator.index(ignore_index), "reduction": _lib.REDUCTIONS[reduction],
+               "ignore_index": options.ignore_index, "softcap": float_bits(options.softcap or 0.0),
+               "temperature": float_bits(options.temperature), "z_loss_scale": float_bits(options.z_loss_scale),
+               "reduction": _lib.REDUCTIONS[options.reduction],
                "mode": _lib.MODES["eager" if eager else "recompute"], "sequence_parallel": int(sequence_parallel),
-               "need_hidden": int(wanted[0]), "need_weight": int(wanted[1]), "need_bias": int(wanted[2])}
+               "need_hidden": int(wanted[0]), "need_weight": int(wanted[1]), "need_bias": int(wanted[2]),
+               "outputs": sum(1 << i for i, name in enumerate(EXTRA_OUTPUTS) if getattr(options, name))}
     except Exception as error:  # noqa: BLE001 - every failure is told to the peers before it is raised
         failure = error
     if failure is not None and not (dist.is_available() and dist.is_initialized()):
         raise failure  # no group to tell
     group = _resolve_group(group)
     layout = _agree(group, row, (hidden, weight, targets), targets_1d, failure)
+    assert options is not None and targets_1d is not None, "set before the handshake, which raised otherwise"
     targets = targets_1d
-    options = (operator.index(ignore_index), reduction,
-               *(None if v is None else operator.index(v) for v in (chunk_size, workspace_budget)))
-    loss = _VocabParallelLinearCrossEntropy.apply(hidden, weight, bias, targets, layout, options, eager, wanted)
-    return loss.reshape(batch_shape) if reduction == "none" else loss
+    loss, rows = _VocabParallelLinearCrossEntropy.apply(hidden, weight, bias, targets, layout, options, eager, wanted,
+                                                        accumulators)
+    loss = loss.reshape(batch_shape) if options.reduction == "none" else loss
+    if not _row_outputs(options):
+        return loss
+    named = dict(zip(("lse",) + tuple(name for name in ROW_OUTPUTS[1:] if getattr(options, name)), rows))
+    lse = named["lse"].reshape(batch_shape) if options.return_lse else None
+    entropy, logprob = (named[name].reshape(batch_shape) if name in named else None
+                        for name in ("return_entropy", "return_logprob"))
+    return functional.LossOutput(loss, None, lse, entropy, logprob)
+
+
+def _row_outputs(options):
+    """Whether ``options`` asks for an output that is a row of lse (lse, entropy, logprob)."""
+    return any(getattr(options, name) for name in ROW_OUTPUTS)
+
+
+# The LossOptions fields the vocabulary-parallel loss implements; every other one must keep its default.
+_SUPPORTED = ("ignore_index", "reduction", "mode", "chunk_size", "workspace_budget", "softcap", "temperature",
+              "z_loss_scale", *ROW_OUTPUTS)
+_DEFAULTS = LossOptions()
+
+
+def _supported(options: LossOptions) -> LossOptions:
+    """``options`` if it asks for nothing but _SUPPORTED (ValueError naming the first other option set)."""
+    _refuse_extra_outputs(tuple(getattr(options, name) for name in EXTRA_OUTPUTS))
+    for name in OPTION_NAMES:
+        if name not in _SUPPORTED and getattr(options, name) != getattr(_DEFAULTS, name):
+            raise InvalidArgumentError(f"lfce.distributed: {name}={getattr(options, name)!r} is not supported on a "
+                                       "vocabulary-sharded weight yet (the shard kernels run without the loss "
+                                       f"options); leave {name} at its default ({getattr(_DEFAULTS, name)!r}), or use "
+                                       "lfce.linear_cross_entropy with the whole weight for it")
+    return options
 
 
 def _refuse_extra_outputs(values):
-    """The extra per-token outputs (in functional.EXTRA_OUTPUTS' order): each a bool, none True."""
-    for name, value in zip(functional.EXTRA_OUTPUTS, values):
-        if _check.flag(name, value):
+    """The extra per-token outputs (in EXTRA_OUTPUTS' order): each a bool, none True but the rows of lse."""
+    for name, value in zip(EXTRA_OUTPUTS, values):
+        if _check.flag(name, value) and name not in ROW_OUTPUTS:
             raise InvalidArgumentError(f"lfce.distributed: {name}=True is not supported on a vocabulary-sharded weight "
                                        "yet (each rank sees only its shard's logits; the per-token outputs need their "
                                        "own combine across the ranks); use lfce.linear_cross_entropy with the whole "
@@ -484,22 +681,32 @@ class VocabParallelLinearCrossEntropyLoss(torch.nn.Module):
         loss = loss_fn(hidden_shard, lm_head.weight, labels_shard)   # lm_head holds this rank's rows
     """
 
-    def __init__(self, *, group=None, vocab_start=None, sequence_parallel=False, ignore_index=-100,
-                 reduction="mean", mode="recompute", chunk_size=None, workspace_budget=None, return_lse=False,
-                 return_entropy=False, return_logprob=False, return_accuracy=False, return_predicted=False):
+    def __init__(self, *, group: dist.ProcessGroup | None = None, vocab_start: int | None = None,
+                 sequence_parallel: bool = False, ignore_index: int = -100, reduction: Reduction = "mean",
+                 mode: Mode = "recompute", chunk_size: int | None = None, workspace_budget: int | None = None,
+                 softcap: float | None = None, temperature: float | None = None, z_loss_scale: float | None = None,
+                 return_lse: bool = False, return_entropy: bool = False, return_logprob: bool = False,
+                 return_accuracy: bool = False, return_predicted: bool = False,
+                 options: LossOptions | None = None) -> None:
         super().__init__()
-        functional.validate_options(ignore_index, reduction, mode, chunk_size, workspace_budget)
-        _refuse_extra_outputs((return_lse, return_entropy, return_logprob, return_accuracy, return_predicted))
+        self.options = _supported(resolve(
+            options, ignore_index=ignore_index, reduction=reduction, mode=mode, chunk_size=chunk_size,
+            workspace_budget=workspace_budget, softcap=softcap, temperature=temperature, z_loss_scale=z_loss_scale,
+            return_lse=return_lse,
+            return_entropy=return_entropy, return_logprob=return_logprob, return_accuracy=return_accuracy,
+            return_predicted=return_predicted))
         _check.flag("sequence_parallel", sequence_parallel)
         _check.integer("vocab_start", vocab_start, minimum=0, allow_none=True)
-        self.options = {"group": group, "vocab_start": vocab_start, "sequence_parallel": sequence_parallel,
-                        "ignore_index": ignore_index, "reduction": reduction, "mode": mode,
-                        "chunk_size": chunk_size, "workspace_budget": workspace_budget}
+        self.layout: dict[str, Any] = {"group": group, "vocab_start": vocab_start,
+                                       "sequence_parallel": sequence_parallel}
 
-    def forward(self, hidden, weight, targets, bias=None):
+    def forward(self, hidden: Tensor, weight: Tensor, targets: Tensor, bias: Tensor | None = None
+                ) -> Tensor | functional.LossOutput:
         """The loss of this rank's weight (and bias) shard; see linear_cross_entropy."""
-        return linear_cross_entropy(hidden, weight, targets, bias, **self.options)
+        return linear_cross_entropy(hidden, weight, targets, bias, options=self.options, **self.layout)
 
-    def extra_repr(self):
-        return ", ".join(f"{k}={v!r}" for k, v in self.options.items() if k != "group" and v is not None)
+    def extra_repr(self) -> str:
+        shown = {**{k: v for k, v in self.layout.items() if k != "group"},
+                 **{name: getattr(self.options, name) for name in _SUPPORTED}}
+        return ", ".join(f"{k}={v!r}" for k, v in shown.items() if v is not None)
 

@@ -11,10 +11,13 @@ without ever materialising the [tokens, vocab] logits. Two modes:
   four (lfce_forward_backward: the logits once, dz formed from them once the LSE is
   known, then dz·W and dzᵀ·x), over chunks of tokens whose [chunk, V] workspace fits in
   an eighth of the free device memory (all tokens at once, usually), as exact as
-  recompute mode; options it cannot form dz for from the stored exponentials (a
-  softcap, label smoothing, the entropy or predicted outputs) run the recompute
-  schedule inside the forward instead. Reduction "none" runs recompute mode: a
-  per-token upstream gradient cannot scale a grad_weight summed over the tokens.
+  recompute mode; problems it cannot form dz for from the stored exponentials run
+  the recompute schedule inside the forward instead (the library decides which:
+  lfce_eager_schedule). Reduction "none" runs recompute mode: a per-token upstream
+  gradient cannot scale a grad_weight summed over the tokens.
+
+The options can be given as keyword arguments or as one ``lfce.LossOptions`` (``options=``),
+checked once when it is made; the keyword arguments build one.
 
 In both modes only the gradients autograd can ask for are computed: a frozen weight
 (``requires_grad=False``: a frozen LM head, LoRA) gets no [V, H] grad_weight, a frozen
@@ -22,12 +25,12 @@ hidden no grad_hidden; their kernels never run. In recompute mode that is decide
 backward time (``ctx.needs_input_grad``), in eager mode at forward time (the inputs'
 ``requires_grad``).
 
-Every call only enqueues work on the current CUDA stream: nothing here waits for
+On CUDA tensors every call only enqueues work on the current CUDA stream: nothing here waits for
 the GPU or reads a device value on the host.
 
 The work is done by the operators ``torch.ops.lfce.forward`` / ``lfce.backward`` (``_ops.py``), so
 ``torch.compile(fullgraph=True)`` traces this function without a graph break. The loss is fp32
-whatever the input dtype; the gradients are in the inputs' dtypes. Under
+whatever the input dtype (fp64 for fp64 CPU inputs); the gradients are in the inputs' dtypes. Under
 ``torch.autocast("cuda")`` hidden, weight and bias are cast to the autocast dtype first, as
 ``F.linear`` would cast them, so fp32 parameters get fp32 gradients.
 
@@ -43,14 +46,19 @@ loss in a ``LossOutput``; the first three are rows of the operator's lse output 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-import operator
+import sys
 from typing import NamedTuple
 
 import torch
+from torch import Tensor
 
-from . import _check, _lib, _ops
-from .errors import ArgumentTypeError, InvalidArgumentError
+from . import _ops
+from ._bridge import compiling as _compiling
+from .errors import ArgumentTypeError, InvalidArgumentError, UnsupportedError
+from .options import EXTRA_OUTPUTS, LossOptions, Mode, Reduction
+from .options import resolve as loss_options
 
 __all__ = ["LossOutput", "check_class_weight", "linear_cross_entropy", "validate_options"]
 
@@ -59,14 +67,11 @@ logger = logging.getLogger("lfce")
 _DTYPES = _ops.DTYPES
 _INDEX_DTYPES = _ops.INDEX_DTYPES
 
-_DEVICE_TYPE = "cuda"  # the device the operators have kernels for (tests with a CPU reference kernel change it)
+# The device of lfce.distributed's shard kernels (its CPU tests, with a model of them, change it);
+# linear_cross_entropy also takes CPU tensors (_cpu.py).
+_DEVICE_TYPE = "cuda"
 
-_logged_once = set()
-
-
-def _compiling():
-    compiler = getattr(torch, "compiler", None)
-    return compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling()
+_logged_once: set[tuple[int, str]] = set()
 
 
 def _log_once(level, message, *args):
@@ -89,32 +94,25 @@ class LossOutput(NamedTuple):
     predicted: torch.Tensor | None = None  # int64, no gradient
 
 
-# The extra outputs, in LossOutput's order; the first three are rows of the operator's lse.
-EXTRA_OUTPUTS = ("return_lse", "return_entropy", "return_logprob", "return_accuracy", "return_predicted")
+# The extra outputs (options.EXTRA_OUTPUTS) are in LossOutput's order; the first three are rows of the operator's lse.
 _LSE_ROWS = EXTRA_OUTPUTS[:3]
 
 
-def validate_options(ignore_index=-100, reduction="mean", mode="recompute", chunk_size=None,
-                     workspace_budget=None, softcap=None, temperature=None, z_loss_scale=None, return_z_loss=False,
-                     label_smoothing=None, token_scaling=False, extra_outputs=None):
-    """Check the non-tensor options; raise ValueError/TypeError naming the bad value. extra_outputs:
-    {name in EXTRA_OUTPUTS: value} (each must be a bool)."""
-    _check.softcap(softcap)
-    _check.temperature(temperature)
-    _check.z_loss_scale(z_loss_scale)
-    _check.label_smoothing(label_smoothing)
-    _check.flag("return_z_loss", return_z_loss)
-    _check.flag("token_scaling", token_scaling)
-    for name, value in (extra_outputs or {}).items():
-        _check.flag(name, value)
-    _check.integer("ignore_index", ignore_index)
-    _check.choice("reduction", reduction, _lib.REDUCTIONS)
-    _check.choice("mode", mode, _lib.MODES)
-    _check.positive("chunk_size", chunk_size, allow_none=True)
-    _check.positive("workspace_budget", workspace_budget, allow_none=True)
+def validate_options(ignore_index: int = -100, reduction: Reduction = "mean", mode: Mode = "recompute",
+                     chunk_size: int | None = None, workspace_budget: int | None = None,
+                     softcap: float | None = None, temperature: float | None = None,
+                     z_loss_scale: float | None = None, return_z_loss: bool = False,
+                     label_smoothing: float | None = None, token_scaling: bool = False,
+                     extra_outputs: dict[str, bool] | None = None) -> LossOptions:
+    """The LossOptions of these values (checked there: ValueError/TypeError naming the bad value).
+    extra_outputs: {name in EXTRA_OUTPUTS: value} (each must be a bool)."""
+    return LossOptions(ignore_index=ignore_index, reduction=reduction, mode=mode, chunk_size=chunk_size,
+                       workspace_budget=workspace_budget, softcap=softcap, temperature=temperature,
+                       z_loss_scale=z_loss_scale, return_z_loss=return_z_loss, label_smoothing=label_smoothing,
+                       token_scaling=token_scaling, **(extra_outputs or {}))
 
 
-def check_class_weight(value, name="class_weight"):
+def check_class_weight(value: object, name: str = "class_weight") -> None:
     """What a class weight tensor can be checked for without the other inputs: None, or a 1-D
     floating torch.Tensor. Its length, its device and the dtype of the inputs are checked with them."""
     if value is None:
@@ -182,8 +180,24 @@ def _check_accumulator_devices(accumulators, hidden):
                                        f"{value.storage_offset()})")
 
 
-def _validate_tensors(hidden, weight, targets, bias, class_weight=None, accumulators=(None, None), extra_outputs=None):
-    """Check types, shapes, dtypes, then devices; return (tokens, hidden size, vocab).
+def _refuse_dtensor(name, value):
+    """A DTensor (FSDP2's sharded parameter, a tensor-parallel shard) is refused: lfce's kernels
+    compute on one device's whole tensors. Without torch.distributed.tensor imported there is none."""
+    module = sys.modules.get("torch.distributed.tensor")
+    dtensor = getattr(module, "DTensor", None)
+    if dtensor is None or not isinstance(value, dtensor):
+        return
+    raise UnsupportedError(
+        f"{name} is a DTensor (placements {tuple(value.placements)}, as FSDP2's fully_shard leaves a parameter "
+        "outside its module's forward); lfce computes on whole local tensors. Call lfce inside the forward of the module that owns the "
+        "weight, where FSDP2 has gathered it (lfce.transformers.apply_lfce does, in the lm_head's forward), or pass "
+        f"{name}.full_tensor() (an all-gather); for a vocabulary-sharded weight use lfce.distributed")
+
+
+def _validate_tensors(hidden, weight, targets, bias, class_weight=None, accumulators=(None, None), extra_outputs=None,
+                      cpu=False):
+    """Check types, shapes, dtypes, then devices; return (tokens, hidden size, vocab). cpu: CPU
+    tensors are taken too (fp64 among them), as linear_cross_entropy takes them (_cpu.py).
 
     Devices come last so that every other mistake is reported the same way on a
     machine without a GPU.
@@ -194,6 +208,7 @@ def _validate_tensors(hidden, weight, targets, bias, class_weight=None, accumula
     for name, value in named:
         if not isinstance(value, torch.Tensor):
             raise ArgumentTypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+        _refuse_dtensor(name, value)
     check_class_weight(class_weight)
 
     if hidden.dim() < 1:
@@ -223,8 +238,10 @@ def _validate_tensors(hidden, weight, targets, bias, class_weight=None, accumula
 
     if targets.dtype not in _INDEX_DTYPES:
         raise ArgumentTypeError(f"targets must be torch.int64 or torch.int32, got {targets.dtype}")
-    if hidden.dtype not in _DTYPES:
-        raise ArgumentTypeError(f"hidden must be torch.bfloat16, torch.float16 or torch.float32, got {hidden.dtype}")
+    if hidden.dtype not in _DTYPES and not (cpu and hidden.dtype == torch.float64 and hidden.device.type == "cpu"):
+        on_cpu = " (or torch.float64 on CPU tensors)" if cpu else ""
+        raise ArgumentTypeError(f"hidden must be torch.bfloat16, torch.float16 or torch.float32{on_cpu}, got "
+                                f"{hidden.dtype}")
     for name, value in named[1:]:
         if name != "targets" and value.dtype != hidden.dtype:
             raise ArgumentTypeError(f"{name} must have the dtype of hidden ({hidden.dtype}), got {value.dtype}")
@@ -240,13 +257,15 @@ def _validate_tensors(hidden, weight, targets, bias, class_weight=None, accumula
                                            "torch.float32")
     _check_accumulators(accumulators, weight, bias)
 
+    devices = (_DEVICE_TYPE, "cpu") if cpu else (_DEVICE_TYPE,)
     for name, value in named:
-        if value.device.type != _DEVICE_TYPE:
-            raise InvalidArgumentError(f"lfce runs on CUDA tensors only; {name} is on {value.device}")
+        if value.device.type not in devices:
+            where = "CUDA or CPU tensors" if cpu else "CUDA tensors only"
+            raise InvalidArgumentError(f"lfce runs on {where}; {name} is on {value.device}")
     for name, value in named[1:]:
         if value.device != hidden.device:
             raise InvalidArgumentError(f"{name} is on {value.device} but hidden is on {hidden.device}; all tensors "
-                                       "must be on one CUDA device")
+                                       "must be on one device")
     if class_weight is not None and class_weight.device != hidden.device:
         raise InvalidArgumentError(f"class_weight is on {class_weight.device} but hidden is on {hidden.device}; it "
                                    "must be on hidden's device")
@@ -254,37 +273,49 @@ def _validate_tensors(hidden, weight, targets, bias, class_weight=None, accumula
     return N, H, V
 
 
-def _fp32_class_weight(class_weight):
-    """The class weights as the kernels read them: fp32, contiguous (a copy only when needed),
-    detached (they get no gradient, as PyTorch's cross_entropy ``weight``)."""
-    return None if class_weight is None else class_weight.detach().to(torch.float32).contiguous()
+def _fp32_class_weight(class_weight, dtype=torch.float32):
+    """The class weights as the kernels read them: fp32 (``dtype``: fp64 for fp64 inputs on CPU),
+    contiguous (a copy only when needed), detached (they get no gradient, as PyTorch's cross_entropy
+    ``weight``)."""
+    return None if class_weight is None else class_weight.detach().to(dtype).contiguous()
 
 
-def _autocast_dtype():
-    """The CUDA autocast dtype when autocast is on, else None."""
+def _autocast_dtype(device_type="cuda"):
+    """The autocast dtype of `device_type` ("cuda" or "cpu") when autocast is on there, else None."""
     if hasattr(torch, "get_autocast_dtype"):  # PyTorch 2.4+
-        return torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else None
+        return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
+    if device_type == "cpu":
+        return torch.get_autocast_cpu_dtype() if torch.is_autocast_cpu_enabled() else None
     return torch.get_autocast_gpu_dtype() if torch.is_autocast_enabled() else None
 
 
 def _autocast(tensors):
-    """Cast the floating CUDA tensors to the autocast dtype, as autocast casts F.linear's inputs.
+    """Cast the floating tensors to the autocast dtype of their device (CUDA, or CPU for CPU tensors), as
+    autocast casts F.linear's inputs; fp64 stays fp64, as autocast leaves it.
 
     The casts are differentiable: the gradients come back in each tensor's own dtype.
     """
-    dtype = _autocast_dtype()
+    first = tensors[0]
+    device_type = "cuda" if isinstance(first, torch.Tensor) and first.is_cuda else "cpu"
+    dtype = _autocast_dtype(device_type)
     if dtype is None:
         return tensors
-    return tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.is_cuda and t.is_floating_point()
+    return tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.device.type == device_type and t.is_floating_point()
                  and t.dtype not in (dtype, torch.float64) else t for t in tensors)
 
 
-def linear_cross_entropy(hidden, weight, targets, bias=None, *, ignore_index=-100, reduction="mean",
-                         mode="recompute", chunk_size=None, workspace_budget=None, softcap=None, temperature=None,
-                         z_loss_scale=None, label_smoothing=None, class_weight=None, return_z_loss=False,
-                         weight_grad_accumulator=None, bias_grad_accumulator=None, shift=False, token_scaling=False,
-                         return_lse=False, return_entropy=False, return_logprob=False, return_accuracy=False,
-                         return_predicted=False):
+def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, bias: Tensor | None = None, *,
+                         ignore_index: int = -100, reduction: Reduction = "mean", mode: Mode = "recompute",
+                         chunk_size: int | None = None, workspace_budget: int | None = None,
+                         softcap: float | None = None, temperature: float | None = None,
+                         z_loss_scale: float | None = None, label_smoothing: float | None = None,
+                         class_weight: Tensor | None = None, return_z_loss: bool = False,
+                         weight_grad_accumulator: Tensor | None = None,
+                         bias_grad_accumulator: Tensor | None = None, shift: bool = False,
+                         token_scaling: bool = False, return_lse: bool = False, return_entropy: bool = False,
+                         return_logprob: bool = False, return_accuracy: bool = False, return_predicted: bool = False,
+                         options: LossOptions | None = None
+                         ) -> Tensor | tuple[Tensor, Tensor] | LossOutput:
     """Cross-entropy of ``hidden @ weight.T + bias`` against ``targets``, fused.
 
     Same result as ``F.cross_entropy(F.linear(hidden, weight, bias).flatten(0, -2),
@@ -293,7 +324,9 @@ def linear_cross_entropy(hidden, weight, targets, bias=None, *, ignore_index=-10
     differentiable w.r.t. hidden, weight and bias.
 
     Args:
-        hidden: [..., H] CUDA tensor, bfloat16, float16 or float32.
+        hidden: [..., H] CUDA tensor, bfloat16, float16 or float32; or a CPU tensor, float64 too
+            (computed in PyTorch, chunked over the vocabulary: python/lfce/_cpu.py; the loss and
+            the extra outputs are then fp64 for fp64 inputs).
         weight: [V, H], same dtype and device as hidden.
         targets: hidden.shape[:-1], int64 or int32, class indices in [0, V) or ignore_index.
         bias: optional [V], same dtype and device as hidden.
@@ -399,28 +432,32 @@ def linear_cross_entropy(hidden, weight, targets, bias=None, *, ignore_index=-10
         TypeError / ValueError naming the bad argument; lfce.CompileError if a kernel
         fails to compile; lfce.CudaError if the driver fails.
     """
-    extra = dict(zip(EXTRA_OUTPUTS, (return_lse, return_entropy, return_logprob, return_accuracy, return_predicted)))
-    validate_options(ignore_index, reduction, mode, chunk_size, workspace_budget, softcap, temperature, z_loss_scale,
-                     return_z_loss, label_smoothing, token_scaling, extra)
-    shift = bool(_check.flag("shift", shift))  # NumPy bools become Python bools for the operator
-    token_scaling, return_z_loss = bool(token_scaling), bool(return_z_loss)
-    extra = {name: bool(value) for name, value in extra.items()}
-    accumulators = (weight_grad_accumulator, bias_grad_accumulator)
-    _check_accumulator_mode(mode, accumulators)
-    softcap = _check.softcap(softcap)
-    temperature, z_loss_scale = _check.temperature(temperature), _check.z_loss_scale(z_loss_scale)
-    label_smoothing = _check.label_smoothing(label_smoothing)
+    options = loss_options(
+        options, ignore_index=ignore_index, reduction=reduction, mode=mode, chunk_size=chunk_size,
+        workspace_budget=workspace_budget, softcap=softcap, temperature=temperature, z_loss_scale=z_loss_scale,
+        label_smoothing=label_smoothing, return_z_loss=return_z_loss, shift=shift, token_scaling=token_scaling,
+        return_lse=return_lse, return_entropy=return_entropy, return_logprob=return_logprob,
+        return_accuracy=return_accuracy, return_predicted=return_predicted)
+    return _linear_cross_entropy(hidden, weight, targets, bias, options, class_weight,
+                                 (weight_grad_accumulator, bias_grad_accumulator))
+
+
+def _linear_cross_entropy(hidden, weight, targets, bias, options, class_weight, accumulators):
+    """linear_cross_entropy once its options are a LossOptions."""
+    extra = options.extra_outputs
+    reduction, z_loss_scale = options.reduction, options.z_loss_scale
+    _check_accumulator_mode(options.mode, accumulators)
     hidden, weight, bias = _autocast((hidden, weight, bias))
-    N, H, _ = _validate_tensors(hidden, weight, targets, bias, class_weight, accumulators, extra)
+    N, H, _ = _validate_tensors(hidden, weight, targets, bias, class_weight, accumulators, extra, cpu=True)
     if z_loss_scale != 0.0 and hidden.dtype == torch.float16:
         raise InvalidArgumentError(f"z_loss_scale={z_loss_scale!r} is not supported with torch.float16 inputs (lfce's "
                                    "fp16 gradient scaling bounds |p - onehot| by 1, and the z-loss multiplies p by 1 "
                                    "+ 2 * z_loss_scale * LSE, which only the data bound); use torch.bfloat16 or "
                                    "torch.float32")
-    class_weight = _fp32_class_weight(class_weight)
+    class_weight = _fp32_class_weight(class_weight, _ops._statistics_dtype(hidden))
     batch_shape = hidden.shape[:-1]
     sequence_length = 0
-    if shift:
+    if options.shift:
         if targets.dim() == 0:
             raise InvalidArgumentError("shift=True needs a sequence dimension: hidden [..., T, H] and targets [..., "
                                        f"T], got hidden of shape {tuple(hidden.shape)}")
@@ -430,31 +467,31 @@ def linear_cross_entropy(hidden, weight, targets, bias=None, *, ignore_index=-10
 
     hidden = hidden.reshape(N, H)
     targets = targets.reshape(N)
-    if mode == "eager" and reduction == "none":
+    if options.mode == "eager" and reduction == "none":
         _log_once(logging.INFO, "lfce: mode 'eager' needs a scalar loss; reduction 'none' uses 'recompute'")
-        mode = "recompute"
-    if mode == "eager" and any(extra[name] for name in _LSE_ROWS):
+        options = dataclasses.replace(options, mode="recompute")
+    if options.mode == "eager" and any(extra[name] for name in _LSE_ROWS):
         _log_once(logging.INFO, "lfce: mode 'eager' computes the gradients before those of lse, entropy and logprob "
                                 "are known; return_lse, return_entropy and return_logprob use 'recompute'")
-        mode = "recompute"
+        options = dataclasses.replace(options, mode="recompute")
 
     # Which gradients a backward can ask for is known here (inside the operator grad mode is
     # off); eager mode computes only those (none when grad mode is off).
     wanted = tuple(torch.is_grad_enabled() and t is not None and t.requires_grad for t in (hidden, weight, bias))
-    options = [None if v is None else operator.index(v) for v in (ignore_index, chunk_size, workspace_budget)]
-    out = _ops.forward(hidden, weight, bias, targets, class_weight, *accumulators, options[0], reduction, mode,
-                       *options[1:], softcap, temperature, z_loss_scale, label_smoothing, token_scaling, *wanted,
-                       _output_flags(extra), sequence_length)
+    out = _ops.forward(_ops.forward_inputs(
+        hidden, weight, bias, targets, options, class_weight=class_weight, weight_grad_accumulator=accumulators[0],
+        bias_grad_accumulator=accumulators[1], wanted=wanted, sequence_length=sequence_length))
     loss = out[0].reshape(batch_shape) if reduction == "none" else out[0]
     z_loss = None
-    if return_z_loss:
-        counted = _per_position(lambda y: y != options[0], targets, sequence_length)
+    ignore_index, token_scaling = options.ignore_index, options.token_scaling
+    if options.return_z_loss:
+        counted = _per_position(lambda y: y != ignore_index, targets, sequence_length)
         z_loss = _z_loss(out[1], out[2], counted, z_loss_scale, reduction, token_scaling)  # (lse, count)
         z_loss = z_loss.reshape(batch_shape) if reduction == "none" else z_loss
     if not any(extra.values()):
-        return (loss, z_loss) if return_z_loss else loss
+        return (loss, z_loss) if options.return_z_loss else loss
     # (lse, valid_count, predicted) of the operator
-    return LossOutput(loss, z_loss, *_extra_outputs(out[1], out[2], out[6], targets, options[0], sequence_length,
+    return LossOutput(loss, z_loss, *_extra_outputs(out[1], out[2], out[6], targets, ignore_index, sequence_length,
                                                     reduction, token_scaling, extra, batch_shape))
 
 
@@ -468,13 +505,6 @@ def _per_position(test, targets, sequence_length, *aligned):
         return t.reshape(-1, sequence_length)
     hit = test(rows(targets)[:, 1:], *(rows(a)[:, :-1] for a in aligned))
     return torch.nn.functional.pad(hit, (0, 1), value=False).reshape(-1)
-
-
-def _output_flags(extra):
-    """lfce_problem.outputs for the extra outputs asked for: accuracy needs the predicted ids."""
-    flags = _lib.OUTPUT_ENTROPY if extra["return_entropy"] else 0
-    flags |= _lib.OUTPUT_LOGPROB if extra["return_logprob"] else 0
-    return flags | (_lib.OUTPUT_PREDICTED if extra["return_accuracy"] or extra["return_predicted"] else 0)
 
 
 def _extra_outputs(lse, valid_count, predicted, targets, ignore_index, sequence_length, reduction, token_scaling,

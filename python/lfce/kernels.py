@@ -1,9 +1,15 @@
 """Kernel generation without a GPU: ``lfce.generate`` returns the PTX lfce would run."""
 
+from __future__ import annotations
+
 import ctypes
+from collections.abc import Iterable
+from typing import Any
 
 from . import _check, _lib
+from . import options as _options
 from .errors import InvalidArgumentError
+from .options import LossOptions, Mode, Reduction
 
 __all__ = ["dtype_code", "generate", "problem_for"]
 
@@ -17,7 +23,7 @@ _DTYPE_NAMES = {
 }
 
 
-def dtype_code(dtype):
+def dtype_code(dtype: object) -> int:
     """lfce_dtype for a torch dtype or one of the strings "bf16", "fp16", "fp32"."""
     code = _DTYPE_NAMES.get(str(dtype))
     if code is None:
@@ -25,44 +31,45 @@ def dtype_code(dtype):
     return code
 
 
-# The extra outputs that change kernels (lfce_problem.outputs), by name.
+# The extra outputs that change kernels (lfce_problem.outputs), by name, and the LossOptions field
+# that asks for each.
 OUTPUT_FLAGS = {"entropy": _lib.OUTPUT_ENTROPY, "logprob": _lib.OUTPUT_LOGPROB, "predicted": _lib.OUTPUT_PREDICTED}
+_OUTPUT_FIELDS = {"entropy": "return_entropy", "logprob": "return_logprob", "predicted": "return_predicted"}
 
 
-def problem_for(vocab, hidden, *, dtype="bf16", has_bias=False, mode="recompute", reduction="mean",
-                tokens=8192, chunk_size=None, workspace_budget=None, ignore_index=-100, softcap=None,
-                temperature=None, z_loss_scale=None, label_smoothing=None, class_weight=False, token_scaling=False,
-                outputs=(), shift=False):
+def problem_for(vocab: int, hidden: int, *, dtype: object = "bf16", has_bias: bool = False, mode: Mode = "recompute",
+                reduction: Reduction = "mean", tokens: int = 8192, chunk_size: int | None = None,
+                workspace_budget: int | None = None, ignore_index: int = -100, softcap: float | None = None,
+                temperature: float | None = None, z_loss_scale: float | None = None,
+                label_smoothing: float | None = None, class_weight: bool = False, token_scaling: bool = False,
+                outputs: str | Iterable[str] = (), shift: bool = False,
+                options: LossOptions | None = None) -> _lib.Problem:
     """Validate the options of a problem description and fill an lfce_problem. The loss options are
-    linear_cross_entropy's (class_weight: whether there are class weights; the values are run-time
-    data); outputs: names from OUTPUT_FLAGS (return_accuracy needs "predicted"); shift: the causal
-    shift's kernels (the sequence length is a run-time value: the problem takes one sequence of
-    ``tokens``)."""
+    linear_cross_entropy's, or one LossOptions as ``options`` (class_weight: whether there are class
+    weights; the values are run-time data); outputs: names from OUTPUT_FLAGS (return_accuracy needs
+    "predicted"); shift: the causal shift's kernels (the sequence length is a run-time value: the
+    problem takes one sequence of ``tokens``)."""
     if isinstance(outputs, str):
         outputs = (outputs,)
+    outputs = tuple(outputs)
     unknown = [name for name in outputs if name not in OUTPUT_FLAGS]
     if unknown:
         raise InvalidArgumentError(f"outputs: unknown output(s) {unknown}; expected names from {sorted(OUTPUT_FLAGS)}")
-    return _lib.make_problem(
-        _check.positive("tokens", tokens), _check.positive("hidden", hidden), _check.positive("vocab", vocab),
-        dtype_code(dtype), has_bias=_check.flag("has_bias", has_bias),
-        reduction=_lib.REDUCTIONS[_check.choice("reduction", reduction, _lib.REDUCTIONS)],
-        mode=_lib.MODES[_check.choice("mode", mode, _lib.MODES)],
-        ignore_index=_check.integer("ignore_index", ignore_index),
-        chunk_size=_check.positive("chunk_size", chunk_size, allow_none=True),
-        workspace_budget=_check.positive("workspace_budget", workspace_budget, allow_none=True),
-        softcap=_check.softcap(softcap), temperature=_check.temperature(temperature),
-        z_loss_scale=_check.z_loss_scale(z_loss_scale), label_smoothing=_check.label_smoothing(label_smoothing),
-        has_class_weight=_check.flag("class_weight", class_weight), token_scaling=_check.flag("token_scaling",
-                                                                                               token_scaling),
-        outputs=sum(OUTPUT_FLAGS[name] for name in set(outputs)),
-        sequence_length=tokens if _check.flag("shift", shift) else 0,
-    )
+    loss = _options.resolve(options, ignore_index=ignore_index, reduction=reduction, mode=mode, chunk_size=chunk_size,
+                            workspace_budget=workspace_budget, softcap=softcap, temperature=temperature,
+                            z_loss_scale=z_loss_scale, label_smoothing=label_smoothing, token_scaling=token_scaling,
+                            shift=shift, **{_OUTPUT_FIELDS[name]: True for name in outputs})
+    tokens = _check.positive("tokens", tokens)
+    return _options.problem(loss, tokens, _check.positive("hidden", hidden), _check.positive("vocab", vocab),
+                            dtype_code(dtype), has_bias=bool(_check.flag("has_bias", has_bias)),
+                            has_class_weight=bool(_check.flag("class_weight", class_weight)),
+                            sequence_length=tokens if loss.shift else 0)
 
 
-def generate(vocab, hidden, *, arch="sm_90a", dtype="bf16", has_bias=False, mode="recompute",
-             reduction="mean", tokens=8192, chunk_size=None, workspace_budget=None,
-             ignore_index=-100, **loss_options):
+def generate(vocab: int, hidden: int, *, arch: str = "sm_90a", dtype: object = "bf16", has_bias: bool = False,
+             mode: Mode = "recompute", reduction: Reduction = "mean", tokens: int = 8192,
+             chunk_size: int | None = None, workspace_budget: int | None = None, ignore_index: int = -100,
+             **loss_options: Any) -> list[dict[str, Any]]:
     """Generate every kernel a problem needs for ``arch`` ("sm_80" or "sm_90a"); no GPU is touched.
 
     Returns a list of dicts, one per kernel, in the library's order::

@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import torch
+from torch import Tensor
 
-from . import _check
-from .functional import (
-    EXTRA_OUTPUTS,
-    check_class_weight,
-    linear_cross_entropy,
-    validate_options,
-)
+from .functional import LossOutput, _linear_cross_entropy, check_class_weight
+from .options import EXTRA_OUTPUTS, LossOptions, Mode, Reduction, resolve
 
 __all__ = ["LinearCrossEntropyLoss"]
 
@@ -28,7 +24,8 @@ class LinearCrossEntropyLoss(torch.nn.Module):
     chunk_size, workspace_budget, softcap, temperature, z_loss_scale, label_smoothing,
     class_weight, return_z_loss, shift, token_scaling, and the extra outputs return_lse,
     return_entropy, return_logprob, return_accuracy, return_predicted: with any of them set, forward
-    returns an :class:`lfce.LossOutput`). ``class_weight`` is a registered buffer, as
+    returns an :class:`lfce.LossOutput`), or all of them as ``options=lfce.LossOptions(...)``; they are
+    kept as ``module.options`` (a LossOptions). ``class_weight`` is a registered buffer, as
     ``torch.nn.CrossEntropyLoss``'s ``weight``: it follows ``module.to(device)`` and is in the
     state dict; its length and device are checked against the inputs at each call.
 
@@ -42,58 +39,45 @@ class LinearCrossEntropyLoss(torch.nn.Module):
     untouched (see :func:`lfce.linear_cross_entropy` for when it is filled); recompute mode only.
     """
 
-    class_weight: torch.Tensor | None
+    class_weight: Tensor | None
+    options: LossOptions
 
-    def __init__(self, *, ignore_index=-100, reduction="mean", mode="recompute", chunk_size=None,
-                 workspace_budget=None, softcap=None, temperature=None, z_loss_scale=None, label_smoothing=None,
-                 class_weight=None, return_z_loss=False, shift=False, token_scaling=False, return_lse=False,
-                 return_entropy=False, return_logprob=False, return_accuracy=False, return_predicted=False):
+    def __init__(self, *, ignore_index: int = -100, reduction: Reduction = "mean", mode: Mode = "recompute",
+                 chunk_size: int | None = None, workspace_budget: int | None = None, softcap: float | None = None,
+                 temperature: float | None = None, z_loss_scale: float | None = None,
+                 label_smoothing: float | None = None, class_weight: Tensor | None = None,
+                 return_z_loss: bool = False, shift: bool = False, token_scaling: bool = False,
+                 return_lse: bool = False, return_entropy: bool = False, return_logprob: bool = False,
+                 return_accuracy: bool = False, return_predicted: bool = False,
+                 options: LossOptions | None = None) -> None:
         super().__init__()
-        self.extra_outputs = dict(zip(EXTRA_OUTPUTS, (return_lse, return_entropy, return_logprob, return_accuracy,
-                                                      return_predicted)))
-        validate_options(ignore_index, reduction, mode, chunk_size, workspace_budget, softcap, temperature, z_loss_scale,
-                         return_z_loss, label_smoothing, token_scaling, self.extra_outputs)
+        self.options = resolve(
+            options, ignore_index=ignore_index, reduction=reduction, mode=mode, chunk_size=chunk_size,
+            workspace_budget=workspace_budget, softcap=softcap, temperature=temperature, z_loss_scale=z_loss_scale,
+            label_smoothing=label_smoothing, return_z_loss=return_z_loss, shift=shift, token_scaling=token_scaling,
+            return_lse=return_lse, return_entropy=return_entropy, return_logprob=return_logprob,
+            return_accuracy=return_accuracy, return_predicted=return_predicted)
         check_class_weight(class_weight)
         self.register_buffer("class_weight", class_weight)
-        self.softcap = softcap
-        self.temperature = temperature
-        self.z_loss_scale = z_loss_scale
-        self.label_smoothing = label_smoothing
-        self.return_z_loss = return_z_loss
-        self.token_scaling = token_scaling
-        _check.flag("shift", shift)
-        self.shift = shift
-        self.ignore_index = ignore_index
-        self.reduction = reduction
-        self.mode = mode
-        self.chunk_size = chunk_size
-        self.workspace_budget = workspace_budget
 
-    def forward(self, hidden, weight, targets, bias=None, *, weight_grad_accumulator=None, bias_grad_accumulator=None):
+    def forward(self, hidden: Tensor, weight: Tensor, targets: Tensor, bias: Tensor | None = None, *,
+                weight_grad_accumulator: Tensor | None = None, bias_grad_accumulator: Tensor | None = None
+                ) -> Tensor | tuple[Tensor, Tensor] | LossOutput:
         """Loss of ``hidden @ weight.T + bias`` against ``targets``; with an accumulator, the backward
         adds grad_weight (grad_bias) into it instead of giving weight (bias) a gradient. See
         linear_cross_entropy."""
-        return linear_cross_entropy(
-            hidden, weight, targets, bias, ignore_index=self.ignore_index, reduction=self.reduction,
-            mode=self.mode, chunk_size=self.chunk_size, workspace_budget=self.workspace_budget,
-            softcap=self.softcap, temperature=self.temperature, z_loss_scale=self.z_loss_scale,
-            label_smoothing=self.label_smoothing, class_weight=self.class_weight, return_z_loss=self.return_z_loss,
-            weight_grad_accumulator=weight_grad_accumulator, bias_grad_accumulator=bias_grad_accumulator,
-            shift=self.shift, token_scaling=self.token_scaling, **self.extra_outputs,
-        )
+        return _linear_cross_entropy(hidden, weight, targets, bias, self.options, self.class_weight,
+                                     (weight_grad_accumulator, bias_grad_accumulator))
 
-    def extra_repr(self):
-        options = [f"ignore_index={self.ignore_index!r}", f"reduction={self.reduction!r}", f"mode={self.mode!r}"]
+    def extra_repr(self) -> str:
+        o = self.options
+        shown = [f"ignore_index={o.ignore_index!r}", f"reduction={o.reduction!r}", f"mode={o.mode!r}"]
+        defaults = LossOptions()
         for name in ("chunk_size", "workspace_budget", "softcap", "temperature", "z_loss_scale", "label_smoothing"):
-            if getattr(self, name) is not None:
-                options.append(f"{name}={getattr(self, name)!r}")
+            if getattr(o, name) != getattr(defaults, name):
+                shown.append(f"{name}={getattr(o, name)!r}")
         if self.class_weight is not None:
-            options.append(f"class_weight=[{self.class_weight.shape[0]}]")
-        if self.return_z_loss:
-            options.append("return_z_loss=True")
-        if self.shift:
-            options.append("shift=True")
-        if self.token_scaling:
-            options.append("token_scaling=True")
-        options.extend(f"{name}=True" for name, value in self.extra_outputs.items() if value)
-        return ", ".join(options)
+            shown.append(f"class_weight=[{self.class_weight.shape[0]}]")
+        shown.extend(f"{name}=True" for name in ("return_z_loss", "shift", "token_scaling", *EXTRA_OUTPUTS)
+                     if getattr(o, name))
+        return ", ".join(shown)

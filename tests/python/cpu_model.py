@@ -1,12 +1,10 @@
-"""A CPU model of the operators lfce::forward / lfce::backward, in plain PyTorch, standing in for the
-CUDA kernels in the CPU tests (test_torch_op.py, test_accumulate.py).
+"""An unchunked model of the operators lfce::forward / lfce::backward in plain PyTorch, written from
+lfce.h's definitions independently of lfce's CPU implementation (python/lfce/_cpu.py), which the
+CPU tests compare with it operator output by operator output (test_cpu_path.py): the lse rows, the
+counts, eager mode's gradients, a direct backward call with grad_lse.
 
-``install(monkeypatch)`` registers it as the operators' CPU kernels (for torch.compile and opcheck)
-and as the implementations an eager call takes (the autograd.Function calls _ops._forward_impl /
-_backward_impl directly, without the operators), and lets CPU tensors through the device check.
-
-It computes as lfce does: fp32 from the inputs in their dtype, the forward's LSE reused in the
-backward, each gradient rounded once to its input's dtype, or added in fp32 into its accumulator.
+It computes from the whole [N, V] logits in fp32: the forward's LSE reused in
+the backward, each gradient rounded once to its input's dtype, or added into its accumulator.
 With token scaling lse is [2N] as lfce.h has it: the LSEs, then each token's scale p(target) (0 for
 ignored tokens), which multiplies that token's loss and gradient. The extra outputs (lfce.h's
 lfce_output flags) add the entropy and logprob rows to lse and fill predicted; the backward adds
@@ -17,7 +15,7 @@ dlogp_y/du = onehot(y) - p for counted tokens) before the softcap and temperatur
 import torch
 import torch.nn.functional as F
 
-from lfce import _lib, _ops, functional
+from lfce import _lib, _ops
 
 
 def _logits(hidden, weight, bias):
@@ -156,23 +154,6 @@ def backward_cpu(hidden, weight, bias, targets, class_weight, lse, valid_count, 
                    (softcap, temperature, z_loss_scale, label_smoothing, token_scaling), grad_lse, outputs)
     return _outputs(grads, hidden, weight, bias, (need_hidden, need_weight, need_bias),
                     (weight_grad_accumulator, bias_grad_accumulator))
-
-
-def register_kernels():
-    """Register the model as the operators' CPU kernels (once: a registration lasts the process)."""
-    if not getattr(register_kernels, "done", False):
-        torch.library.register_kernel("lfce::forward", "cpu", forward_cpu)
-        torch.library.register_kernel("lfce::backward", "cpu", backward_cpu)
-        register_kernels.done = True
-
-
-def install(monkeypatch):
-    """CPU tensors through the whole path: the operators' CPU kernels under torch.compile, and the
-    same functions as the implementations that eager calls take."""
-    register_kernels()
-    monkeypatch.setattr(functional, "_DEVICE_TYPE", "cpu")
-    monkeypatch.setattr(_ops, "_forward_impl", forward_cpu)
-    monkeypatch.setattr(_ops, "_backward_impl", backward_cpu)
 
 
 def inputs(n, h=16, v=40, dtype=torch.float32, bias=False, seed=0):

@@ -1,18 +1,25 @@
-"""The checks of lfce.distributed shared by the CPU test (gloo, a CPU model of the kernels) and the
-multi-GPU test (NCCL, lfce's kernels): one case = layout x mode x reduction x dtype x variant, run on
-every rank of the group with the same inputs (same seed), each rank checking its own results.
+"""The checks of lfce.distributed shared by the CPU test (gloo, lfce's CPU operators on each shard)
+and the multi-GPU test (NCCL, lfce's kernels): one case = layout x mode x reduction x dtype x variant
+x loss options, run on every rank of the group with the same inputs (same seed), each rank checking
+its own results against the fp64 reference and lfce on the whole weight.
 
 Variants: "uneven" (V odd: rank 0 holds V // 2 rows, the last rank one more), "one_shard" (every
 target in rank 0's shard), "ignore_class" (ignore_index is a class id of the last shard: the shard
 kernels must not ignore the class that maps onto it), "swapped" (vocab_start given, rank 0 holding
 the last rows).
+
+Loss options and outputs (OPTION_SETS): none ("plain"), softcap, temperature, both, the z-loss, the
+per-token outputs lse / entropy / logprob (each with its own upstream gradient), all of them together, and
+the gradient accumulators (recompute only);
+"plain", both maps and all together run over every variant, each alone over "uneven".
 """
 
 import itertools
 from dataclasses import replace
 
 import torch
-from checks import GRAD, LOSS, Tolerance, assert_close, make_inputs, reference, upstream
+import torch.nn.functional as F
+from checks import GRAD, LOSS, Tolerance, assert_close, make_inputs, upstream
 
 import lfce.distributed as lfce_dist
 
@@ -21,6 +28,19 @@ MODES = ("recompute", "eager")
 REDUCTIONS = ("mean", "sum", "none")
 DTYPES = (torch.float32, torch.bfloat16)
 VARIANTS = ("uneven", "one_shard", "ignore_class", "swapped")
+# The per-element maps of the logits, u = softcap * tanh(z / softcap) / temperature (logits of std
+# about 2.5: a softcap of 5 bends most of them).
+# The per-token outputs that are rows of lfce's lse, each with a random upstream gradient.
+ROWS = ("lse", "entropy", "logprob")
+OPTION_SETS = {"plain": {}, "softcap": {"softcap": 5.0}, "temperature": {"temperature": 0.7},
+               "softcap_temperature": {"softcap": 5.0, "temperature": 0.7},
+               "lse": {"return_lse": True}, "entropy": {"return_entropy": True}, "logprob": {"return_logprob": True},
+               "z_loss": {"z_loss_scale": 0.01},
+               # fp32 accumulators holding earlier gradients (recompute mode only, as on one GPU)
+               "accumulate": {"accumulate": True},
+               "outputs": {"softcap": 5.0, "temperature": 0.7, "z_loss_scale": 0.01, "return_lse": True,
+                           "return_entropy": True, "return_logprob": True}}
+EVERY_VARIANT = ("plain", "softcap_temperature", "outputs")
 
 # P ranks against one GPU on the whole weight: fp32 reassociation (the LSE's logsumexp over the
 # shards, the grad_hidden partials summed) for fp32 and for the loss; for bf16 gradients the
@@ -31,6 +51,9 @@ SAME_AS_ONE_GPU = {
     torch.bfloat16: Tolerance(rel_l2=5e-3, rtol=2.0 ** -6, atol=2.0 ** -6, row=None, row_floor=0.0),
 }
 SAME_LOSS = Tolerance(rel_l2=1e-5, rtol=1e-5, atol=1e-5, row=None, row_floor=0.0)
+# LSE, entropy and logprob against the fp64 reference: fp32 statistics, whatever the input dtype
+# (bf16 inputs are exact in fp64; the logits' fp32 accumulation dominates).
+ROW = Tolerance(rel_l2=1e-5, rtol=1e-5, atol=1e-5, row=None, row_floor=0.0)
 # grad_hidden against the fp64 reference: on top of one GPU's roundings (dz, then the result, to
 # the dtype), each rank's partial is rounded to the dtype before the sum, so an element can be
 # off by up to two more half-steps: twice the elementwise bound of checks.GRAD.
@@ -38,13 +61,85 @@ GRAD_HIDDEN = {dtype: replace(tol, rtol=2 * tol.rtol, atol=2 * tol.atol) if dtyp
                for dtype, tol in GRAD.items()}
 
 
-def case_ids():
-    return ["-".join(map(str, (layout, mode, reduction, str(dtype).replace("torch.", ""), variant)))
-            for layout, mode, reduction, dtype, variant in cases()]
+def case_ids(selected=None):
+    return ["-".join(map(str, (layout, mode, reduction, str(dtype).replace("torch.", ""), variant, options)))
+            for layout, mode, reduction, dtype, variant, options in (cases() if selected is None else selected)]
 
 
 def cases():
-    return list(itertools.product(LAYOUTS, MODES, REDUCTIONS, DTYPES, VARIANTS))
+    return [case + (options,) for options in OPTION_SETS
+            for case in itertools.product(LAYOUTS, MODES if options != "accumulate" else ("recompute",), REDUCTIONS,
+                                          DTYPES, VARIANTS if options in EVERY_VARIANT else ("uneven",))]
+
+
+def _accumulators(w, b, accumulate):
+    """(weight, bias) fp32 accumulators for [V, H] / [V] holding earlier sums (fixed values), or Nones."""
+    if not accumulate:
+        return None, None
+    g = torch.Generator(device=w.device).manual_seed(5)
+    acc_w = torch.randn(w.shape, device=w.device, generator=g) * 0.25
+    return acc_w, None if b is None else torch.randn(b.shape, device=w.device, generator=g) * 0.25
+
+
+def _added(leaf, accumulator, before):
+    """What the backward gave for a leaf: its .grad, or what it added into its accumulator (its .grad
+    then None)."""
+    if accumulator is None:
+        return None if leaf is None else leaf.grad
+    assert leaf.grad is None, "a gradient both added into its accumulator and returned"
+    return accumulator - before
+
+
+def reference(x, w, b, y, reduction, grad, ignore_index=-100, softcap=None, temperature=1.0, z_loss_scale=0.0,
+              rows=(), row_grads=()):
+    """fp64 (loss, grad_hidden, grad_weight, grad_bias, [rows]) through autograd of F.cross_entropy(u, y),
+    u the logits mapped as lfce maps them (softcap * tanh(z / softcap) / temperature), and of the
+    per-token ``rows`` (names of ROWS: LSE, entropy, logprob: 0 where ignored), each with its
+    upstream gradient in ``row_grads``; plus the z-loss s·LSE² of the counted tokens, reduced as the
+    loss (mean: over the same count)."""
+    x64, w64 = (t.detach().double().requires_grad_() for t in (x, w))
+    b64 = None if b is None else b.detach().double().requires_grad_()
+    logits = F.linear(x64, w64, b64)
+    if softcap is not None:
+        logits = softcap * torch.tanh(logits / softcap)
+    u = logits / temperature
+    loss = F.cross_entropy(u, y.long(), ignore_index=ignore_index, reduction=reduction)
+    lse = u.logsumexp(-1)
+    valid = y != ignore_index
+    z_loss = torch.where(valid, z_loss_scale * lse * lse, torch.zeros_like(lse))
+    loss = loss + {"none": z_loss, "sum": z_loss.sum(), "mean": z_loss.sum() / valid.sum()}[reduction]
+    log_p = u - lse[:, None]
+    values = {"lse": lse, "entropy": -(log_p.exp() * log_p).sum(-1),
+              "logprob": torch.where(valid, log_p.gather(1, torch.where(valid, y, 0).long()[:, None])[:, 0],
+                                     torch.zeros_like(lse))}
+    outputs = [values[name] for name in rows]
+    torch.autograd.backward([loss] + outputs, [grad.double()] + [g.double() for g in row_grads])
+    return (loss.detach(), x64.grad, w64.grad, None if b is None else b64.grad, [o.detach() for o in outputs])
+
+
+def _backward(out, rows, grad, row_grads):
+    """(loss, [rows]) of an lfce call's result, after a backward with these upstream gradients."""
+    values = [getattr(out, name) for name in rows] if rows else []
+    loss = out.loss if rows else out
+    torch.autograd.backward([loss] + values, [grad] + list(row_grads))
+    return loss.detach(), [value.detach() for value in values]
+
+
+def run_whole(x, w, b, y, reduction, grad, mode, ignore_index, rows=(), row_grads=(), accumulate=False, **options):
+    """lfce.linear_cross_entropy with the whole weight on one device (the inputs' own: one GPU, or the
+    CPU): (loss, grad_hidden, grad_weight, grad_bias, [rows])."""
+    import lfce
+
+    leaves = [None if t is None else t.detach().clone().requires_grad_() for t in (x, w, b)]
+    before = _accumulators(w, b, accumulate)
+    accumulators = tuple(None if t is None else t.clone() for t in before)
+    out = lfce.linear_cross_entropy(leaves[0], leaves[1], y, leaves[2], ignore_index=ignore_index,
+                                    reduction=reduction, mode=mode, weight_grad_accumulator=accumulators[0],
+                                    bias_grad_accumulator=accumulators[1], **options,
+                                    **{f"return_{r}": True for r in rows})
+    loss, values = _backward(out, rows, grad, row_grads)
+    return (loss, leaves[0].grad, _added(leaves[1], accumulators[0], before[0]),
+            _added(leaves[2], accumulators[1], before[1]), values)
 
 
 def make_case(variant, n, h, v, dtype, world_size, device):
@@ -70,65 +165,80 @@ def shard_of(variant, v, rank, world_size):
     return start, size, None
 
 
-def run_distributed(x, w, b, y, grad, rank, world_size, layout, mode, reduction, variant, ignore_index, **options):
-    """(loss, grad_hidden, grad_weight shard, grad_bias shard) of lfce.distributed on this rank."""
+def _tokens(layout, n, rank, world_size):
+    """This rank's tokens of the batch: all in tensor parallel, its N / P in sequence parallel."""
+    if layout != "sequence":
+        return slice(None)
+    per_rank = n // world_size
+    return slice(rank * per_rank, (rank + 1) * per_rank)
+
+
+def run_distributed(x, w, b, y, grad, rank, world_size, layout, mode, reduction, variant, ignore_index, rows=(),
+                    row_grads=(), accumulate=False, **options):
+    """(loss, grad_hidden, grad_weight shard, grad_bias shard, [rows]) of lfce.distributed on this rank."""
     start, size, vocab_start = shard_of(variant, w.shape[0], rank, world_size)
     sequence = layout == "sequence"
-    tokens = slice(None)
-    if sequence:
-        per_rank = x.shape[0] // world_size
-        tokens = slice(rank * per_rank, (rank + 1) * per_rank)
+    tokens = _tokens(layout, x.shape[0], rank, world_size)
     xr = x[tokens].detach().clone().requires_grad_()
     wr = w[start:start + size].detach().clone().requires_grad_()
     br = None if b is None else b[start:start + size].detach().clone().requires_grad_()
-    loss = lfce_dist.linear_cross_entropy(xr, wr, y[tokens], br, vocab_start=vocab_start, sequence_parallel=sequence,
-                                          ignore_index=ignore_index, reduction=reduction, mode=mode, **options)
-    loss.backward(grad[tokens] if reduction == "none" else grad)
-    return loss.detach(), xr.grad, wr.grad, None if br is None else br.grad
+    before = tuple(None if t is None else t[start:start + size].clone() for t in _accumulators(w, b, accumulate))
+    accumulators = tuple(None if t is None else t.clone() for t in before)
+    out = lfce_dist.linear_cross_entropy(xr, wr, y[tokens], br, vocab_start=vocab_start, sequence_parallel=sequence,
+                                         ignore_index=ignore_index, reduction=reduction, mode=mode,
+                                         weight_grad_accumulator=accumulators[0],
+                                         bias_grad_accumulator=accumulators[1], **options,
+                                         **{f"return_{r}": True for r in rows})
+    loss, values = _backward(out, rows, grad[tokens] if reduction == "none" else grad,
+                             [g[tokens] for g in row_grads])
+    return loss, xr.grad, _added(wr, accumulators[0], before[0]), _added(br, accumulators[1], before[1]), values
 
 
 def expected_part(full, rank, world_size, layout, variant, reduction):
-    """This rank's part of the full-problem (loss, grad_hidden, grad_weight, grad_bias)."""
-    loss, gx, gw, gb = full
-    v = gw.shape[0]
-    start, size, _ = shard_of(variant, v, rank, world_size)
-    if layout == "sequence":
-        per_rank = gx.shape[0] // world_size
-        tokens = slice(rank * per_rank, (rank + 1) * per_rank)
-        gx = gx[tokens]
-        if reduction == "none":
-            loss = loss[tokens]
+    """This rank's part of the full-problem (loss, grad_hidden, grad_weight, grad_bias, [rows])."""
+    loss, gx, gw, gb, values = full
+    start, size, _ = shard_of(variant, gw.shape[0], rank, world_size)
+    tokens = _tokens(layout, gx.shape[0], rank, world_size)
+    if reduction == "none":
+        loss = loss[tokens]
     rows = slice(start, start + size)
-    return loss, gx, gw[rows], None if gb is None else gb[rows]
+    return loss, gx[tokens], gw[rows], None if gb is None else gb[rows], [value[tokens] for value in values]
 
 
-def check_case(case, rank, world_size, n, h, v, device, record=None, one_gpu=None, **options):
-    """Run one case on this rank; check it against the fp64 reference (the usual tolerances) and, where
-    ``one_gpu`` (a function (x, w, b, y, reduction, grad, mode, ignore_index) -> results) is given,
-    against lfce on one GPU with the whole weight. Returns (loss, None or the failed check's message):
-    a failure is not raised here so that every rank goes on to the same collectives."""
-    layout, mode, reduction, dtype, variant = case
+def check_case(case, rank, world_size, n, h, v, device, record=None, whole=False, **options):
+    """Run one case on this rank; check it against the fp64 reference (the usual tolerances) and, with
+    ``whole``, against lfce.linear_cross_entropy on this device with the whole weight (run_whole).
+    ``options``: more keyword options of both calls, on top of the case's option set. Returns (loss,
+    None or the failed check's message): a failure is not raised here so that every rank goes on to
+    the same collectives."""
+    layout, mode, reduction, dtype, variant, option_set = case
+    options = {**OPTION_SETS[option_set], **options}
+    rows = [name for name in ROWS if options.pop(f"return_{name}", False)]
     x, w, b, y, ignore_index = make_case(variant, n, h, v, dtype, world_size, device)
     grad = upstream(reduction, y.shape, dtype, device=device)
-    ours = run_distributed(x, w, b, y, grad, rank, world_size, layout, mode, reduction, variant, ignore_index,
-                           **options)
-    ref = expected_part(reference(x, w, b, y, reduction, grad, ignore_index=ignore_index), rank, world_size,
-                        layout, variant, reduction)
+    row_grads = [upstream("none", y.shape, torch.float32, seed=2 + i, device=device) for i in range(len(rows))]
+    ours = run_distributed(x, w, b, y, grad, rank, world_size, layout, mode, reduction, variant, ignore_index, rows,
+                           row_grads, **options)
+    maps = {name: options[name] for name in ("softcap", "temperature", "z_loss_scale") if name in options}
+    ref = expected_part(reference(x, w, b, y, reduction, grad, ignore_index, rows=rows, row_grads=row_grads, **maps),
+                        rank, world_size, layout, variant, reduction)
     single = None
-    if one_gpu is not None:
-        single = expected_part(one_gpu(x, w, b, y, reduction, grad, mode, ignore_index), rank, world_size, layout,
-                               variant, reduction)
-    names = (f"loss ({reduction})", "grad_hidden", "grad_weight", "grad_bias")
+    if whole:
+        single = expected_part(run_whole(x, w, b, y, reduction, grad, mode, ignore_index, rows, row_grads, **options),
+                               rank, world_size, layout, variant, reduction)
+    names = (f"loss ({reduction})", "grad_hidden", "grad_weight", "grad_bias") + tuple(rows)
+    tols = (LOSS[dtype], GRAD_HIDDEN[dtype], GRAD[dtype], GRAD[dtype]) + (ROW,) * len(rows)
     try:
         assert ours[0].dtype == torch.float32, f"loss dtype {ours[0].dtype}"
-        for name, actual, expected, tol in zip(names, ours, ref, (LOSS[dtype], GRAD_HIDDEN[dtype], GRAD[dtype], GRAD[dtype])):
+        for name, actual, expected, tol in zip(names, ours[:4] + tuple(ours[4]), ref[:4] + tuple(ref[4]), tols):
             if expected is not None:
                 assert_close(name, actual, expected, tol, record)
         if single is not None:
-            tols = (SAME_LOSS,) + (SAME_AS_ONE_GPU[dtype],) * 3
-            for name, actual, expected, tol in zip(names, ours, single, tols):
+            tols = (SAME_LOSS,) + (SAME_AS_ONE_GPU[dtype],) * 3 + (SAME_LOSS,) * len(rows)
+            for name, actual, expected, tol in zip(names, ours[:4] + tuple(ours[4]), single[:4] + tuple(single[4]),
+                                                   tols):
                 if expected is not None:
-                    assert_close(f"{name} vs one GPU", actual, expected, tol, record)
+                    assert_close(f"{name} vs one device", actual, expected, tol, record)
     except AssertionError as error:
         return ours[0], str(error)
     return ours[0], None

@@ -1,6 +1,6 @@
 """weight_grad_accumulator / bias_grad_accumulator without a GPU (PyTorch 2.4+; skipped before, failed in
-ctest's python.cpu.torch): the operators' CPU model (cpu_model.py) adds the gradients into the
-buffers as the kernels do, and these tests check what the Python layer and the operators make of it,
+ctest's python.cpu.torch): the operators' CPU implementation (python/lfce/_cpu.py) adds the gradients
+into the buffers as the kernels do, and these tests check what the Python layer and the operators make of it,
 called eagerly and under torch.compile(fullgraph=True):
 
 * the buffer ends as its old value + the fp64 reference gradient, and weight.grad / bias.grad stay
@@ -23,7 +23,6 @@ if not _ops.HAVE_CUSTOM_OPS:
     pytest.skip(missing_dependency(f"torch {torch.__version__} has no torch.library.custom_op (PyTorch 2.4+): "
                                    "lfce runs through torch.autograd.Function there"), allow_module_level=True)
 
-import cpu_model
 import torch._dynamo.testing
 from cpu_model import inputs
 
@@ -34,11 +33,6 @@ REDUCTIONS = ["mean", "sum", "none"]
 # gradients' size): at most 1.4e-7 of the buffer's largest value (up to 4.9), fp32 and bf16 inputs
 # alike (the reference takes the bf16 values), eager and compiled. About 2x that:
 TOL_OF_MAX = 3e-7
-
-
-@pytest.fixture
-def on_cpu(monkeypatch):
-    cpu_model.install(monkeypatch)
 
 
 def main_grads(w, b, seed=5):
@@ -86,7 +80,7 @@ def assert_added(name, buffer, old, expected):
 @pytest.mark.parametrize("bias", [False, True], ids=["no_bias", "bias"])
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager_call", "compiled"])
-def test_backward_adds_the_gradients_into_the_buffers_and_gives_weight_none(on_cpu, compiled, reduction, bias,
+def test_backward_adds_the_gradients_into_the_buffers_and_gives_weight_none(compiled, reduction, bias,
                                                                             dtype):
     x, w, b, y = inputs(9, dtype=dtype, bias=bias)
     main_w, main_b = main_grads(w, b)
@@ -104,7 +98,7 @@ def test_backward_adds_the_gradients_into_the_buffers_and_gives_weight_none(on_c
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager_call", "compiled"])
-def test_two_backward_passes_add_twice(on_cpu, compiled):
+def test_two_backward_passes_add_twice(compiled):
     x, w, b, y = inputs(9, bias=True)
     main_w, main_b = main_grads(w, b)
     old_w, old_b = main_w.clone(), main_b.clone()
@@ -117,7 +111,7 @@ def test_two_backward_passes_add_twice(on_cpu, compiled):
     assert w.grad is None and b.grad is None
 
 
-def test_two_calls_into_one_buffer_before_one_backward_add_both(on_cpu):
+def test_two_calls_into_one_buffer_before_one_backward_add_both():
     """Two heads sharing the weight (multi-token prediction), one backward of the sum: outside
     torch.compile the buffer is kept on ctx without a version check, so both calls add."""
     x, w, _, y = inputs(9)
@@ -133,7 +127,7 @@ def test_two_calls_into_one_buffer_before_one_backward_add_both(on_cpu):
     assert_added("weight_grad_accumulator", main_w, old_w, ref_w)
 
 
-def test_two_compiled_calls_into_one_buffer_before_one_backward_raise_autograds_version_error(on_cpu):
+def test_two_compiled_calls_into_one_buffer_before_one_backward_raise_autograds_version_error():
     """The documented limitation (linear_cross_entropy's docstring): under torch.compile AOTAutograd
     saves the buffer with autograd's version check, so the first backward's write fails the second's
     check. If PyTorch lifts it, this fails: then drop the limitation from the documentation."""
@@ -146,7 +140,7 @@ def test_two_compiled_calls_into_one_buffer_before_one_backward_raise_autograds_
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager_call", "compiled"])
-def test_a_frozen_weight_leaves_its_buffer_untouched(on_cpu, compiled):
+def test_a_frozen_weight_leaves_its_buffer_untouched(compiled):
     x, w, b, y = inputs(9, bias=True)
     w.requires_grad_(False)
     main_w, main_b = main_grads(w, b)
@@ -157,7 +151,7 @@ def test_a_frozen_weight_leaves_its_buffer_untouched(on_cpu, compiled):
     assert x.grad is not None and w.grad is None and b.grad is None
 
 
-def test_a_call_without_grad_mode_leaves_the_buffers_untouched(on_cpu):
+def test_a_call_without_grad_mode_leaves_the_buffers_untouched():
     x, w, b, y = inputs(9, bias=True)
     main_w, main_b = main_grads(w, b)
     old_w, old_b = main_w.clone(), main_b.clone()
@@ -166,7 +160,7 @@ def test_a_call_without_grad_mode_leaves_the_buffers_untouched(on_cpu):
     assert torch.equal(main_w, old_w) and torch.equal(main_b, old_b)
 
 
-def test_only_the_bias_into_a_buffer_gives_weight_its_gradient(on_cpu):
+def test_only_the_bias_into_a_buffer_gives_weight_its_gradient():
     x, w, b, y = inputs(9, bias=True)
     _, main_b = main_grads(w, b)
     old_b = main_b.clone()
@@ -177,7 +171,7 @@ def test_only_the_bias_into_a_buffer_gives_weight_its_gradient(on_cpu):
     assert b.grad is None
 
 
-def test_module_takes_the_buffers_at_each_call(on_cpu):
+def test_module_takes_the_buffers_at_each_call():
     x, w, b, y = inputs(9, bias=True)
     main_w, _ = main_grads(w, b)
     old_w = main_w.clone()
@@ -188,7 +182,7 @@ def test_module_takes_the_buffers_at_each_call(on_cpu):
 
 
 @pytest.mark.parametrize("reduction", REDUCTIONS)
-def test_opcheck_passes_with_the_buffers(on_cpu, reduction):
+def test_opcheck_passes_with_the_buffers(reduction):
     x, w, b, y = inputs(6, bias=True)
     main_w, main_b = main_grads(w, b)
     options = (-100, reduction, None, None, None, 1.0, 0.0, 0.0, False)
@@ -209,7 +203,7 @@ def test_backward_operator_declares_the_buffers_mutated():
     assert not any(a.alias_info is not None and a.alias_info.is_write for a in forward.arguments)
 
 
-def test_compiled_loss_with_buffers_compiles_once_for_two_token_counts(on_cpu):
+def test_compiled_loss_with_buffers_compiles_once_for_two_token_counts():
     counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
     fn = torch.compile(lambda x, w, b, y, mw, mb: lfce.linear_cross_entropy(
         x, w, y, b, weight_grad_accumulator=mw, bias_grad_accumulator=mb), backend=counter, fullgraph=True,

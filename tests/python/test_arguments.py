@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import lfce
-from lfce import _lib, _ops, functional
+from lfce import _bridge, _lib, _ops
 
 N, H, V = 4, 16, 10
 
@@ -97,20 +97,21 @@ def test_a_loss_option_that_float32_makes_zero_or_subnormal_is_named(option, val
         lfce.linear_cross_entropy(*inputs(), **{option: value})
 
 
-def test_numpy_scalars_are_taken_as_options_and_reach_the_operator_as_python_values(on_cpu, monkeypatch):
+def test_numpy_scalars_are_taken_as_options_and_reach_the_operator_as_python_values(monkeypatch):
     np = pytest.importorskip("numpy")
     seen = []
-    monkeypatch.setattr(_ops, "forward", lambda *args: seen.append(args) or (torch.zeros(()),))
+    monkeypatch.setattr(_ops, "forward", lambda args: seen.append(args) or (torch.zeros(()),))
     lfce.linear_cross_entropy(*inputs(), softcap=np.float32(30.0), temperature=np.float64(0.5),
                               z_loss_scale=np.float32(0.25), label_smoothing=np.float16(0.5),
                               token_scaling=np.True_, shift=np.False_, chunk_size=np.int64(64),
                               ignore_index=np.int32(-100))
     (args,) = seen
-    assert args[7] == -100 and type(args[7]) is int
-    assert args[10] == 64 and type(args[10]) is int
-    assert args[12:17] == (30.0, 0.5, 0.25, 0.5, True)
-    assert [type(a) for a in args[12:17]] == [float, float, float, float, bool]
-    assert type(args[-1]) is int and args[-1] == 0  # shift=np.False_: no sequence length
+    assert args.ignore_index == -100 and type(args.ignore_index) is int
+    assert args.chunk_size == 64 and type(args.chunk_size) is int
+    options = (args.softcap, args.temperature, args.z_loss_scale, args.label_smoothing, args.token_scaling)
+    assert options == (30.0, 0.5, 0.25, 0.5, True)
+    assert [type(a) for a in options] == [float, float, float, float, bool]
+    assert type(args.sequence_length) is int and args.sequence_length == 0  # shift=np.False_: no sequence length
     with raises(TypeError, "shift must be a bool", "str"):
         lfce.linear_cross_entropy(*inputs(), shift="no")
 
@@ -122,8 +123,7 @@ def test_label_smoothing_range_message_gives_the_bounds():
 
 @pytest.mark.parametrize("value", [0, 0.0, 1, 1.0, 0.1])
 def test_label_smoothing_accepts_the_closed_range(value):
-    with raises(ValueError, "CUDA tensors only"):  # accepted: the device check answers
-        lfce.linear_cross_entropy(*inputs(), label_smoothing=value)
+    assert torch.isfinite(lfce.linear_cross_entropy(*inputs(), label_smoothing=value))  # accepted: computed on the CPU
 
 
 def test_bool_chunk_size_is_named():
@@ -192,23 +192,30 @@ def test_no_tokens_is_named():
         lfce.linear_cross_entropy(torch.empty(0, H, dtype=torch.bfloat16), w, torch.empty(0, dtype=torch.int64))
 
 
-def test_cpu_tensors_are_refused():
-    with raises(ValueError, "CUDA tensors only", "hidden", "cpu"):
-        lfce.linear_cross_entropy(*inputs())
+def test_tensors_on_a_device_other_than_cuda_or_cpu_are_refused():
+    with raises(ValueError, "lfce runs on CUDA or CPU tensors", "hidden is on meta"):
+        lfce.linear_cross_entropy(*(t.to("meta") for t in inputs()))
 
 
-def test_cpu_tensors_are_refused_through_the_module():
-    with raises(ValueError, "CUDA tensors only", "cpu"):
-        lfce.LinearCrossEntropyLoss()(*inputs())
+def test_tensors_on_a_device_other_than_cuda_or_cpu_are_refused_through_the_module():
+    with raises(ValueError, "lfce runs on CUDA or CPU tensors", "meta"):
+        lfce.LinearCrossEntropyLoss()(*(t.to("meta") for t in inputs()))
+
+
+def test_an_unsupported_dtype_is_named_with_float64_for_cpu_tensors():
+    x, w, y = inputs()
+    with raises(TypeError, "hidden must be torch.bfloat16, torch.float16 or torch.float32 (or torch.float64 on CPU "
+                "tensors), got torch.int16"):
+        lfce.linear_cross_entropy(x.to(torch.int16), w.to(torch.int16), y)
+
+
+def test_float64_off_the_cpu_is_refused():
+    x, w, y = (t.double() if t.is_floating_point() else t for t in inputs())
+    with raises(TypeError, "(or torch.float64 on CPU tensors), got torch.float64"):
+        lfce.linear_cross_entropy(x.to("meta"), w.to("meta"), y.to("meta"))
 
 
 # --- class weights -------------------------------------------------------------------------
-
-@pytest.fixture
-def on_cpu(monkeypatch):
-    """CPU tensors pass the device check, so the checks after it answer."""
-    monkeypatch.setattr(functional, "_DEVICE_TYPE", "cpu")
-
 
 def test_class_weight_that_is_not_a_tensor_is_named():
     with raises(TypeError, "class_weight must be None or a torch.Tensor", "list"):
@@ -247,12 +254,12 @@ def test_class_weight_with_fp16_inputs_is_refused():
         lfce.linear_cross_entropy(*inputs(dtype=torch.float16), class_weight=torch.ones(V))
 
 
-def test_z_loss_with_fp16_inputs_is_refused_naming_the_fix(on_cpu):
+def test_z_loss_with_fp16_inputs_is_refused_naming_the_fix():
     with raises(ValueError, "z_loss_scale=0.0001 is not supported with torch.float16", "torch.bfloat16"):
         lfce.linear_cross_entropy(*inputs(dtype=torch.float16), z_loss_scale=1e-4)
 
 
-def test_class_weight_on_another_device_than_hidden_is_named(on_cpu):
+def test_class_weight_on_another_device_than_hidden_is_named():
     with raises(ValueError, "class_weight is on meta but hidden is on cpu"):
         lfce.linear_cross_entropy(*inputs(), class_weight=torch.ones(V, device="meta"))
 
@@ -261,22 +268,22 @@ def operator_spy(monkeypatch):
     """Stand in for the operator; return the list of class_weight tensors it was given."""
     seen = []
 
-    def operator(hidden, weight, bias, targets, class_weight, *rest):
-        seen.append(class_weight)
+    def operator(args):
+        seen.append(args.class_weight)
         return (torch.zeros(()),)
 
     monkeypatch.setattr(_ops, "forward", operator)
     return seen
 
 
-def test_fp32_contiguous_class_weight_reaches_the_operator_uncopied(on_cpu, monkeypatch):
+def test_fp32_contiguous_class_weight_reaches_the_operator_uncopied(monkeypatch):
     seen = operator_spy(monkeypatch)
     weights = torch.rand(V)
     lfce.linear_cross_entropy(*inputs(), class_weight=weights)
     assert seen[0].data_ptr() == weights.data_ptr() and seen[0].dtype == torch.float32
 
 
-def test_class_weight_reaches_the_operator_as_detached_contiguous_fp32(on_cpu, monkeypatch):
+def test_class_weight_reaches_the_operator_as_detached_contiguous_fp32(monkeypatch):
     seen = operator_spy(monkeypatch)
     weights = torch.rand(2 * V, dtype=torch.float64, requires_grad=True)
     lfce.linear_cross_entropy(*inputs(), class_weight=weights[::2])
@@ -285,7 +292,7 @@ def test_class_weight_reaches_the_operator_as_detached_contiguous_fp32(on_cpu, m
     assert torch.equal(got, weights.detach()[::2].float())
 
 
-def test_module_keeps_its_class_weight_as_a_buffer_as_cross_entropy_loss_does(on_cpu, monkeypatch):
+def test_module_keeps_its_class_weight_as_a_buffer_as_cross_entropy_loss_does(monkeypatch):
     weights = torch.rand(V)
     loss_fn = lfce.LinearCrossEntropyLoss(class_weight=weights, label_smoothing=0.1)
     assert dict(loss_fn.named_buffers()) == {"class_weight": weights}
@@ -356,12 +363,12 @@ def test_module_names_a_bad_gradient_accumulator():
         lfce.LinearCrossEntropyLoss()(*inputs(), weight_grad_accumulator=torch.zeros(V, H, dtype=torch.float16))
 
 
-def test_gradient_accumulator_on_another_device_than_hidden_is_named(on_cpu):
+def test_gradient_accumulator_on_another_device_than_hidden_is_named():
     with raises(ValueError, "weight_grad_accumulator is on meta but hidden is on cpu"):
         lfce.linear_cross_entropy(*inputs(), weight_grad_accumulator=torch.zeros(V, H, device="meta"))
 
 
-def test_misaligned_gradient_accumulator_is_named(on_cpu):
+def test_misaligned_gradient_accumulator_is_named():
     misaligned = torch.zeros(V * H + 1)[1:].view(V, H)  # 4 bytes past an aligned start
     with raises(ValueError, "weight_grad_accumulator must start on an 8-byte boundary", "storage offset 1"):
         lfce.linear_cross_entropy(*inputs(), weight_grad_accumulator=misaligned)
@@ -374,9 +381,9 @@ def test_forward_operator_refuses_gradient_accumulators_in_eager_mode():
                            0.0, 0.0, False, True, True, False)
 
 
-def test_token_scaling_reaches_the_operator_and_the_modules_repr(on_cpu, monkeypatch):
+def test_token_scaling_reaches_the_operator_and_the_modules_repr(monkeypatch):
     seen = []
-    monkeypatch.setattr(_ops, "forward", lambda *args: seen.append(args[16]) or (torch.zeros(()),))
+    monkeypatch.setattr(_ops, "forward", lambda args: seen.append(args.token_scaling) or (torch.zeros(()),))
     lfce.linear_cross_entropy(*inputs())
     module = lfce.LinearCrossEntropyLoss(token_scaling=True)
     module(*inputs())
@@ -404,9 +411,10 @@ def test_make_problem_refuses_outputs_too_wide_for_their_c_type():
         _lib.make_problem(64, 256, 1000, _lib.DTYPE_BF16, outputs=2**32)
 
 
-def test_gradient_accumulators_reach_the_operator_uncopied(on_cpu, monkeypatch):
+def test_gradient_accumulators_reach_the_operator_uncopied(monkeypatch):
     seen = []
-    monkeypatch.setattr(_ops, "forward", lambda *args: seen.append(args[5:7]) or (torch.zeros(()),))
+    monkeypatch.setattr(_ops, "forward", lambda args: seen.append((args.weight_grad_accumulator, args.bias_grad_accumulator))
+                        or (torch.zeros(()),))
     main_w, main_b = torch.zeros(V, H), torch.zeros(V)
     lfce.linear_cross_entropy(*with_bias(), weight_grad_accumulator=main_w, bias_grad_accumulator=main_b)
     assert seen[0][0] is main_w and seen[0][1] is main_b
@@ -691,11 +699,10 @@ def test_odd_hidden_size_reaches_the_operator_unpadded(monkeypatch, dtype):
     rows in place."""
     seen = []
 
-    def operator(hidden, weight, *rest):
-        seen.append((tuple(hidden.shape), tuple(weight.shape)))
+    def operator(args):
+        seen.append((tuple(args.hidden.shape), tuple(args.weight.shape)))
         return (torch.zeros(()),)
 
-    monkeypatch.setattr(functional, "_DEVICE_TYPE", "cpu")
     monkeypatch.setattr(_ops, "forward", operator)
     lfce.linear_cross_entropy(torch.randn(5, 7).to(dtype), torch.randn(40, 7).to(dtype),
                               torch.zeros(5, dtype=torch.int64))
@@ -706,9 +713,9 @@ def test_row_slices_of_odd_hidden_size_are_used_in_place():
     """lfce.h asks rows of H = 7 bf16 elements (14 bytes) to start on 2 bytes only: a slice of
     whole rows is passed as it is, not copied; 16-byte rows still need a 16-byte start."""
     odd = torch.zeros(10, 7, dtype=torch.bfloat16)[3:]
-    assert odd.data_ptr() % 16 and _ops._rows_aligned(odd).data_ptr() == odd.data_ptr()
+    assert odd.data_ptr() % 16 and _bridge._rows_aligned(odd).data_ptr() == odd.data_ptr()
     even = torch.zeros(10, 8, dtype=torch.bfloat16)[3:]
-    assert _ops._rows_aligned(even).data_ptr() % 16 == 0
+    assert _bridge._rows_aligned(even).data_ptr() % 16 == 0
 
 
 @pytest.mark.lib
@@ -729,25 +736,25 @@ def test_eager_schedule_and_workspace_through_the_bindings():
 
 
 def test_allocator_bytes_reads_the_two_counters_of_the_nested_statistics(monkeypatch):
-    """_ops._allocator_bytes takes reserved and allocated from the allocator's nested statistics, and
+    """_bridge._allocator_bytes takes reserved and allocated from the allocator's nested statistics, and
     PyTorch's public counters where this PyTorch has no such dictionary."""
     stats = {"reserved_bytes": {"all": {"current": 300}}, "allocated_bytes": {"all": {"current": 120}}}
     monkeypatch.setattr(torch._C, "_cuda_memoryStats", lambda index: stats, raising=False)
-    assert _ops._allocator_bytes(torch.device("cuda", 0)) == (300, 120)
+    assert _bridge._allocator_bytes(torch.device("cuda", 0)) == (300, 120)
     monkeypatch.setattr(torch._C, "_cuda_memoryStats", lambda index: {}, raising=False)
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 7)
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 5)
-    assert _ops._allocator_bytes(torch.device("cuda", 0)) == (7, 5)
+    assert _bridge._allocator_bytes(torch.device("cuda", 0)) == (7, 5)
 
 
 def test_eager_budget_is_none_when_the_workspace_fits_an_eighth_of_free_memory(monkeypatch):
-    """Eager mode's default token chunk (_ops._eager_budget): every token at once (None) while the
+    """Eager mode's default token chunk (_bridge._eager_budget): every token at once (None) while the
     [N, V] exponentials fit in an eighth of the free memory (the driver's free memory plus what the
     caching allocator holds unused), else the largest power of two under that eighth."""
     mib = 1 << 20
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (700 * mib, 1 << 40))
-    monkeypatch.setattr(_ops, "_allocator_bytes", lambda device: (200 * mib, 100 * mib))
+    monkeypatch.setattr(_bridge, "_allocator_bytes", lambda device: (200 * mib, 100 * mib))
     weight = torch.empty(1000, 8, dtype=torch.bfloat16)
     # An eighth of 800 MiB is 100 MiB: N = 52428 tokens of V = 1000 bf16 exponentials fit, 52429 not.
-    assert _ops._eager_budget(torch.empty(52428, 8, dtype=torch.bfloat16), weight) is None
-    assert _ops._eager_budget(torch.empty(52429, 8, dtype=torch.bfloat16), weight) == 64 * mib
+    assert _bridge._eager_budget(torch.empty(52428, 8, dtype=torch.bfloat16), weight) is None
+    assert _bridge._eager_budget(torch.empty(52429, 8, dtype=torch.bfloat16), weight) == 64 * mib

@@ -1,17 +1,17 @@
 """lfce.distributed without a GPU: the layout checks, the target mapping and the LSE combination as
 pure functions, the argument checks, and the whole algorithm over torch.distributed's gloo backend
-with two processes, the shard kernels replaced by a CPU model of their contract
-(distributed_model.py), against the fp64 reference (distributed_cases.py: both layouts, both modes,
-every reduction, fp32 and bf16, uneven shards, targets in one shard, an ignore_index that is a class
-id, shards in swapped order). The same cases run on two GPUs in test_multigpu_distributed.py.
+with two processes (and three for a subset), each shard through lfce's CPU operators
+(distributed_model.py), against the fp64 reference and against lfce.linear_cross_entropy on CPU
+tensors with the whole weight (distributed_cases.py: both layouts, both modes, every reduction, fp32
+and bf16, uneven shards, targets in one shard, an ignore_index that is a class id, shards in swapped
+order; softcap and temperature alone and together). The same cases run on two GPUs in
+test_multigpu_distributed.py.
 """
 
 import datetime
 import json
 import math
 import os
-import socket
-import time
 
 import distributed_cases
 import pytest
@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
+from gloo_launch import free_port, run_ranks
 
 import lfce
 import lfce.distributed as lfce_dist
@@ -66,13 +67,30 @@ def test_combined_shard_lse_equals_the_lse_of_the_whole_row(monkeypatch):
         parts.append(torch.stack((z.logsumexp(1), torch.where(local >= 0, picked, torch.zeros_like(picked)))))
     # What the all-gather of the two ranks' [2, N] parts gives.
     monkeypatch.setattr(lfce_dist, "_all_gather", lambda tensor, group, nccl: torch.cat(parts))
-    lse, target_logit = lfce_dist.combine(parts[0][0], parts[0][1], group="two ranks")
+    lse, target_logit, _ = lfce_dist.combine(parts[0][0], parts[0][1], group="two ranks")
     torch.testing.assert_close(lse, logits.logsumexp(1))
     expected = logits.gather(1, targets.clamp(min=0)[:, None])[:, 0]
     torch.testing.assert_close(target_logit[targets >= 0], expected[targets >= 0])
     loss, count = lfce_dist.token_losses(lse, target_logit, targets, 37, -100)
     torch.testing.assert_close(loss, F.cross_entropy(logits, targets, reduction="none"))
     assert count.tolist() == [5.0]
+
+
+def test_the_logprob_gradient_of_a_target_on_another_shard_moves_to_the_lse_row():
+    """lfce's kernels apply a logprob gradient g only where the target is one of their columns; a
+    token whose target is on another rank still needs -g·p on this shard: it travels as -g in the
+    lse row's gradient (which adds +g_L·p). Ignored tokens and targets outside [0, V) get none."""
+    options = lfce.LossOptions(return_lse=True, return_entropy=True, return_logprob=True)
+    targets = torch.tensor([3, 30, -100, 37, 12])  # in the shard [0, 18), elsewhere, ignored, bad, in the shard
+    local = lfce_dist.local_targets(targets, 0, 18, -100)
+    g_lse, g_entropy, g_logprob = torch.tensor([1.0, 2, 3, 4, 5]), torch.full((5,), 7.0), torch.full((5,), 0.5)
+    rows = lfce_dist.shard_row_gradients(options, torch.cat((g_lse, g_entropy, g_logprob)), local, targets, 37)
+    lse, entropy, logprob = rows.reshape(3, 5)
+    assert lse.tolist() == [1.0, 1.5, 3.0, 4.0, 5.0]
+    assert entropy.tolist() == g_entropy.tolist()
+    assert logprob.tolist() == [0.5, 0.0, 0.5, 0.0, 0.5]  # ignored: no gradient in the kernels either
+    without = lfce.LossOptions(return_lse=True)
+    assert lfce_dist.shard_row_gradients(without, g_lse, local, targets, 37) is g_lse
 
 
 def test_a_target_outside_the_vocabulary_gives_a_nan_loss_like_one_gpu():
@@ -84,8 +102,9 @@ def test_a_target_outside_the_vocabulary_gives_a_nan_loss_like_one_gpu():
 
 def rows(**changes):
     base = {"vocab_shard": 18, "vocab_start": -1, "tokens": 12, "hidden": 16, "dtype": 0, "target_dtype": 0,
-            "has_bias": 0, "ignore_index": -100, "reduction": 0, "mode": 0, "sequence_parallel": 0,
-            "need_hidden": 1, "need_weight": 1, "need_bias": 0}
+            "has_bias": 0, "ignore_index": -100, "softcap": 0, "temperature": lfce_dist.float_bits(1.0),
+            "z_loss_scale": 0, "reduction": 0, "mode": 0, "sequence_parallel": 0,
+            "need_hidden": 1, "need_weight": 1, "need_bias": 0, "outputs": 0}
     second = dict(base, vocab_shard=19)
     for key, value in changes.items():
         second[key] = value
@@ -134,6 +153,10 @@ def test_check_layout_rejects_a_vocab_start_given_on_some_ranks_only():
     ("ignore_index", 0, "rank 0: -100, rank 1: 0"),
     ("need_hidden", 0, "rank 0: 1, rank 1: 0"),
     ("hidden", 32, "rank 0: 16, rank 1: 32"),
+    ("softcap", lfce_dist.float_bits(30.0), "rank 0: None, rank 1: 30.0"),
+    ("temperature", lfce_dist.float_bits(0.5), "rank 0: 1.0, rank 1: 0.5"),
+    ("z_loss_scale", lfce_dist.float_bits(1e-4), "rank 0: 0.0, rank 1: 0.0001"),
+    ("outputs", 5, "rank 0: none, rank 1: return_lse\\+return_logprob"),
 ])
 def test_check_layout_names_the_ranks_that_disagree(field, value, shown):
     with pytest.raises(ValueError, match=r"differs across the ranks of the group \(" + shown + r"\)"):
@@ -161,20 +184,97 @@ def test_cpu_tensors_are_rejected_naming_the_tensor():
         lfce_dist.linear_cross_entropy(*args())
 
 
+def test_z_loss_with_fp16_is_refused_as_on_one_gpu(monkeypatch):
+    monkeypatch.setattr(lfce_dist.functional, "_DEVICE_TYPE", "cpu")
+    x, w, y = args()
+    with pytest.raises(ValueError, match=r"z_loss_scale=0.0001 is not supported with torch.float16"):
+        lfce_dist.linear_cross_entropy(x.half(), w.half(), y, z_loss_scale=1e-4)
+
+
 def test_a_bad_reduction_is_named():
     with pytest.raises(ValueError, match="reduction must be one of .* got 'avg'"):
         lfce_dist.linear_cross_entropy(*args(), reduction="avg")
 
 
 @pytest.mark.parametrize("option, value", [("label_smoothing", 0.1), ("class_weight", torch.ones(5)),
-                                           ("token_scaling", True),
-                                           ("weight_grad_accumulator", torch.zeros(5, 16)),
-                                           ("bias_grad_accumulator", torch.zeros(5))])
+                                           ("token_scaling", True), ("return_z_loss", True)])
 def test_loss_options_not_supported_yet_are_named(option, value):
     with pytest.raises(TypeError, match=f"unexpected keyword argument '{option}'"):
         lfce_dist.linear_cross_entropy(*args(), **{option: value})
     with pytest.raises(TypeError, match=f"unexpected keyword argument '{option}'"):
         lfce_dist.VocabParallelLinearCrossEntropyLoss(**{option: value})
+
+
+@pytest.mark.parametrize("option, value", [("weight_grad_accumulator", torch.zeros(5, 16)),
+                                           ("bias_grad_accumulator", torch.zeros(5))])
+def test_gradient_accumulators_are_arguments_of_the_call_not_of_the_module(option, value):
+    with pytest.raises(TypeError, match=f"unexpected keyword argument '{option}'"):
+        lfce_dist.VocabParallelLinearCrossEntropyLoss(**{option: value})
+
+
+def test_gradient_accumulators_need_recompute_mode_as_on_one_gpu(monkeypatch):
+    monkeypatch.setattr(lfce_dist.functional, "_DEVICE_TYPE", "cpu")
+    with pytest.raises(ValueError, match="weight_grad_accumulator needs mode='recompute', got mode='eager'"):
+        lfce_dist.linear_cross_entropy(*args(), mode="eager", weight_grad_accumulator=torch.zeros(5, 16))
+
+
+@pytest.mark.parametrize("option, value", [("label_smoothing", 0.1), ("token_scaling", True), ("shift", True),
+                                           ("return_accuracy", True), ("return_predicted", True)])
+def test_loss_options_given_as_lfce_loss_options_are_refused_naming_the_option(option, value):
+    options = lfce.LossOptions(**{option: value})
+    with pytest.raises(ValueError, match=f"{option}={value!r} is not supported on a vocabulary-sharded weight yet"):
+        lfce_dist.linear_cross_entropy(*args(), options=options)
+    with pytest.raises(ValueError, match=f"{option}={value!r} is not supported on a vocabulary-sharded weight yet"):
+        lfce_dist.VocabParallelLinearCrossEntropyLoss(options=options)
+
+
+def test_supported_options_travel_as_lfce_loss_options():
+    options = lfce.LossOptions(reduction="sum", chunk_size=64, softcap=30.0, temperature=0.5)
+    module = lfce_dist.VocabParallelLinearCrossEntropyLoss(options=options)
+    assert module.options == options
+    assert "reduction='sum'" in repr(module) and "chunk_size=64" in repr(module) and "softcap=30.0" in repr(module)
+    keywords = lfce_dist.VocabParallelLinearCrossEntropyLoss(softcap=30.0, temperature=0.5, z_loss_scale=1e-4,
+                                                              return_entropy=True)
+    assert keywords.options == lfce.LossOptions(softcap=30.0, temperature=0.5, z_loss_scale=1e-4, return_entropy=True)
+    with pytest.raises(lfce.UsageError, match="keyword options mode='eager'"):
+        lfce_dist.VocabParallelLinearCrossEntropyLoss(options=lfce.LossOptions(), mode="eager")
+
+
+def test_eager_backward_scales_the_held_gradients_as_one_gpu_does(monkeypatch):
+    """Eager mode's backward multiplies each held gradient (computed for an upstream gradient of 1)
+    by the upstream gradient in fp32 and rounds once to its dtype, through the helper of the
+    single-GPU operator (lfce._bridge.scaled: lfce_scale_gradient on CUDA), bit for bit, on values
+    where rounding the upstream gradient to bf16 first (torch.mul on CUDA tensors; here 1.0029 becomes
+    1.0) changes the result. (PyTorch's CPU torch.mul rounds once from 2.x on, so the call of the
+    shared helper is checked too.) A second backward through the same forward is refused, as on one GPU."""
+    from lfce import _bridge
+
+    g = torch.Generator().manual_seed(0)
+    held = (torch.randn(64, 16, generator=g).to(torch.bfloat16), torch.randn(37, 16, generator=g).to(torch.bfloat16),
+            None)
+    grad_loss = torch.tensor(1.0 + 3 * 2.0 ** -10)  # between bf16's 1.0 and its next value, 1 + 2**-7
+    expected = [(t.float() * grad_loss).to(torch.bfloat16) for t in held[:2]]
+    doubly_rounded = (held[0].float() * grad_loss.to(torch.bfloat16).float()).to(torch.bfloat16)
+    assert not torch.equal(doubly_rounded, expected[0]), "these values cannot tell a double rounding"
+    scaled, calls = _bridge.scaled, []
+    monkeypatch.setattr(_bridge, "scaled", lambda t, s, out=None: calls.append(t) or scaled(t, s, out))
+
+    class Context:  # what _VocabParallelLinearCrossEntropy.forward leaves for an eager backward
+        eager = True
+        saved_tensors = held
+        needs_input_grad = (True, True, False) + (False,) * 6
+
+    context = Context()
+    grads = lfce_dist._VocabParallelLinearCrossEntropy.backward(context, grad_loss, None)
+    assert len(grads) == 9 and grads[2:] == (None,) * 7
+    for name, got, want in zip(("grad_hidden", "grad_weight"), grads, expected):
+        assert got.dtype == torch.bfloat16, f"{name}: {got.dtype}"
+        differ = (got.view(torch.int16) != want.view(torch.int16)).flatten().nonzero()
+        assert not len(differ), (f"{name}: element {int(differ[0])} is {got.flatten()[differ[0]].item()}, the fp32 "
+                                 f"product rounded once is {want.flatten()[differ[0]].item()}")
+    assert [t is h for t, h in zip(calls, held)] == [True, True], "not scaled by the single-GPU helper"
+    with pytest.raises(lfce.UsageError, match="a second backward through the same forward"):
+        lfce_dist._VocabParallelLinearCrossEntropy.backward(context, grad_loss, None)
 
 
 def test_without_a_process_group_the_error_says_how_to_start_one(monkeypatch):
@@ -193,29 +293,26 @@ def test_module_checks_its_options_at_construction():
 
 # --- two processes over gloo ------------------------------------------------------------------------
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _worker(rank, port, out_dir):
+def _worker(rank, port, out_dir, world_size, selected):
     import distributed_model
 
     distributed_model.install()
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE,
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=120))
     results = {}
     try:
-        for case, name in zip(distributed_cases.cases(), distributed_cases.case_ids()):
-            loss, failure = distributed_cases.check_case(case, rank, WORLD_SIZE, N, H, V, "cpu")
+        for case, name in zip(selected, distributed_cases.case_ids(selected)):
+            errors = {}
+            loss, failure = distributed_cases.check_case(case, rank, world_size, N, H, V, "cpu", errors.__setitem__,
+                                                         whole=True)
             if case[2] != "none":  # the loss is the same bits on every rank
                 loss = loss.reshape(1)
-                losses = [torch.empty_like(loss) for _ in range(WORLD_SIZE)]
+                losses = [torch.empty_like(loss) for _ in range(world_size)]
                 dist.all_gather(losses, loss)
                 if not all(torch.equal(other, losses[0]) for other in losses):
                     failure = f"the ranks' losses differ: {losses}"
-            results[name] = failure
+            results[name] = {"failure": failure,
+                             "errors": {check: (m["rel_l2"], m["elementwise"]) for check, m in errors.items()}}
     finally:
         dist.destroy_process_group()
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
@@ -226,20 +323,45 @@ def _worker(rank, port, out_dir):
     os._exit(0)
 
 
-@pytest.fixture(scope="module")
-def gloo_results(tmp_path_factory):
-    out = tmp_path_factory.mktemp("gloo")
-    mp.spawn(_worker, args=(_free_port(), str(out)), nprocs=WORLD_SIZE, join=True)
+def _run_gloo(out, world_size, selected):
+    mp.spawn(_worker, args=(free_port(), str(out), world_size, selected), nprocs=world_size, join=True)
     results = []
-    for rank in range(WORLD_SIZE):
+    for rank in range(world_size):
         with open(out / f"rank{rank}.json") as f:
             results.append(json.load(f))
     return results
 
 
+@pytest.fixture(scope="module")
+def gloo_results(tmp_path_factory):
+    return _run_gloo(tmp_path_factory.mktemp("gloo"), WORLD_SIZE, distributed_cases.cases())
+
+
+# Three ranks (shards of 12, 12 and 13 rows; 4 tokens a rank in sequence parallel): fp32, every
+# layout, mode and reduction, with and without the logit maps, shards uneven and targets in one.
+THREE_RANK_CASES = [case for case in distributed_cases.cases()
+                    if case[3] == torch.float32 and case[4] in ("uneven", "one_shard")
+                    and case[5] in distributed_cases.EVERY_VARIANT]
+
+
+@pytest.fixture(scope="module")
+def gloo3_results(tmp_path_factory):
+    return _run_gloo(tmp_path_factory.mktemp("gloo3"), 3, THREE_RANK_CASES)
+
+
+def _failures(results, name):
+    return [f"rank {r}: {ranks[name]['failure']}" for r, ranks in enumerate(results) if ranks[name]["failure"]]
+
+
 @pytest.mark.parametrize("name", distributed_cases.case_ids())
-def test_two_ranks_over_gloo_match_the_fp64_reference(gloo_results, name):
-    failures = [f"rank {r}: {results[name]}" for r, results in enumerate(gloo_results) if results[name]]
+def test_two_ranks_over_gloo_match_the_fp64_reference_and_one_process(gloo_results, name):
+    failures = _failures(gloo_results, name)
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("name", distributed_cases.case_ids(THREE_RANK_CASES))
+def test_three_ranks_over_gloo_match_the_fp64_reference_and_one_process(gloo3_results, name):
+    failures = _failures(gloo3_results, name)
     assert not failures, "\n".join(failures)
 
 
@@ -276,6 +398,8 @@ def _scenarios(rank):
 
     return [
         ("reduction", lambda: _call(rank, N, reduction="mean" if rank == 0 else "sum")),
+        ("softcap", lambda: _call(rank, N, softcap=[None, 30.0][rank])),
+        ("temperature", lambda: _call(rank, N, temperature=[0.5, 0.5000001][rank])),
         ("vocab_start", lambda: _call(rank, N, vocab_start=[0, 20][rank])),
         # Both ranks see N = 8 and N = 16 first, then call with different N: no rank may reuse what
         # it saw alone.
@@ -288,8 +412,40 @@ def _scenarios(rank):
         ("bad-option-on-rank-0", lambda: _call(rank, 8, chunk_size=0 if rank == 0 else None)),
         ("targets-differ", other_targets_on_rank_1),
         ("out-of-memory-on-rank-1", lambda: _failing_on(rank, 1, lambda: _call(rank, 8))),
+        ("rows-gradients-tensor", lambda: _rows_gradients(rank, sequence=False)),
+        ("rows-gradients-sequence", lambda: _rows_gradients(rank, sequence=True)),
         ("still-fine", lambda: _call(rank, 8)),
     ]
+
+
+def _rows_gradients(rank, sequence):
+    """[max |grad_hidden - one process's|, whether the kernels got grad_lse] for a backward through
+    lse and entropy alone (no gradient reaches the loss), then [.., ..] for one through the loss alone
+    with return_lse (no gradient reaches the rows: none is passed in tensor parallel; sequence
+    parallel gathers zeros, every rank making the same collectives)."""
+    x, w, _, y, _ = distributed_cases.make_case("uneven", 8, H, V, torch.float32, WORLD_SIZE, "cpu")
+    start, size = lfce_dist.vocab_shard(V, rank, WORLD_SIZE)
+    tokens = slice(rank * 4, rank * 4 + 4) if sequence else slice(None)
+    passed, original = [], lfce_dist.local_backward
+
+    def spy(*args):
+        passed.append(float(args[9] is not None))  # grad_lse
+        return original(*args)
+
+    lfce_dist.local_backward = spy
+    results = []
+    try:
+        for objective in (lambda out: (out.lse + 0.5 * out.entropy).sum(), lambda out: out.loss):
+            xr = x[tokens].clone().requires_grad_()
+            out = lfce_dist.linear_cross_entropy(xr, w[start:start + size], y[tokens], sequence_parallel=sequence,
+                                                 return_lse=True, return_entropy=True)
+            objective(out).backward()
+            whole = x.clone().requires_grad_()
+            objective(lfce.linear_cross_entropy(whole, w, y, return_lse=True, return_entropy=True)).backward()
+            results.append(float((xr.grad - whole.grad[tokens]).abs().max()))
+    finally:
+        lfce_dist.local_backward = original
+    return torch.tensor([results[0], passed[0], results[1], passed[1]], dtype=torch.float64)
 
 
 def _failing_on(rank, failing_rank, call):
@@ -320,7 +476,7 @@ def _misuse_worker(rank, port, out_dir):
     for name, call in _scenarios(rank):
         try:
             loss = call()
-            results[name] = {"loss": loss.item()}
+            results[name] = {"loss": loss.tolist()}
         except Exception as error:  # noqa: BLE001 - recorded as the built-in kind, and whether lfce raised it
             kind = next(k.__name__ for k in (TypeError, ValueError, RuntimeError, Exception) if isinstance(error, k))
             results[name] = {"error": f"{kind}: {error}", "lfce": isinstance(error, lfce.LfceError),
@@ -333,26 +489,7 @@ def _misuse_worker(rank, port, out_dir):
 
 @pytest.fixture(scope="module")
 def misuse_results(tmp_path_factory):
-    out = tmp_path_factory.mktemp("gloo-misuse")
-    context = mp.get_context("spawn")
-    port = _free_port()
-    processes = [context.Process(target=_misuse_worker, args=(rank, port, str(out))) for rank in range(WORLD_SIZE)]
-    for process in processes:
-        process.start()
-    deadline = time.monotonic() + MISUSE_TIMEOUT_S
-    for process in processes:
-        process.join(max(0.0, deadline - time.monotonic()))
-    hung = [rank for rank, process in enumerate(processes) if process.is_alive()]
-    for process in processes:
-        if process.is_alive():
-            process.kill()
-            process.join()
-    results = []
-    for rank in range(WORLD_SIZE):
-        path = out / f"misuse{rank}.json"
-        results.append(json.loads(path.read_text()) if path.exists() else {})
-    exits = [process.exitcode for process in processes]
-    return results, hung, exits
+    return run_ranks(_misuse_worker, WORLD_SIZE, tmp_path_factory.mktemp("gloo-misuse"), "misuse", MISUSE_TIMEOUT_S)
 
 
 def _same_error_everywhere(misuse_results, name, *fragments):
@@ -371,6 +508,13 @@ def _same_error_everywhere(misuse_results, name, *fragments):
 def test_ranks_that_disagree_on_the_reduction_all_get_the_error(misuse_results):
     _same_error_everywhere(misuse_results, "reduction", "ValueError: lfce.distributed: reduction differs across "
                            "the ranks of the group (rank 0: mean, rank 1: sum)")
+
+
+def test_ranks_that_disagree_on_softcap_or_temperature_all_get_the_error(misuse_results):
+    _same_error_everywhere(misuse_results, "softcap", "ValueError: lfce.distributed: softcap differs across "
+                           "the ranks of the group (rank 0: None, rank 1: 30.0)")
+    _same_error_everywhere(misuse_results, "temperature", "temperature differs across the ranks of the group "
+                           "(rank 0: 0.5, rank 1: 0.5000001)")
 
 
 def test_shards_that_overlap_are_an_error_on_every_rank(misuse_results):
@@ -415,6 +559,18 @@ def test_a_failure_that_is_no_argument_error_stops_every_rank_naming_the_rank(mi
     assert got[0]["class"] == "ProcessGroupError" and got[0]["lfce"], got
     assert "rank 1 failed before its collectives" in got[0]["error"], got
     assert "CUDA out of memory (simulated)" in got[0]["error"], got
+
+
+@pytest.mark.parametrize("layout", ["tensor", "sequence"])
+def test_gradients_through_the_rows_alone_or_the_loss_alone_match_one_process(misuse_results, layout):
+    results = misuse_results[0]
+    for rank, rank_results in enumerate(results):
+        got = rank_results.get(f"rows-gradients-{layout}")
+        assert got and "loss" in got, f"rank {rank}: {got}"
+        rows_error, rows_passed, loss_error, loss_passed = got["loss"]
+        assert rows_error < 1e-5 and loss_error < 1e-5, f"rank {rank}: grad_hidden off by {rows_error}, {loss_error}"
+        assert rows_passed == 1.0, f"rank {rank}: the rows' gradients were not passed to the shard backward"
+        assert loss_passed == (1.0 if layout == "sequence" else 0.0), f"rank {rank}: grad_lse passed: {loss_passed}"
 
 
 def test_the_group_still_works_after_every_misuse(misuse_results):

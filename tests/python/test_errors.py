@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import lfce
-from lfce import _lib, _ops
+from lfce import _bridge, _lib
 from lfce.compat import liger
 
 
@@ -97,7 +97,7 @@ def test_a_missing_process_group_is_a_process_group_error(monkeypatch):
 def test_a_first_call_inside_graph_capture_is_a_usage_error(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     problem = _lib.make_problem(tokens=8, hidden=16, vocab=10, dtype=_lib.DTYPE_BF16)
-    error = caught(lambda: _ops._require_loaded(("never loaded",), problem, "forward"), RuntimeError)
+    error = caught(lambda: _bridge._require_loaded(("never loaded",), problem, "forward"), RuntimeError)
     assert type(error) is lfce.UsageError and "warm-up" in str(error)
 
 

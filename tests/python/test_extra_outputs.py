@@ -1,7 +1,7 @@
 """The extra per-token outputs without a GPU (PyTorch 2.4+; skipped before, failed in ctest's
 python.cpu.torch): return_lse, return_entropy, return_logprob, return_accuracy and return_predicted
-through the Python layer and the operators, the CUDA kernels replaced by their CPU model
-(cpu_model.py), called eagerly and under torch.compile(fullgraph=True), against an fp64 reference
+through the Python layer and the operators on CPU tensors (lfce's CPU implementation,
+python/lfce/_cpu.py), called eagerly and under torch.compile(fullgraph=True), against an fp64 reference
 written here from the definitions (u = softcap-capped logits / T):
 
     lse = logsumexp(u), entropy = -sum_v p_v log p_v with p = softmax(u), logprob = log_softmax(u)[y]
@@ -22,13 +22,12 @@ import torch
 import torch.nn.functional as F
 from conftest import missing_dependency
 
-from lfce import _lib, _ops
+from lfce import _cpu, _lib, _ops
 
 if not _ops.HAVE_CUSTOM_OPS:
     pytest.skip(missing_dependency(f"torch {torch.__version__} has no torch.library.custom_op (PyTorch 2.4+): "
                                    "lfce runs through torch.autograd.Function there"), allow_module_level=True)
 
-import cpu_model
 import torch._dynamo.testing
 from cpu_model import inputs
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -50,11 +49,6 @@ ROWS = ("lse", "entropy", "logprob")  # the differentiable outputs, rows of the 
 VALUE_TOL = {"rtol": 2.5e-6, "atol": 1e-6}
 ENTROPY_ATOL_OF_MAX_LSE = 5e-7
 GRAD_RTOL, GRAD_ATOL_OF_MAX = 2e-5, 3e-5
-
-
-@pytest.fixture
-def on_cpu(monkeypatch):
-    cpu_model.install(monkeypatch)
 
 
 def raises(exception, *fragments):
@@ -161,7 +155,7 @@ def assert_outputs_match(out, ref, extra, y, reduction):
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager_call", "compiled"])
 @pytest.mark.parametrize("mode", ["recompute", "eager"])
-def test_extra_outputs_and_their_gradients_match_an_fp64_reference(on_cpu, mode, compiled, reduction, case):
+def test_extra_outputs_and_their_gradients_match_an_fp64_reference(mode, compiled, reduction, case):
     extra, softcap, temperature = CASES[case]
 
     def call(x, w, b, y):
@@ -200,7 +194,7 @@ def test_extra_outputs_and_their_gradients_match_an_fp64_reference(on_cpu, mode,
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager_call", "compiled"])
 @pytest.mark.parametrize("token_scaling", [False, True])
-def test_a_gradient_of_the_outputs_alone_reaches_the_inputs(on_cpu, compiled, token_scaling):
+def test_a_gradient_of_the_outputs_alone_reaches_the_inputs(compiled, token_scaling):
     """Backward from the entropy and logprob alone (the loss unused: no loss gradient), with token
     scaling too (its scale row sits between the LSEs and the entropies and gets no gradient)."""
     def call(x, w, y):
@@ -225,7 +219,7 @@ def test_a_gradient_of_the_outputs_alone_reaches_the_inputs(on_cpu, compiled, to
 
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager_call", "compiled"])
-def test_with_shift_each_output_belongs_to_its_position_of_hidden(on_cpu, compiled, reduction):
+def test_with_shift_each_output_belongs_to_its_position_of_hidden(compiled, reduction):
     """shift=True: position t scored against target t + 1; the last position of each sequence is an
     ignored token (lse and entropy real, logprob 0, predicted -1), the others match the reference
     of the shifted targets."""
@@ -255,16 +249,17 @@ def test_with_shift_each_output_belongs_to_its_position_of_hidden(on_cpu, compil
 
 
 @pytest.mark.parametrize("reduction", REDUCTIONS)
-def test_shift_hands_the_operator_the_targets_in_place(on_cpu, monkeypatch, reduction):
+def test_shift_hands_the_operator_the_targets_in_place(monkeypatch, reduction):
     """shift=True passes targets itself (same storage: no shifted copy) with the sequence length,
     and the z-loss computed outside the kernels counts the positions that have a next target."""
     seen = []
+    forward = _cpu.forward
 
     def recording(*args):
         seen.append((args[3].data_ptr(), args[3].shape, args[21]))
-        return cpu_model.forward_cpu(*args)
+        return forward(*args)
 
-    monkeypatch.setattr(_ops, "_forward_impl", recording)
+    monkeypatch.setattr(_cpu, "forward", recording)
     b_, t_ = 2, 6
     x, w, _, y = inputs(b_ * t_)
     x, y = x.detach().reshape(b_, t_, -1), y.reshape(b_, t_)
@@ -281,7 +276,7 @@ def test_shift_hands_the_operator_the_targets_in_place(on_cpu, monkeypatch, redu
     assert torch.allclose(loss, plain, rtol=1e-6, atol=1e-6)
 
 
-def test_argmax_ties_give_the_lowest_index(on_cpu):
+def test_argmax_ties_give_the_lowest_index():
     """Classes 7 and 3 share one weight row, the largest logit of every token: predicted is 3."""
     x, w, _, y = inputs(6, v=12)
     w = w.detach().clone()
@@ -293,7 +288,7 @@ def test_argmax_ties_give_the_lowest_index(on_cpu):
     assert out.accuracy.tolist() == [1.0, 0.0, 0.0, 1.0, 0.0, 0.0]
 
 
-def test_accuracy_over_the_counted_tokens_as_liger_kernel_has_it(on_cpu):
+def test_accuracy_over_the_counted_tokens_as_liger_kernel_has_it():
     """"mean" and "sum" both give the mean over the counted tokens; an ignore_index of -1 (the
     predicted id of an ignored token) counts no ignored token as correct; NaN when none is counted."""
     x, w, _, y = inputs(9)
@@ -312,7 +307,7 @@ def test_accuracy_over_the_counted_tokens_as_liger_kernel_has_it(on_cpu):
     assert torch.isnan(lfce.linear_cross_entropy(x, w, none_counted, ignore_index=-1, return_accuracy=True).accuracy)
 
 
-def test_logprob_of_a_target_outside_the_vocabulary_is_nan(on_cpu):
+def test_logprob_of_a_target_outside_the_vocabulary_is_nan():
     x, w, _, y = inputs(6)
     y = y.clone()
     y[1] = 40  # V = 40
@@ -327,7 +322,7 @@ def test_loss_output_names_its_fields_in_order():
     assert lfce.LossOutput(torch.tensor(1.0)).predicted is None
 
 
-def test_without_extra_outputs_the_return_value_is_unchanged(on_cpu):
+def test_without_extra_outputs_the_return_value_is_unchanged():
     x, w, _, y = inputs(6)
     assert isinstance(lfce.linear_cross_entropy(x, w, y), torch.Tensor)
     loss, z_loss = lfce.linear_cross_entropy(x, w, y, z_loss_scale=0.1, return_z_loss=True)
@@ -337,7 +332,7 @@ def test_without_extra_outputs_the_return_value_is_unchanged(on_cpu):
     assert lfce.linear_cross_entropy(x, w, y, z_loss_scale=0.1, return_lse=True).z_loss is None
 
 
-def test_module_passes_the_extra_outputs_and_names_them_in_its_repr(on_cpu):
+def test_module_passes_the_extra_outputs_and_names_them_in_its_repr():
     x, w, _, y = inputs(6)
     module = lfce.LinearCrossEntropyLoss(reduction="none", return_entropy=True, return_predicted=True)
     assert "return_entropy=True" in repr(module) and "return_predicted=True" in repr(module)
@@ -349,7 +344,7 @@ def test_module_passes_the_extra_outputs_and_names_them_in_its_repr(on_cpu):
 
 
 @pytest.mark.parametrize("reduction", REDUCTIONS)
-def test_liger_kernels_accuracy_and_predicted_tokens_are_lfces(on_cpu, reduction):
+def test_liger_kernels_accuracy_and_predicted_tokens_are_lfces(reduction):
     x, w, b, y = inputs(9, bias=True)
     expected = lfce.linear_cross_entropy(x, w, y, b, reduction=reduction, return_accuracy=True, return_predicted=True)
     for got in (liger.liger_fused_linear_cross_entropy(x, w, y, b, reduction=reduction, return_token_accuracy=True,
@@ -367,11 +362,11 @@ def spy_on_forward(monkeypatch):
     """The mode and outputs each lfce::forward call gets."""
     seen = []
     forward = _ops.forward
-    monkeypatch.setattr(_ops, "forward", lambda *args: seen.append((args[9], args[20])) or forward(*args))
+    monkeypatch.setattr(_ops, "forward", lambda args: seen.append((args.mode, args.outputs)) or forward(args))
     return seen
 
 
-def test_eager_mode_with_a_differentiable_output_recomputes_and_says_so_once(on_cpu, monkeypatch, caplog):
+def test_eager_mode_with_a_differentiable_output_recomputes_and_says_so_once(monkeypatch, caplog):
     seen = spy_on_forward(monkeypatch)
     monkeypatch.setattr(functional, "_logged_once", set())
     x, w, _, y = inputs(6)
@@ -385,7 +380,7 @@ def test_eager_mode_with_a_differentiable_output_recomputes_and_says_so_once(on_
     assert messages == [expected]
 
 
-def test_eager_mode_keeps_eager_for_accuracy_and_predicted(on_cpu, monkeypatch):
+def test_eager_mode_keeps_eager_for_accuracy_and_predicted(monkeypatch):
     seen = spy_on_forward(monkeypatch)
     x, w, _, y = inputs(6)
     lfce.linear_cross_entropy(x, w, y, mode="eager", return_accuracy=True)
@@ -398,7 +393,7 @@ def test_eager_mode_keeps_eager_for_accuracy_and_predicted(on_cpu, monkeypatch):
     ({"return_logprob": True}, _lib.OUTPUT_LOGPROB), ({"return_accuracy": True}, _lib.OUTPUT_PREDICTED),
     ({"return_predicted": True, "return_accuracy": True}, _lib.OUTPUT_PREDICTED),
     ({name: True for name in functional.EXTRA_OUTPUTS}, 7)])
-def test_each_output_asks_the_operator_for_its_flag(on_cpu, monkeypatch, extra, outputs):
+def test_each_output_asks_the_operator_for_its_flag(monkeypatch, extra, outputs):
     seen = spy_on_forward(monkeypatch)
     lfce.linear_cross_entropy(*(inputs(6)[i] for i in (0, 1, 3)), **extra)
     assert seen[0][1] == outputs
@@ -440,7 +435,7 @@ def test_operator_schemas_take_the_outputs_the_lse_gradient_and_the_sequence_len
 @pytest.mark.parametrize("token_scaling", [False, True])
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 @pytest.mark.parametrize("mode", ["recompute", "eager"])
-def test_opcheck_passes_with_every_output(on_cpu, mode, reduction, token_scaling):
+def test_opcheck_passes_with_every_output(mode, reduction, token_scaling):
     x, w, b, y = inputs(6, bias=True)
     options = (3.0, 0.7, 1e-2, 0.0, token_scaling)
     args = (x, w, b, y, None, None, None, IGNORE, reduction, mode, None, None, *options, True, True, True, 7)
@@ -453,7 +448,7 @@ def test_opcheck_passes_with_every_output(on_cpu, mode, reduction, token_scaling
                            reduction, None, None, *options, True, False, True, grad_lse, 7))
 
 
-def test_compiled_extra_outputs_compile_once_for_two_token_counts(on_cpu):
+def test_compiled_extra_outputs_compile_once_for_two_token_counts():
     counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
     fn = torch.compile(lambda x, w, y: lfce.linear_cross_entropy(x, w, y, return_entropy=True, return_accuracy=True),
                        backend=counter, fullgraph=True, dynamic=True)
@@ -500,7 +495,7 @@ def test_a_differentiable_output_is_refused_with_float16_naming_the_option_and_t
         lfce.linear_cross_entropy(x, w, y, **{name: True})
 
 
-def test_accuracy_and_predicted_work_with_float16(on_cpu):
+def test_accuracy_and_predicted_work_with_float16():
     x, w, _, y = inputs(6)
     expected = lfce.linear_cross_entropy(x, w, y, return_predicted=True).predicted
     out = lfce.linear_cross_entropy(x.half(), w.half(), y, return_predicted=True, return_accuracy=True)

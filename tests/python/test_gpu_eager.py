@@ -34,7 +34,7 @@ from checks import (
 from test_gpu_numerics_options import options_reference, predicted_inputs
 
 import lfce
-from lfce import _lib, _ops
+from lfce import _bridge, _lib, _ops
 
 pytestmark = pytest.mark.gpu
 
@@ -282,14 +282,14 @@ def test_eager_backward_scaling_is_one_fp32_product_bit_for_bit(dtype, count):
     gradient = torch.randn(count, device="cuda", generator=g).to(dtype)
     grad_loss = torch.randn((), device="cuda", generator=g) * 3
     expected = (gradient.float() * grad_loss).to(dtype)
-    assert_bitwise_equal("scaled", _ops._scaled(gradient, grad_loss), expected)
-    assert_bitwise_equal("reference", _ops._scaled_reference(gradient, grad_loss), expected)
+    assert_bitwise_equal("scaled", _bridge.scaled(gradient, grad_loss), expected)
+    assert_bitwise_equal("reference", _bridge.scaled_reference(gradient, grad_loss), expected)
     one = torch.ones((), device="cuda")
-    assert_bitwise_equal("scaled by 1 into another buffer", _ops._scaled(gradient, one), gradient)
+    assert_bitwise_equal("scaled by 1 into another buffer", _bridge.scaled(gradient, one), gradient)
     original = gradient.clone()
-    assert _ops._scaled_in_place(gradient, one) is gradient
+    assert _bridge.scaled(gradient, one, out=gradient) is gradient
     assert_bitwise_equal("scaled by 1 in place", gradient, original)
-    assert _ops._scaled_in_place(gradient, grad_loss) is gradient
+    assert _bridge.scaled(gradient, grad_loss, out=gradient) is gradient
     assert_bitwise_equal("scaled in place", gradient, expected)
 
 

@@ -35,6 +35,7 @@ from checks import (
 )
 
 import lfce
+from lfce import _lib
 
 pytestmark = pytest.mark.gpu
 
@@ -141,24 +142,57 @@ def test_float16_mean_over_8192_tokens(mode, record_error):
 
 @pytest.mark.parametrize("options", [{"chunk_size": 256}, {"workspace_budget": 8 << 20}],
                          ids=["chunk256", "budget8MiB"])
-@pytest.mark.parametrize("mode", MODES)
-def test_gradients_do_not_depend_on_the_vocab_chunk(mode, options):
-    """One chunk by default here; several with the options. Each grad_weight row and grad_bias
-    element is computed whole by one chunk's kernels (K = tokens inside one CTA), from the same
-    logits (the forward and the per-element logit GEMM do not depend on the chunk): bit-identical.
-    grad_hidden sums the chunks' fp32 partials in a different order before its one rounding
-    to bf16: at most one bf16 step apart, beyond an fp32 reassociation slack."""
-    x, w, b, y = make_inputs(64, 2304, 151937, torch.bfloat16, bias=True)
-    # Upstream 1: eager mode's backward multiplies by it in bf16, which must stay exact.
-    grad = torch.ones((), device="cuda", dtype=torch.bfloat16)
-    default = run_lfce(x, w, b, y, "mean", grad, mode=mode)
-    chunked = run_lfce(x, w, b, y, "mean", grad, mode=mode, **options)
+def test_gradients_do_not_depend_on_the_vocab_chunk(options):
+    """Recompute mode's backward: one vocabulary chunk by default here, several with the options
+    (lfce_backward_chunk_size). Each grad_weight row and grad_bias element is computed whole by one
+    chunk's kernels (K = tokens inside one CTA), from the same logits (the per-element logit GEMM
+    does not depend on the chunk): bit-identical. grad_hidden sums the chunks' fp32 partials in a
+    different order before its one rounding to bf16: at most one bf16 step apart, beyond an fp32
+    reassociation slack. (The loss comes from the forward, which has no vocabulary chunk.)"""
+    n, h, v = 64, 2304, 151937
+    problem = _lib.make_problem(n, h, v, _lib.DTYPE_BF16, has_bias=True, **options)
+    assert _lib.backward_chunk_size(problem) < v == _lib.backward_chunk_size(_lib.make_problem(n, h, v, _lib.DTYPE_BF16))
+    x, w, b, y = make_inputs(n, h, v, torch.bfloat16, bias=True)
+    grad = upstream("mean", (), torch.bfloat16)
+    default = run_lfce(x, w, b, y, "mean", grad)
+    chunked = run_lfce(x, w, b, y, "mean", grad, **options)
     for i, name in ((0, "loss"), (2, "grad_weight"), (3, "grad_bias")):
         assert_bitwise_equal(name, chunked[i], default[i])
     # atol: grad_hidden elements are sums over V of terms far larger than some results (they
     # cancel); the fp32 partial sums regroup with the chunks (measured on the H200: up to 4
     # elements of 147456 a few bf16 steps apart at 1e-5 of the largest element).
     assert_within_one_ulp("grad_hidden", chunked[1], default[1], atol=1e-3)
+
+
+# Eager mode's chunk_size / workspace_budget choose the token chunks of its three-GEMM forward,
+# which computes the loss chunk by chunk: 300 tokens in chunks of 128 (3 chunks) either way.
+EAGER_N, EAGER_V = 300, 151937
+TOKEN_CHUNKS = {"chunk128": {"chunk_size": 128}, "budget128rows": {"workspace_budget": 128 * EAGER_V * 2}}
+
+
+@pytest.mark.parametrize("options", list(TOKEN_CHUNKS.values()), ids=list(TOKEN_CHUNKS))
+def test_eager_results_do_not_depend_on_the_token_chunk(options):
+    """Each token's logits, LSE, loss, dz and grad_hidden row (K = V) are computed the same way
+    whatever chunk holds it: the loss and grad_hidden bit-identical to one chunk of all 300 tokens
+    (the default here: its [300, V] workspace fits in an eighth of the free memory). grad_weight /
+    grad_bias sum the chunks' fp32 partial products in another grouping before their one rounding:
+    within one bf16 step, beyond an fp32 reassociation slack."""
+    h = 2304
+    for given, chunks in ((options, 3), ({}, 1)):
+        three_gemm, chunk = _lib.eager_schedule(_lib.make_problem(EAGER_N, h, EAGER_V, _lib.DTYPE_BF16, has_bias=True,
+                                                                  mode=_lib.MODE_EAGER, **given))
+        assert three_gemm and -(-EAGER_N // chunk) == chunks, f"{given}: chunks of {chunk}, expected {chunks} chunks"
+    x, w, b, y = make_inputs(EAGER_N, h, EAGER_V, torch.bfloat16, bias=True)
+    grad = upstream("mean", (), torch.bfloat16)
+    whole = run_lfce(x, w, b, y, "mean", grad, mode="eager")
+    chunked = run_lfce(x, w, b, y, "mean", grad, mode="eager", **options)
+    assert_bitwise_equal("loss", chunked[0], whole[0])
+    assert_bitwise_equal("grad_hidden", chunked[1], whole[1])
+    # atol: sums of 300 products, some cancelling, regrouped by the chunks (measured on the H200: 47221
+    # of 350 million grad_weight elements differ, 2 of them by two bf16 steps, 1.5e-5 or 3.5e-3 of the
+    # largest element, which is small: 0.0044, a mean over 300 tokens).
+    assert_within_one_ulp("grad_weight", chunked[2], whole[2], atol=5e-3)
+    assert_within_one_ulp("grad_bias", chunked[3], whole[3], atol=5e-3)
 
 
 def test_non_contiguous_hidden(record_error):

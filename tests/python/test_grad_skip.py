@@ -11,7 +11,8 @@ import contextlib
 import pytest
 import torch
 
-from lfce import _lib, _ops
+from lfce import _bridge, _lib, _ops
+from lfce.options import LossOptions
 
 N, H, V = 4, 16, 10
 
@@ -32,7 +33,10 @@ def fake(monkeypatch):
     library = FakeLibrary()
     monkeypatch.setattr(_lib, "load", lambda: library)
     monkeypatch.setattr(_lib, "backward_workspace_size", lambda problem: 256)
-    monkeypatch.setattr(_ops, "_stream", lambda device: None)
+    monkeypatch.setattr(_bridge, "_stream", lambda device: None)
+    # CPU tensors: no device to switch to, no CUDA graph capture to ask about.
+    monkeypatch.setattr(_bridge.torch.cuda, "device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(_bridge, "_require_loaded", lambda key, problem, what: None)
     # A CPU device has no index: stand in ordinal 0.
     args = _lib.BackwardArgs
     monkeypatch.setattr(_lib, "BackwardArgs", lambda device, **fields: args(device=device or 0, **fields))
@@ -42,8 +46,8 @@ def fake(monkeypatch):
 def run_backward(wanted):
     hidden, weight, bias = torch.randn(N, H), torch.randn(V, H), torch.randn(V)
     targets, lse, count = torch.zeros(N, dtype=torch.int64), torch.zeros(N), torch.ones(1)
-    problem = _lib.make_problem(N, H, V, _lib.DTYPE_FP32, has_bias=True)
-    return _ops.backward_kernels(problem, hidden, weight, bias, targets, None, lse, count, None, wanted)
+    return _bridge.backward(hidden, weight, bias, targets, LossOptions(), lse=lse, valid_count=count,
+                            grad_loss=torch.ones(1), wanted=wanted)
 
 
 @pytest.mark.parametrize("wanted", [(True, False, False), (False, True, False), (False, False, True),
@@ -67,9 +71,6 @@ def test_backward_with_no_gradient_wanted_calls_nothing(fake):
 @pytest.mark.parametrize("wanted", [(True, True, True), (True, False, True), (False, True, False)],
                          ids=["all", "frozen_weight", "weight"])
 def test_backward_passes_each_accumulator_as_its_gradient_with_the_flag_set(fake, monkeypatch, wanted):
-    # CPU tensors: no device to switch to, no CUDA graph capture to ask about.
-    monkeypatch.setattr(_ops.torch.cuda, "device", lambda device: contextlib.nullcontext())
-    monkeypatch.setattr(_ops, "_require_loaded", lambda key, problem, what: None)
     hidden, weight, bias = torch.randn(N, H), torch.randn(V, H), torch.randn(V)
     targets, lse, count = torch.zeros(N, dtype=torch.int64), torch.zeros(N), torch.ones(1)
     main_w, main_b = torch.zeros(V, H), torch.zeros(V)

@@ -104,6 +104,8 @@ def test_pip_install_into_a_fresh_venv_gives_a_working_package(tmp_path):
     assert package_dir.startswith(str(venv)), f"imported {package_dir}, not the installed package"
     assert out[2] == os.path.join(package_dir, "liblfce.so"), f"loaded {out[2]}"
     assert int(out[3]) > 0
+    # PEP 561's marker: type checkers read the package's annotations.
+    assert os.path.isfile(os.path.join(package_dir, "py.typed")), os.listdir(package_dir)
     # The library and the package only: the benchmark harness (bench/) stays in the checkout.
     assert not os.path.exists(os.path.join(package_dir, "bench")), os.listdir(package_dir)
     assert not list((venv / "lib").glob("python*/site-packages/bench"))

@@ -3,11 +3,13 @@ GPU, every rank running these tests in the same order; each writes its own JUnit
 
 * Every case of distributed_cases (tensor- and sequence-parallel layouts, recompute and eager,
   mean / sum / none, fp32 and bf16; V = 151937 split 75968 / 75969; targets all in rank 0's shard;
-  an ignore_index that is a class id; shards in swapped order; every fifth target ignored) against
+  an ignore_index that is a class id; shards in swapped order; every fifth target ignored; softcap,
+  temperature, the lse / entropy / logprob outputs with their gradients) against
   the fp64 reference (the suite's tolerances, checks.GRAD / LOSS) and against lfce on one GPU with
   the whole weight (fp32 reassociation; distributed_cases.SAME_AS_ONE_GPU); the loss is the same
   bits on both ranks.
-* Several vocabulary chunks per shard (the backward's fp32 grad_hidden accumulator).
+* Several vocabulary chunks per shard (the backward's fp32 grad_hidden accumulator), with every
+  supported option and output.
 * Memory held between forward and backward per rank (tensor parallel, recompute): <= 8·N + 1 MiB.
 * Ranks that disagree on an option: the same ValueError on both.
 
@@ -22,7 +24,6 @@ import pytest
 import torch
 import torch.distributed as dist
 
-import lfce
 import lfce.distributed as lfce_dist
 
 pytestmark = pytest.mark.multigpu
@@ -41,15 +42,6 @@ def group():
     dist.destroy_process_group()
 
 
-def one_gpu(x, w, b, y, reduction, grad, mode, ignore_index, **options):
-    """lfce on this rank's GPU alone with the whole weight: (loss, grad_hidden, grad_weight, grad_bias)."""
-    leaves = [None if t is None else t.detach().clone().requires_grad_() for t in (x, w, b)]
-    loss = lfce.linear_cross_entropy(leaves[0], leaves[1], y, leaves[2], ignore_index=ignore_index,
-                                     reduction=reduction, mode=mode, **options)
-    loss.backward(grad)
-    return (loss.detach(),) + tuple(None if t is None else t.grad for t in leaves)
-
-
 def same_on_every_rank(loss):
     """None, or a message naming the ranks' losses when they differ in any bit."""
     loss = loss.reshape(-1).contiguous()  # a 0-dim loss as [1]
@@ -63,7 +55,7 @@ def same_on_every_rank(loss):
 @pytest.mark.parametrize("case", distributed_cases.cases(), ids=distributed_cases.case_ids())
 def test_two_gpus_match_one_gpu_and_the_fp64_reference(group, case, record_error):
     rank, world = dist.get_rank(), dist.get_world_size()
-    loss, failure = distributed_cases.check_case(case, rank, world, N, H, V, "cuda", record_error, one_gpu=one_gpu)
+    loss, failure = distributed_cases.check_case(case, rank, world, N, H, V, "cuda", record_error, whole=True)
     across = None if case[2] == "none" else same_on_every_rank(loss)
     assert failure is None and across is None, f"rank {rank}: {failure or across}"
 
@@ -72,10 +64,9 @@ def test_two_gpus_match_one_gpu_and_the_fp64_reference(group, case, record_error
 def test_several_vocab_chunks_per_shard(group, layout, record_error):
     """chunk_size 4096: 19 chunks a shard, the fp32 grad_hidden accumulator across them."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    case = (layout, "recompute", "mean", torch.bfloat16, "uneven")
-    loss, failure = distributed_cases.check_case(
-        case, rank, world, N, H, V, "cuda", record_error, chunk_size=4096,
-        one_gpu=lambda *args: one_gpu(*args, chunk_size=4096))
+    case = (layout, "recompute", "mean", torch.bfloat16, "uneven", "outputs")
+    loss, failure = distributed_cases.check_case(case, rank, world, N, H, V, "cuda", record_error, whole=True,
+                                                 chunk_size=4096)
     across = same_on_every_rank(loss)
     assert failure is None and across is None, f"rank {rank}: {failure or across}"
 

@@ -3,8 +3,8 @@ ctest's python.cpu.torch).
 
 * The fake implementations give the exact shapes and dtypes (FakeTensorMode): fp32 loss,
   0-dim or [N]; gradients in the inputs' dtypes, [0] where not computed.
-* With a CPU reference kernel registered for the two operators (plain PyTorch, cpu_model.py),
-  the whole path runs here: linear_cross_entropy under torch.compile(fullgraph=True) (no graph
+* With the operators' CPU kernels (lfce's CPU implementation, python/lfce/_cpu.py), the whole
+  path runs here: linear_cross_entropy under torch.compile(fullgraph=True) (no graph
   break), a new N with no recompilation, the autograd rule (recompute and eager, which gradients
   are asked for), and torch.library.opcheck of schema, fake and autograd registration. The CUDA
   implementations are tested the same way on the GPU (test_gpu_torch_op.py).
@@ -24,21 +24,15 @@ if not _ops.HAVE_CUSTOM_OPS:
     pytest.skip(missing_dependency(f"torch {torch.__version__} has no torch.library.custom_op (PyTorch 2.4+): "
                                    "lfce runs through torch.autograd.Function there"), allow_module_level=True)
 
-import cpu_model
 import torch._dynamo.testing
-from cpu_model import backward_cpu, inputs
+from cpu_model import inputs
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import lfce
+from lfce import _cpu
 
 BF16 = torch.bfloat16
 REDUCTIONS = ["mean", "sum", "none"]
-
-
-@pytest.fixture
-def on_cpu(monkeypatch):
-    """CPU tensors through the operators' CPU model (cpu_model.py), compiled or not."""
-    cpu_model.install(monkeypatch)
 
 
 def test_an_eager_call_does_not_import_torch_dynamo():
@@ -48,8 +42,6 @@ def test_an_eager_call_does_not_import_torch_dynamo():
     code = (
         "import sys, torch, lfce\n"
         "from lfce import _ops, functional\n"
-        "functional._DEVICE_TYPE = 'cpu'\n"
-        "_ops._forward_impl, _ops._backward_impl = _ops._forward_fake, _ops._backward_fake\n"
         "x = torch.randn(4, 16, requires_grad=True)\n"
         "w = torch.randn(40, 16, requires_grad=True)\n"
         "lfce.linear_cross_entropy(x, w, torch.randint(0, 40, (4,))).backward()\n"
@@ -145,7 +137,7 @@ def test_operators_are_defined_once_per_process():
                          ids=["plain", "loss_options", "smoothing_class_weight", "token_scaling"])
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 @pytest.mark.parametrize("mode", ["recompute", "eager"])
-def test_opcheck_passes_with_the_reference_kernel(on_cpu, mode, reduction, options, class_weight):
+def test_opcheck_passes_with_the_reference_kernel(mode, reduction, options, class_weight):
     x, w, b, y = inputs(6, bias=True)
     cw = torch.rand(40) + 0.5 if class_weight else None
     args = (x, w, b, y, cw, None, None, -100, reduction, mode, None, None, *options, True, True, True)
@@ -159,7 +151,7 @@ def test_opcheck_passes_with_the_reference_kernel(on_cpu, mode, reduction, optio
 
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 @pytest.mark.parametrize("mode", ["recompute", "eager"])
-def test_compiled_loss_has_no_graph_break_and_no_recompile_for_a_new_n(on_cpu, mode, reduction):
+def test_compiled_loss_has_no_graph_break_and_no_recompile_for_a_new_n(mode, reduction):
     counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
     fn = torch.compile(lambda x, w, b, y: lfce.linear_cross_entropy(x, w, y, b, reduction=reduction, mode=mode),
                        backend=counter, fullgraph=True, dynamic=True)
@@ -177,12 +169,12 @@ def test_compiled_loss_has_no_graph_break_and_no_recompile_for_a_new_n(on_cpu, m
     assert counter.frame_count == 1, f"{counter.frame_count} compilations for two values of N"
 
 
-def test_compiled_loss_with_a_frozen_weight_asks_for_no_grad_weight(on_cpu):
+def test_compiled_loss_with_a_frozen_weight_asks_for_no_grad_weight():
     asked = []
 
     def spy(*args):
         asked.append(args[-3:])
-        return backward_cpu(*args)
+        return _cpu.backward(*args)
 
     torch.library.register_kernel("lfce::backward", "cpu", spy)
     try:
@@ -191,12 +183,12 @@ def test_compiled_loss_with_a_frozen_weight_asks_for_no_grad_weight(on_cpu):
         fn = torch.compile(lambda x, w, y: lfce.linear_cross_entropy(x, w, y), backend="aot_eager", fullgraph=True)
         fn(x, w, y).backward()
     finally:
-        torch.library.register_kernel("lfce::backward", "cpu", backward_cpu)
+        torch.library.register_kernel("lfce::backward", "cpu", _cpu.backward)
     assert asked == [(True, False, False)]
     assert x.grad is not None and w.grad is None
 
 
-def test_fp32_loss_for_bf16_inputs_with_gradients_in_bf16(on_cpu):
+def test_fp32_loss_for_bf16_inputs_with_gradients_in_bf16():
     x, w, b, y = inputs(5, dtype=BF16, bias=True)
     loss = lfce.linear_cross_entropy(x, w, y, b, reduction="none")
     assert loss.dtype == torch.float32 and loss.shape == (5,)
@@ -228,7 +220,7 @@ def options_reference(x, w, b, y, reduction, softcap, temperature, z_loss_scale)
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager_call", "compiled"])
 @pytest.mark.parametrize("mode", ["recompute", "eager"])
-def test_loss_options_reach_the_kernels_and_return_the_z_loss(on_cpu, mode, compiled, reduction, options):
+def test_loss_options_reach_the_kernels_and_return_the_z_loss(mode, compiled, reduction, options):
     softcap, temperature, z_loss_scale = options
 
     def call(x, w, b, y):
@@ -254,7 +246,7 @@ def test_loss_options_reach_the_kernels_and_return_the_z_loss(on_cpu, mode, comp
         torch.testing.assert_close(ours.grad, theirs.grad, rtol=1e-4, atol=1e-5, msg=lambda m, name=name: f"grad_{name}: {m}")
 
 
-def test_loss_without_return_z_loss_is_a_tensor(on_cpu):
+def test_loss_without_return_z_loss_is_a_tensor():
     x, w, _, y = inputs(4)
     assert isinstance(lfce.linear_cross_entropy(x, w, y, z_loss_scale=0.1), torch.Tensor)
     loss, z_loss = lfce.LinearCrossEntropyLoss(z_loss_scale=0.1, return_z_loss=True)(x, w, y)
@@ -346,7 +338,7 @@ def check_against_the_reference(reference, mode, compiled, reduction, options, *
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager_call", "compiled"])
 @pytest.mark.parametrize("mode", ["recompute", "eager"])
-def test_label_smoothing_and_class_weights_match_pytorchs_cross_entropy(on_cpu, mode, compiled, reduction, case):
+def test_label_smoothing_and_class_weights_match_pytorchs_cross_entropy(mode, compiled, reduction, case):
     softcap, z_loss_scale, label_smoothing, weighted = WEIGHTED_CASES[case]
     options = {"softcap": softcap, "z_loss_scale": z_loss_scale, "label_smoothing": label_smoothing,
                "class_weight": class_weights() if weighted else None}
@@ -395,7 +387,7 @@ TOKEN_SCALING_CASES = {
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager_call", "compiled"])
 @pytest.mark.parametrize("mode", ["recompute", "eager"])
-def test_token_scaling_multiplies_each_tokens_loss_and_gradient_by_its_detached_p_target(on_cpu, mode, compiled,
+def test_token_scaling_multiplies_each_tokens_loss_and_gradient_by_its_detached_p_target(mode, compiled,
                                                                                          reduction, case):
     softcap, temperature, z_loss_scale, label_smoothing, weighted = TOKEN_SCALING_CASES[case]
     options = {"softcap": softcap, "temperature": temperature, "z_loss_scale": z_loss_scale,
@@ -407,7 +399,7 @@ def test_token_scaling_multiplies_each_tokens_loss_and_gradient_by_its_detached_
     assert gap > 1000 * LOSS_TOL["rtol"], f"the scale barely changes the loss here ({gap:.3g})"
 
 
-def test_token_scaling_gives_the_backward_the_scales_after_the_lses(on_cpu):
+def test_token_scaling_gives_the_backward_the_scales_after_the_lses():
     """lse is [2N] with token scaling (lfce.h): the LSEs, then p(target), 0 for ignored tokens."""
     x, w, _, y = inputs(9)
     out = torch.ops.lfce.forward(x.detach(), w.detach(), None, y, None, None, None, -100, "none", "recompute", None,
@@ -420,7 +412,7 @@ def test_token_scaling_gives_the_backward_the_scales_after_the_lses(on_cpu):
     torch.testing.assert_close(out[1][9:].double(), torch.where(counted, p_target, 0.0), **LOSS_TOL)
 
 
-def test_class_weights_get_no_gradient_and_change_no_input(on_cpu):
+def test_class_weights_get_no_gradient_and_change_no_input():
     x, w, _, y = inputs(9)
     class_weight = class_weights().requires_grad_()
     before = class_weight.detach().clone()
@@ -429,7 +421,7 @@ def test_class_weights_get_no_gradient_and_change_no_input(on_cpu):
     assert x.grad is not None and w.grad is not None
 
 
-def test_compiled_loss_with_class_weights_compiles_once_for_two_token_counts(on_cpu):
+def test_compiled_loss_with_class_weights_compiles_once_for_two_token_counts():
     counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
     fn = torch.compile(lambda x, w, y, cw: lfce.linear_cross_entropy(x, w, y, class_weight=cw, label_smoothing=0.1),
                        backend=counter, fullgraph=True, dynamic=True)
@@ -442,7 +434,7 @@ def test_compiled_loss_with_class_weights_compiles_once_for_two_token_counts(on_
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager_call", "compiled"])
 @pytest.mark.parametrize("mode", ["recompute", "eager"])
-def test_shift_scores_each_position_against_the_next_target(on_cpu, mode, compiled, reduction):
+def test_shift_scores_each_position_against_the_next_target(mode, compiled, reduction):
     """shift=True on hidden [B, T, H] and targets [B, T]: the fp64 reference of the sliced problem
     (positions 0..T-2 against targets 1..T-1, written in the test), the last positions ignored
     (loss 0 for "none", not counted by "mean"), gradients of hidden's last positions 0; and the
@@ -478,7 +470,7 @@ def test_shift_scores_each_position_against_the_next_target(on_cpu, mode, compil
     assert gap > 1000 * LOSS_TOL["atol"], f"shift barely changes the loss ({gap:.3g})"
 
 
-def test_shift_in_the_module_and_its_repr(on_cpu):
+def test_shift_in_the_module_and_its_repr():
     x, w, _, y = inputs(8)
     module = lfce.LinearCrossEntropyLoss(shift=True, reduction="sum")
     assert "shift=True" in repr(module)
@@ -486,7 +478,7 @@ def test_shift_in_the_module_and_its_repr(on_cpu):
     assert torch.equal(module(x.reshape(2, 4, -1), w, y.reshape(2, 4)), expected)
 
 
-def test_shift_needs_a_sequence_dimension(on_cpu):
+def test_shift_needs_a_sequence_dimension():
     x, w, _, y = inputs(1)
     with pytest.raises(ValueError, match=r"shift=True needs a sequence dimension: .* got hidden of shape \(16,\)"):
         lfce.linear_cross_entropy(x[0], w, y[0], shift=True)

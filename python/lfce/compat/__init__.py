@@ -2,7 +2,9 @@
 
 * ``lfce.compat.liger``: ``LigerFusedLinearCrossEntropyLoss`` and ``liger_fused_linear_cross_entropy``
   (Liger-Kernel 0.8's ``liger_kernel.transformers``);
-* ``lfce.compat.cce``: ``linear_cross_entropy`` (Cut Cross-Entropy 25.1's ``cut_cross_entropy``).
+* ``lfce.compat.cce``: ``linear_cross_entropy`` (Cut Cross-Entropy 25.1's ``cut_cross_entropy``);
+* ``lfce.compat.torch``: ``linear_cross_entropy`` and ``LinearCrossEntropyLoss`` (PyTorch's
+  ``torch.nn.functional`` / ``torch.nn`` fused loss, class-index targets).
 
 Same argument names, order and defaults; the computation is lfce's. An option lfce does not
 implement raises NotImplementedError naming it unless it has its default, so a call that relied

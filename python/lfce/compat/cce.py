@@ -10,11 +10,17 @@ gradients. ``impl`` picks one of CCE's implementations; every one computes this 
 computes, softcap included. The loss is fp32.
 """
 
+from __future__ import annotations
+
 import enum
 import operator
+from typing import Any
+
+from torch import Tensor
 
 from ..errors import ArgumentTypeError, InvalidArgumentError, UnsupportedError
 from ..functional import linear_cross_entropy as _lfce_linear_cross_entropy
+from ..options import LossOptions, Reduction
 
 __all__ = ["LinearCrossEntropyImpl", "linear_cross_entropy"]
 
@@ -35,27 +41,27 @@ IMPL_NAMES = ("cce", "torch_compile", "cce_exact", "cce_kahan", "cce_kahan_full_
 
 
 def linear_cross_entropy(
-    e,
-    c,
-    targets,
+    e: Tensor,
+    c: Tensor,
+    targets: Tensor,
     ignore_index: int = IGNORE_INDEX,
-    softcap=None,
-    reduction: str = "mean",
-    shift: bool = False,
-    filter_eps="high",
-    impl=LinearCrossEntropyImpl.CCE,
-):
+    softcap: float | None = None,
+    reduction: Reduction = "mean",
+    shift: bool | int = False,
+    filter_eps: float | str | None = "high",
+    impl: str | enum.Enum = LinearCrossEntropyImpl.CCE,
+) -> Tensor:
     """Cross-entropy of ``e @ c.T`` against ``targets`` (CCE's argument names: e [..., D], c [V, D])."""
     _check_impl(impl)
-    shift = _shift(shift)
+    options = LossOptions(ignore_index=ignore_index, reduction=reduction, softcap=softcap, shift=_shift(shift))
     # lfce's shift scores position i against target i + 1 without slicing e (a copy); CCE cuts the
     # last position off a "none" loss.
-    loss = _lfce_linear_cross_entropy(e, c, targets, ignore_index=ignore_index, reduction=reduction, softcap=softcap,
-                                      shift=shift)
-    return loss[..., :-1] if shift and reduction == "none" else loss
+    loss = _lfce_linear_cross_entropy(e, c, targets, options=options)
+    assert isinstance(loss, Tensor)  # no extra output asked for
+    return loss[..., :-1] if options.shift and options.reduction == "none" else loss
 
 
-def _check_impl(impl):
+def _check_impl(impl: object) -> None:
     """One of CCE's implementations: a LinearCrossEntropyImpl (lfce's or CCE's own enum) or its name."""
     if isinstance(impl, enum.Enum):
         name = impl.name.lower()
@@ -68,7 +74,7 @@ def _check_impl(impl):
                                    f"({', '.join(IMPL_NAMES)}), got {impl!r}")
 
 
-def _shift(shift):
+def _shift(shift: Any) -> bool:
     """CCE's shift (a bool, or an int: the number of positions) as lfce's bool: lfce shifts by one."""
     if isinstance(shift, bool):
         return shift

@@ -23,9 +23,11 @@ from __future__ import annotations
 import dataclasses
 
 import torch
+from torch import Tensor
 
 from .. import _check
-from ..functional import check_class_weight, linear_cross_entropy, validate_options
+from ..functional import LossOutput, check_class_weight, linear_cross_entropy
+from ..options import LossOptions, Reduction
 from . import unsupported
 
 __all__ = ["CrossEntropyOutput", "LigerFusedLinearCrossEntropyLoss", "liger_fused_linear_cross_entropy"]
@@ -43,56 +45,58 @@ class CrossEntropyOutput:
     predicted_tokens: torch.Tensor | None = None
 
 
-def _check_options(ce_weight, ignore_index, lse_square_scale, label_smoothing, reduction, softcap, return_z_loss,
-                   accum_dtype, use_token_scaling, return_token_accuracy, return_predicted_tokens):
-    """Every option, named as Liger names it, before any work (the module's at construction)."""
+def _options(ce_weight, ignore_index, lse_square_scale, label_smoothing, reduction, softcap, return_z_loss,
+             accum_dtype, use_token_scaling, return_token_accuracy, return_predicted_tokens) -> LossOptions:
+    """Liger's options as lfce's LossOptions, each checked first under the name Liger gives it (the
+    module's at construction), before any work."""
     check_class_weight(ce_weight, "ce_weight")  # lfce's class_weight; its length is checked with the inputs
     _check.z_loss_scale(lse_square_scale, "lse_square_scale")  # lfce's z_loss_scale, named as the caller knows it
-    validate_options(ignore_index, reduction, softcap=softcap, label_smoothing=label_smoothing,
-                     return_z_loss=return_z_loss)
+    for name, value in (("use_token_scaling", use_token_scaling), ("return_token_accuracy", return_token_accuracy),
+                        ("return_predicted_tokens", return_predicted_tokens)):
+        _check.flag(name, value)
+    options = LossOptions(ignore_index=ignore_index, reduction=reduction, softcap=softcap,
+                          z_loss_scale=lse_square_scale, label_smoothing=label_smoothing, return_z_loss=return_z_loss,
+                          token_scaling=use_token_scaling, return_accuracy=return_token_accuracy,
+                          return_predicted=return_predicted_tokens)
     if accum_dtype is not None and accum_dtype != torch.float32:
         unsupported(_PACKAGE, "accum_dtype", accum_dtype, None)
-    _check.flag("use_token_scaling", use_token_scaling)
-    _check.flag("return_token_accuracy", return_token_accuracy)
-    _check.flag("return_predicted_tokens", return_predicted_tokens)
+    return options
 
 
 def liger_fused_linear_cross_entropy(
-    input,
-    weight,
-    target,
-    bias=None,
-    ce_weight=None,
+    input: Tensor,
+    weight: Tensor,
+    target: Tensor,
+    bias: Tensor | None = None,
+    ce_weight: Tensor | None = None,
     ignore_index: int = -100,
     lse_square_scale: float = 0.0,
     label_smoothing: float = 0.0,
-    reduction: str = "mean",
-    softcap=None,
+    reduction: Reduction = "mean",
+    softcap: float | None = None,
     return_z_loss: bool = False,
-    accum_dtype=None,
+    accum_dtype: torch.dtype | None = None,
     use_token_scaling: bool = False,
     return_token_accuracy: bool = False,
     return_predicted_tokens: bool = False,
     chunk_mem_const: int = 1,
-):
+) -> Tensor | CrossEntropyOutput:
     """Cross-entropy of ``input @ weight.T + bias`` against ``target`` (Liger-Kernel's functional form)."""
-    _check_options(ce_weight, ignore_index, lse_square_scale, label_smoothing, reduction, softcap, return_z_loss,
-                   accum_dtype, use_token_scaling, return_token_accuracy, return_predicted_tokens)
+    options = _options(ce_weight, ignore_index, lse_square_scale, label_smoothing, reduction, softcap, return_z_loss,
+                       accum_dtype, use_token_scaling, return_token_accuracy, return_predicted_tokens)
     _check.positive("chunk_mem_const", chunk_mem_const)
-    return _loss(input, weight, target, bias, ce_weight, ignore_index, reduction, softcap, lse_square_scale,
-                 label_smoothing, return_z_loss, use_token_scaling, return_token_accuracy, return_predicted_tokens)
+    return _loss(input, weight, target, bias, ce_weight, options)
 
 
-def _loss(hidden, weight, target, bias, ce_weight, ignore_index, reduction, softcap, lse_square_scale,
-          label_smoothing, return_z_loss, use_token_scaling, return_token_accuracy, return_predicted_tokens):
+def _loss(hidden: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None, ce_weight: Tensor | None,
+          options: LossOptions) -> Tensor | CrossEntropyOutput:
     """The loss alone, or Liger's CrossEntropyOutput when any extra output is asked for (as Liger)."""
-    out = linear_cross_entropy(hidden, weight, target, bias, ignore_index=ignore_index, reduction=reduction,
-                               softcap=softcap, z_loss_scale=lse_square_scale, label_smoothing=label_smoothing,
-                               class_weight=ce_weight, return_z_loss=return_z_loss, token_scaling=use_token_scaling,
-                               return_accuracy=return_token_accuracy, return_predicted=return_predicted_tokens)
-    if return_token_accuracy or return_predicted_tokens:  # an lfce.LossOutput
+    out = linear_cross_entropy(hidden, weight, target, bias, class_weight=ce_weight, options=options)
+    if isinstance(out, LossOutput):  # return_token_accuracy or return_predicted_tokens
         return CrossEntropyOutput(out.loss, out.z_loss, out.accuracy, out.predicted)
-    return CrossEntropyOutput(*out) if return_z_loss else out
+    if isinstance(out, tuple):  # return_z_loss: (loss, z_loss)
+        return CrossEntropyOutput(*out)
+    return out
 
 
 class LigerFusedLinearCrossEntropyLoss(torch.nn.Module):
@@ -100,21 +104,21 @@ class LigerFusedLinearCrossEntropyLoss(torch.nn.Module):
 
     def __init__(
         self,
-        ce_weight=None,
+        ce_weight: Tensor | None = None,
         ignore_index: int = -100,
         lse_square_scale: float = 0.0,
         label_smoothing: float = 0.0,
-        reduction: str = "mean",
-        softcap=None,
+        reduction: Reduction = "mean",
+        softcap: float | None = None,
         return_z_loss: bool = False,
-        accum_dtype=None,
+        accum_dtype: torch.dtype | None = None,
         use_token_scaling: bool = False,
         return_token_accuracy: bool = False,
         return_predicted_tokens: bool = False,
-    ):
+    ) -> None:
         super().__init__()
-        _check_options(ce_weight, ignore_index, lse_square_scale, label_smoothing, reduction, softcap, return_z_loss,
-                       accum_dtype, use_token_scaling, return_token_accuracy, return_predicted_tokens)
+        _options(ce_weight, ignore_index, lse_square_scale, label_smoothing, reduction, softcap, return_z_loss,
+                 accum_dtype, use_token_scaling, return_token_accuracy, return_predicted_tokens)
         self.ce_weight = ce_weight
         self.ignore_index = ignore_index
         self.lse_square_scale = lse_square_scale
@@ -127,7 +131,10 @@ class LigerFusedLinearCrossEntropyLoss(torch.nn.Module):
         self.return_token_accuracy = return_token_accuracy
         self.return_predicted_tokens = return_predicted_tokens
 
-    def forward(self, lin_weight, _input, target, bias=None):
-        return _loss(_input, lin_weight, target, bias, self.ce_weight, self.ignore_index, self.reduction,
-                     self.softcap, self.lse_square_scale, self.label_smoothing, self.return_z_loss,
-                     self.use_token_scaling, self.return_token_accuracy, self.return_predicted_tokens)
+    def forward(self, lin_weight: Tensor, _input: Tensor, target: Tensor, bias: Tensor | None = None
+                ) -> Tensor | CrossEntropyOutput:
+        """The loss of the options the module holds now (Liger's modules keep them as plain attributes)."""
+        options = _options(self.ce_weight, self.ignore_index, self.lse_square_scale, self.label_smoothing,
+                           self.reduction, self.softcap, self.return_z_loss, self.accum_dtype, self.use_token_scaling,
+                           self.return_token_accuracy, self.return_predicted_tokens)
+        return _loss(_input, lin_weight, target, bias, self.ce_weight, options)
