@@ -4,6 +4,9 @@
 # Usage: bash scripts/gpu_tests.sh <results dir> [extra pytest arguments]
 # The commit is $LFCE_COMMIT if set (a copy of the tree whose .git is absent or stale), else git's.
 # Exits with pytest's status; the results are written either way.
+# LFCE_GPU_JOBS=N (default 1) runs the tests as N pytest processes sharing the GPU and the kernel
+# cache (scripts/pytest_shards.py: <dir>/shard<i>.xml instead of junit.xml), N times sooner where
+# compiling the kernels is the bottleneck and the machine has the cores.
 set -uo pipefail
 if [ $# -lt 1 ]; then
   echo "usage: bash scripts/gpu_tests.sh <results dir> [pytest arguments]" >&2
@@ -20,7 +23,14 @@ PYTHON=${PYTHON:-python3}
 
 "$PYTHON" scripts/run_info.py "$out/run.json"
 
-"$PYTHON" -m pytest tests/python -m gpu -rs -o junit_family=xunit1 --junitxml="$out/junit.xml" "$@"
-status=$?
-echo "results: $out/junit.xml, $out/run.json"
+if [ "${LFCE_GPU_JOBS:-1}" -gt 1 ]; then
+  "$PYTHON" scripts/pytest_shards.py --jobs "$LFCE_GPU_JOBS" --out "$out" --timeout "${LFCE_GPU_TIMEOUT:-0}" -- \
+    tests/python -m gpu -rs "$@"
+  status=$?
+  echo "results: $out/shard*.xml, $out/run.json"
+else
+  "$PYTHON" -m pytest tests/python -m gpu -rs -o junit_family=xunit1 --junitxml="$out/junit.xml" "$@"
+  status=$?
+  echo "results: $out/junit.xml, $out/run.json"
+fi
 exit $status
