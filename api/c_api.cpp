@@ -27,14 +27,24 @@
 namespace {
 
 thread_local std::string g_last_error;
+// The numbers of the last LFCE_ERR_OUT_OF_RESOURCES on this thread (resource "" after any other outcome).
+thread_local std::string g_resource;
+thread_local int64_t g_resource_required = 0, g_resource_limit = 0;
 
 template <typename F>
 int guarded(const char* function, F&& body) {
   lfce::runtime::init_logging();
   g_last_error.clear();
+  g_resource.clear();
   try {
     body();
     return LFCE_OK;
+  } catch (const lfce::OutOfResources& e) {
+    g_last_error = std::string(function) + ": " + e.what();
+    g_resource = e.resource();
+    g_resource_required = e.required();
+    g_resource_limit = e.limit();
+    return LFCE_ERR_OUT_OF_RESOURCES;
   } catch (const lfce::SpecError& e) {
     g_last_error = std::string(function) + ": " + e.what();
     return LFCE_ERR_INVALID_ARGUMENT;
@@ -110,6 +120,15 @@ int lfce_struct_layout(const char* name, lfce_field_callback callback, void* use
 }
 
 const char* lfce_last_error(void) { return g_last_error.c_str(); }
+
+int lfce_last_resource_error(const char** resource, int64_t* required, int64_t* limit) {
+  // Not guarded(): that would clear what it reports.
+  if (!resource || !required || !limit || g_resource.empty()) return LFCE_ERR_INVALID_ARGUMENT;
+  *resource = g_resource.c_str();
+  *required = g_resource_required;
+  *limit = g_resource_limit;
+  return LFCE_OK;
+}
 
 int lfce_reload_options(void) {
   return guarded("lfce_reload_options", [] { lfce::api::Session::get().reload(); });

@@ -215,6 +215,7 @@ void check(int status, const std::string& option) {
     case LFCE_OK:
       return;
     case LFCE_ERR_INVALID_ARGUMENT:
+    case LFCE_ERR_OUT_OF_RESOURCES:  // the message names the limit to give or the problem to shrink
       throw CLI::ValidationError(option, lfce_last_error());
     case LFCE_ERR_COMPILE:
     case LFCE_ERR_CUDA:

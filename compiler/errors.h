@@ -1,6 +1,7 @@
 // Errors split by whose fault they are (see docs/design.md, "Errors").
 #pragma once
 
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -23,6 +24,23 @@ class CompileError : public std::runtime_error {
 
  private:
   std::string log_;
+};
+
+// The problem, or a kernel of it, needs more of a device resource than the device has (shared
+// memory per block, tiles in one launch): what() says so and names the fix; resource(),
+// required() and limit() are the numbers (as Triton's OutOfResources carries them).
+class OutOfResources : public std::runtime_error {
+ public:
+  OutOfResources(const std::string& message, std::string resource, int64_t required, int64_t limit)
+      : std::runtime_error(message), resource_(std::move(resource)), required_(required), limit_(limit) {}
+  const std::string& resource() const { return resource_; }
+  int64_t required() const { return required_; }
+  int64_t limit() const { return limit_; }
+
+ private:
+  std::string resource_;
+  int64_t required_;
+  int64_t limit_;
 };
 
 // A bug in lfce.

@@ -456,9 +456,10 @@ unsigned grid_dim(int64_t extent, int64_t tile, char axis) {
   const int64_t blocks = ceil_div(extent, tile);
   const int64_t limit = axis == 'x' ? kMaxGridX : kMaxGridYZ;
   if (blocks > limit)
-    throw SpecError("problem too large: " + std::to_string(extent) + " / " + std::to_string(tile) + " = " +
-                    std::to_string(blocks) + " CTAs along grid " + axis + ", over CUDA's limit of " +
-                    std::to_string(limit));
+    throw OutOfResources("problem too large: " + std::to_string(extent) + " / " + std::to_string(tile) + " = " +
+                             std::to_string(blocks) + " CTAs along grid " + axis + ", over CUDA's limit of " +
+                             std::to_string(limit) + ": give fewer tokens per call",
+                         std::string("CTAs along grid ") + axis, blocks, limit);
   return static_cast<unsigned>(blocks);
 }
 

@@ -29,12 +29,15 @@ Plan::Plan(const Problem& problem, Arch arch, const Tuning& tuning, const Device
       if (bytes > need) need = bytes, neediest = info.kind;
     }
     if (limits_.smem_per_block < need)
-      throw SpecError("shared memory per block = " + std::to_string(limits_.smem_per_block) +
-                      " bytes (lfce_device_limits.smem_per_block, --smem-per-block or LFCE_DEVICE_SMEM_LIMIT) is below "
-                      "the " + std::to_string(need) + " bytes the smallest tile of " + std::string(kind_name(neediest)) +
-                      " needs for this problem: give the GPU's opt-in limit per block in bytes (cuDeviceGetAttribute "
-                      "CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, e.g. 101376 for a 99 KiB GPU), at least " +
-                      std::to_string(need) + ", or 0 for the arch's reference GPU");
+      throw OutOfResources(
+          "shared memory per block = " + std::to_string(limits_.smem_per_block) +
+              " bytes (lfce_device_limits.smem_per_block, --smem-per-block or LFCE_DEVICE_SMEM_LIMIT) is below "
+              "the " +
+              std::to_string(need) + " bytes the smallest tile of " + std::string(kind_name(neediest)) +
+              " needs for this problem: give the GPU's opt-in limit per block in bytes (cuDeviceGetAttribute "
+              "CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, e.g. 101376 for a 99 KiB GPU), at least " +
+              std::to_string(need) + ", or 0 for the arch's reference GPU",
+          "shared memory per block", need, limits_.smem_per_block);
   }
   for (const auto& [kind, tile] : tuning_.tiles) tile.check_range();  // tiles divide below
   // A winner tuned on a GPU with more shared memory (a tuning file carried over) cannot run here.

@@ -24,6 +24,7 @@ PYTHON=${PYTHON:-python3}
 "$PYTHON" scripts/run_info.py "$out/run.json"
 
 if [ "${LFCE_GPU_JOBS:-1}" -gt 1 ]; then
+  export LFCE_TEST_SHARED_GPU=1  # each GPU test gives its cached blocks back (tests/python/conftest.py)
   "$PYTHON" scripts/pytest_shards.py --jobs "$LFCE_GPU_JOBS" --out "$out" --timeout "${LFCE_GPU_TIMEOUT:-0}" -- \
     tests/python -m gpu -rs "$@"
   status=$?

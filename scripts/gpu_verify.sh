@@ -10,6 +10,8 @@
 #      LFCE_DEVICE_ARCH=sm_80 (-k selects a subset: $LFCE_SM80_SUBSET, default the numerics files);
 #   4. compute-sanitizer memcheck on every kernel kind and option (scripts/sanitize_gpu.py) and
 #      racecheck on a small shape.
+# LFCE_GPU_JOBS=N runs the Python steps as N pytest processes (scripts/gpu_tests.sh): 4 fit an 80 GB
+# GPU (the largest tests hold about 14 GB each), 8 a 141 GB one.
 # Writes each step's log and junit XML under <results dir> and a summary line per step to
 # <results dir>/summary.txt; exits non-zero if any step failed.
 # Usage: bash scripts/gpu_verify.sh <results dir> [steps, default "python cpp sm80 sanitize"]
@@ -39,6 +41,7 @@ for step in $steps; do
       bash scripts/gpu_tests.sh "$out/python" >"$out/python.log" 2>&1
       record "python GPU suite" $? ;;
     cpp)  # the GoogleTest binaries ctest labels gpu, run directly (the GPU machine has no CMake)
+      export LFCE_DISK_CACHE_HELPER=${LFCE_DISK_CACHE_HELPER:-$PWD/build/tests/disk_cache_helper}
       for test in kernel_cache_gpu_tests autotune_gpu_tests; do
         build/tests/$test --gtest_output="xml:$out/$test.xml" >"$out/$test.log" 2>&1
         record "C++ GPU tests: $test" $?

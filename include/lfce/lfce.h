@@ -25,7 +25,7 @@ extern "C" {
  * function in this header. Bump it whenever one of them changes; a binding compares its own
  * copy with lfce_abi_version() when it loads the library, so a stale library is an error at
  * load time instead of corrupted arguments. */
-#define LFCE_ABI_VERSION 10
+#define LFCE_ABI_VERSION 11
 
 typedef enum lfce_status {
   LFCE_OK = 0,
@@ -33,8 +33,10 @@ typedef enum lfce_status {
   LFCE_ERR_COMPILE = 2,          /* LLVM or the driver's PTX JIT failed; the log is in the message */
   LFCE_ERR_CUDA = 3,             /* a driver call failed, or no driver/GPU is present */
   LFCE_ERR_INTERNAL = 4,         /* a bug in lfce */
-  LFCE_ERR_IO = 5                /* the cache's files: a folder that is a symbolic link, files that could not
+  LFCE_ERR_IO = 5,               /* the cache's files: a folder that is a symbolic link, files that could not
                                     be removed; the message names each path */
+  LFCE_ERR_OUT_OF_RESOURCES = 6  /* the problem or a kernel of it needs more of a device resource than the
+                                    device has: lfce_last_resource_error() gives which, and the numbers */
 } lfce_status;
 
 typedef enum lfce_dtype { LFCE_DTYPE_BF16 = 0, LFCE_DTYPE_FP16 = 1, LFCE_DTYPE_FP32 = 2 } lfce_dtype;
@@ -188,6 +190,11 @@ typedef void (*lfce_field_callback)(const char* field, size_t offset, size_t siz
 LFCE_API int lfce_struct_layout(const char* name, lfce_field_callback callback, void* user);
 /* Message of the last failed call on this thread ("" if none). */
 LFCE_API const char* lfce_last_error(void);
+/* After a call on this thread that returned LFCE_ERR_OUT_OF_RESOURCES: the resource's name
+ * ("shared memory per block", "tiles in one launch"; valid until the next lfce call on this thread),
+ * the amount the problem requires and the device's limit, in the resource's unit (bytes, tiles).
+ * LFCE_ERR_INVALID_ARGUMENT if the last call failed otherwise or did not fail, or an output is NULL. */
+LFCE_API int lfce_last_resource_error(const char** resource, int64_t* required, int64_t* limit);
 /* "trace", "debug", "info", "warn", "error", "off". Default from LFCE_LOG_LEVEL, else "warn". */
 LFCE_API int lfce_set_log_level(const char* level);
 

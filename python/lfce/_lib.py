@@ -22,6 +22,7 @@ from .errors import (
     InternalError,
     InvalidArgumentError,
     LibraryError,
+    OutOfResources,
 )
 
 __all__ = [
@@ -38,7 +39,7 @@ __all__ = [
 ]
 
 # LFCE_ABI_VERSION of the lfce.h this file mirrors: bump both together.
-ABI_VERSION = 10
+ABI_VERSION = 11
 
 # lfce_status
 OK = 0
@@ -47,6 +48,7 @@ ERR_COMPILE = 2
 ERR_CUDA = 3
 ERR_INTERNAL = 4
 ERR_IO = 5
+ERR_OUT_OF_RESOURCES = 6
 
 # lfce_dtype
 DTYPE_BF16 = 0
@@ -272,6 +274,7 @@ _SIGNATURES = {
     "lfce_struct_size": (ctypes.c_int, [ctypes.c_char_p, _P(ctypes.c_size_t)]),
     "lfce_struct_layout": (ctypes.c_int, [ctypes.c_char_p, FIELD_CALLBACK, ctypes.c_void_p]),
     "lfce_last_error": (ctypes.c_char_p, []),
+    "lfce_last_resource_error": (ctypes.c_int, [_P(ctypes.c_char_p), _P(ctypes.c_int64), _P(ctypes.c_int64)]),
     "lfce_set_log_level": (ctypes.c_int, [ctypes.c_char_p]),
     "lfce_check_problem": (ctypes.c_int, [_P(Problem)]),
     "lfce_forward_workspace_size": (ctypes.c_int, [_P(Problem), _P(ctypes.c_size_t)]),
@@ -415,11 +418,19 @@ def check(status):
 
     LFCE_ERR_INVALID_ARGUMENT -> InvalidArgumentError (a ValueError), LFCE_ERR_COMPILE ->
     CompileError, LFCE_ERR_CUDA -> CudaError, LFCE_ERR_IO (the cache's files) -> CacheError (an
-    OSError), anything else (an lfce bug) -> InternalError; every one an lfce.LfceError.
+    OSError), LFCE_ERR_OUT_OF_RESOURCES -> OutOfResources (with the resource, the amount required
+    and the device's limit from lfce_last_resource_error()), anything else (an lfce bug) ->
+    InternalError; every one an lfce.LfceError.
     """
     if status == OK:
         return
     message = last_error() or "(no message)"
+    if status == ERR_OUT_OF_RESOURCES:
+        resource, required, limit = ctypes.c_char_p(), ctypes.c_int64(), ctypes.c_int64()
+        if load().lfce_last_resource_error(ctypes.byref(resource), ctypes.byref(required), ctypes.byref(limit)) != OK:
+            raise InternalError(f"lfce internal error: status {status} without its numbers: {message}")
+        raise OutOfResources(message, required=required.value, limit=limit.value,
+                             resource=(resource.value or b"").decode("utf-8", "replace"))
     if status not in _EXCEPTIONS:
         message = f"lfce internal error (status {status}): {message}"
     raise _EXCEPTIONS.get(status, InternalError)(message)

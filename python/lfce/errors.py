@@ -7,6 +7,9 @@ Split by whose fault it is, as the C library's status codes are:
   an option lfce does not implement: :class:`UnsupportedError` (a ``NotImplementedError``);
 * the library cannot be used: :class:`LibraryError` (an ``OSError``: not found, or built for
   another version of this package);
+* a problem, or a kernel of it, that needs more of a device resource than the device has (shared
+  memory per block, CTAs or tiles in one launch): :class:`OutOfResources` (a ``ValueError``, as
+  these were bad values before), with ``resource``, ``required`` and ``limit``;
 * a toolchain failure: :class:`CompileError` (LLVM's or the driver JIT's log);
 * a driver failure: :class:`CudaError` (the call, the code and its name);
 * the kernel cache's files: :class:`CacheError` (an ``OSError``);
@@ -20,7 +23,7 @@ TypeError, OSError, RuntimeError, NotImplementedError), so existing ``except`` c
 """
 
 __all__ = ["ArgumentTypeError", "CacheError", "CompileError", "CudaError", "InternalError", "InvalidArgumentError",
-           "LfceError", "LibraryError", "ProcessGroupError", "UnsupportedError", "UsageError"]
+           "LfceError", "LibraryError", "OutOfResources", "ProcessGroupError", "UnsupportedError", "UsageError"]
 
 
 class LfceError(Exception):
@@ -41,6 +44,28 @@ class UnsupportedError(LfceError, NotImplementedError):
 
 class LibraryError(LfceError, OSError):
     """liblfce.so cannot be used: not found, or built for another version of this package."""
+
+
+class OutOfResources(LfceError, ValueError):
+    """The problem, or a kernel of it, needs more of a device resource than the device has.
+
+    ``resource`` names it ("shared memory per block", "tiles in one launch", "CTAs along grid x"),
+    ``required`` is what the problem needs and ``limit`` what the device (or the limit given for
+    it) allows, in the resource's unit; the message says which value to change.
+    """
+
+    def __init__(self, message: str, *, required: int, limit: int, resource: str):
+        super().__init__(message)
+        self.required = required
+        self.limit = limit
+        self.resource = resource
+
+    def __reduce__(self):  # picklable (a spawned worker can re-raise it), keywords included
+        return _out_of_resources, (str(self), self.required, self.limit, self.resource)
+
+
+def _out_of_resources(message, required, limit, resource):
+    return OutOfResources(message, required=required, limit=limit, resource=resource)
 
 
 class CompileError(LfceError, RuntimeError):

@@ -35,8 +35,10 @@ std::pair<int64_t, int64_t> TileScheduler::grid(int64_t tiles_m, int64_t tiles_n
                                         : ceil_div(tiles_m, cluster) * cluster * tiles_n;
   const int64_t ctas = std::max(std::min(tiles, device_ctas) / cluster, int64_t{1}) * cluster;
   if (tiles > INT32_MAX - ctas)
-    throw SpecError("problem too large: " + std::to_string(tiles) + " " + std::string(kernel) +
-                    " tiles in one launch, over 2^31 - 1 - " + std::to_string(ctas));
+    throw OutOfResources("problem too large: " + std::to_string(tiles) + " " + std::string(kernel) +
+                             " tiles in one launch, over 2^31 - 1 - " + std::to_string(ctas) +
+                             ": give fewer tokens per call or a larger tile",
+                         "tiles in one launch", tiles, INT32_MAX - ctas);
   return {ctas, 1};
 }
 

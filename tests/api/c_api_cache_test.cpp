@@ -129,6 +129,31 @@ TEST_F(CacheWithEntries, PrecompileWithDifferentiableOutputsAddsTheirBackwardKer
   EXPECT_EQ(with_lse_grad, 1);
 }
 
+// A GPU whose shared memory per block is below what the smallest tile needs: LFCE_ERR_OUT_OF_RESOURCES,
+// and lfce_last_resource_error gives the resource, the bytes required and the limit; any later
+// outcome (a success, another error) clears them; NULL outputs are refused.
+TEST_F(CacheWithEntries, PrecompileForATooSmallSharedMemoryIsOutOfResourcesWithItsNumbers) {
+  const lfce_problem p = problem(64, 64, 1000);
+  const lfce_device_limits small{0, 1024};
+  ASSERT_EQ(lfce_precompile_for(&p, "sm_80", &small, nullptr, nullptr), LFCE_ERR_OUT_OF_RESOURCES) << lfce_last_error();
+  EXPECT_NE(std::string(lfce_last_error()).find("shared memory per block = 1024 bytes"), std::string::npos)
+      << lfce_last_error();
+  const char* resource = nullptr;
+  int64_t required = 0, limit = 0;
+  EXPECT_EQ(lfce_last_resource_error(nullptr, &required, &limit), LFCE_ERR_INVALID_ARGUMENT);
+  ASSERT_EQ(lfce_last_resource_error(&resource, &required, &limit), LFCE_OK);
+  EXPECT_STREQ(resource, "shared memory per block");
+  EXPECT_EQ(limit, 1024);
+  EXPECT_GT(required, 1024);
+  // The limit it names is enough: precompiling with it succeeds, and the numbers are gone.
+  const lfce_device_limits enough{0, static_cast<int32_t>(required)};
+  EXPECT_EQ(lfce_precompile_for(&p, "sm_80", &enough, nullptr, nullptr), LFCE_OK) << lfce_last_error();
+  EXPECT_EQ(lfce_last_resource_error(&resource, &required, &limit), LFCE_ERR_INVALID_ARGUMENT);
+  const lfce_device_limits negative{0, -5};
+  EXPECT_EQ(lfce_precompile_for(&p, "sm_80", &negative, nullptr, nullptr), LFCE_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(lfce_last_resource_error(&resource, &required, &limit), LFCE_ERR_INVALID_ARGUMENT);
+}
+
 TEST_F(CacheWithEntries, PrecompileForRejectsLimitsOutOfRangeNamingThem) {
   const lfce_problem p = problem(64, 64, 1000);
   for (const auto& [limits, name] : {std::pair{lfce_device_limits{-1, 0}, "sm_count = -1"},

@@ -100,6 +100,17 @@ def _load_library_for_marked_tests(request):
         request.getfixturevalue("lib")
 
 
+@pytest.fixture(autouse=True)
+def _give_back_cached_gpu_memory(request):
+    """With LFCE_TEST_SHARED_GPU=1 (scripts/gpu_tests.sh running several pytest processes on one GPU),
+    each GPU test hands the blocks PyTorch's allocator cached back to the driver, so that one
+    process's largest test does not keep memory the others need."""
+    yield
+    if os.environ.get("LFCE_TEST_SHARED_GPU") == "1" and request.node.get_closest_marker("gpu") is not None \
+            and torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 _MEASURED = []  # (test id, tensor, metrics) for the end-of-run summary
 
 

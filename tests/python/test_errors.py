@@ -5,6 +5,7 @@ of the C library that maps to it."""
 
 import ctypes.util
 import os
+import pickle
 
 import pytest
 import torch
@@ -45,6 +46,27 @@ def test_the_library_rejecting_an_argument_is_an_invalid_argument_error():
     problem = _lib.make_problem(tokens=8, hidden=16, vocab=0, dtype=_lib.DTYPE_BF16)
     error = caught(lambda: _lib.check(_lib.load().lfce_check_problem(ctypes.byref(problem))), ValueError)
     assert type(error) is lfce.InvalidArgumentError and "vocab" in str(error)
+
+
+def test_a_gpu_with_too_little_shared_memory_is_out_of_resources_with_its_numbers(tmp_path):
+    """Precompiling for a GPU whose shared memory per block is below every tile of a kernel: an
+    OutOfResources (a ValueError, as this was before) carrying the resource, the bytes the
+    smallest tile needs and the limit; that many bytes then suffice, one byte less does not."""
+    previous = lfce.cache_dir()
+    lfce.set_cache_dir(str(tmp_path))
+    try:
+        error = caught(lambda: lfce.precompile(vocab=1000, hidden=64, archs="sm_80", tokens=64, smem_per_block=1024),
+                       ValueError)
+        assert type(error) is lfce.OutOfResources
+        assert (error.resource, error.limit) == ("shared memory per block", 1024) and error.required > 1024
+        assert "shared memory per block = 1024 bytes" in str(error) and f"at least {error.required}" in str(error)
+        assert pickle.loads(pickle.dumps(error)).required == error.required
+        lfce.precompile(vocab=1000, hidden=64, archs="sm_80", tokens=64, smem_per_block=error.required)
+        short = caught(lambda: lfce.precompile(vocab=1000, hidden=64, archs="sm_80", tokens=64,
+                                               smem_per_block=error.required - 1), ValueError)
+        assert (short.required, short.limit) == (error.required, error.required - 1)
+    finally:
+        lfce.set_cache_dir(previous)
 
 
 @pytest.fixture

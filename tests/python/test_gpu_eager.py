@@ -169,8 +169,11 @@ def test_eager_results_do_not_depend_on_the_token_chunk(dtype):
     one step of the dtype (fp32: its own reassociation)."""
     x, w, b, y = make_inputs(N, H, V, dtype, bias=True)
     grad = torch.ones((), device="cuda", dtype=dtype)  # eager's backward scales by it: exact at 1
+    assert_three_gemm(N, H, V, dtype, 1)
     whole = run_lfce(x, w, b, y, "mean", grad, mode="eager")
     for options in ({"chunk_size": 128}, {"workspace_budget": 300 * V * x.element_size()}):
+        three_gemm, chunk = schedule(N, H, V, dtype, **options)
+        assert three_gemm and -(-N // chunk) >= 2, f"{options}: {-(-N // chunk)} token chunk(s) of {chunk}"
         chunked = run_lfce(x, w, b, y, "mean", grad, mode="eager", **options)
         assert_bitwise_equal("loss", chunked[0], whole[0])
         assert_bitwise_equal("grad_hidden", chunked[1], whole[1])

@@ -2,10 +2,14 @@
 randomly initialised models (needs a CUDA GPU and transformers).
 
 A deep copy of each model is patched; both run one training step on the same batch (labels with
--100 in them, with and without num_items_in_batch): in fp32 the loss and every parameter's gradient
-match the stock model's to summation order (1e-4 relative L2); in bf16 (the stock model's logits
-rounded to bf16 before its fp32 loss, lfce's kept in fp32) to bf16's rounding (BF16_REL). The
-patched output has no logits. Skipped (visibly) where transformers is not installed.
+-100 in them, with and without num_items_in_batch), and so does a third copy in fp64, the anchor.
+The loss matches the stock model's (fp32: 1e-4 relative; bf16, where the stock model rounds its
+logits to bf16 before its fp32 loss and lfce keeps them in fp32: BF16_REL). Every parameter's
+gradient is within the tolerance of the fp64 gradient (relative L2), or no further from it than
+GRAD_SLACK times the stock model's own gradient: a gradient that is small by cancellation (an
+attention key bias, whose exact gradient is 0; a router's gate; a differential-attention lambda) is
+rounding noise in both models, and the patch must only not make it worse. The patched output has no
+logits. Skipped (visibly) where transformers is not installed.
 """
 
 import copy
@@ -22,6 +26,11 @@ import lfce.transformers
 
 DEVICE = "cuda"
 FP32_REL, BF16_REL = 1e-4, 5e-2
+GRAD_SLACK = 3.0
+
+
+def distance(a, b):
+    return float((a.detach().double() - b.detach().double()).norm())
 
 
 def check_parity(name, dtype, tolerance, **kwargs):
@@ -29,15 +38,21 @@ def check_parity(name, dtype, tolerance, **kwargs):
         pytest.skip(f"{name}: no tiny config ({NOT_BUILT[name]})")
     reference = tiny_model(name, dtype).to(DEVICE)
     patched = lfce.transformers.apply_lfce(copy.deepcopy(reference))
+    exact = copy.deepcopy(reference).double()  # the same weights in fp64: the anchor of both
     input_ids, labels = (t.to(DEVICE) for t in batch(length=17))
     ref_out, ref_grads = step(reference, input_ids=input_ids, labels=labels, use_cache=False, **kwargs)
     out, grads = step(patched, input_ids=input_ids, labels=labels, use_cache=False, **kwargs)
+    _, exact_grads = step(exact, input_ids=input_ids, labels=labels, use_cache=False, **kwargs)
     assert out.logits is None, "the patched model materialised logits"
     assert out.loss.dtype == torch.float32
     assert rel(out.loss, ref_out.loss) <= tolerance, f"loss {float(out.loss)} vs {float(ref_out.loss)}"
     assert sorted(grads) == sorted(ref_grads), "the patched model's gradients cover other parameters"
-    worst = max((rel(grads[n], ref_grads[n]), n) for n in ref_grads)
-    assert worst[0] <= tolerance, f"gradient of {worst[1]}: relative L2 error {worst[0]:.3g} > {tolerance}"
+    for n, g64 in exact_grads.items():
+        lfce_error, stock_error = distance(grads[n], g64), distance(ref_grads[n], g64)
+        scale = float(g64.norm())
+        assert lfce_error <= max(tolerance * scale, GRAD_SLACK * stock_error), (
+            f"gradient of {n}: {lfce_error:.3g} from fp64 (relative {lfce_error / max(scale, 1e-300):.3g}), "
+            f"over {tolerance:g} relative and over {GRAD_SLACK:g} x the stock model's {stock_error:.3g}")
 
 
 @pytest.mark.parametrize("name", CAUSAL)

@@ -19,6 +19,7 @@
 namespace lfce::runtime {
 namespace {
 
+using testing_errors::resource_error;
 using testing_errors::spec_error;
 
 TEST(Plan, ChunkWorkspaceStaysWithinDefaultBudget) {
@@ -117,12 +118,14 @@ TEST(GridDim, IsTheCtaCountWithinCudasLimits) {
 }
 
 TEST(GridDim, NamesAnExtentOverTheLimitAlongX) {
-  const std::string message = spec_error([] { grid_dim(int64_t{1} << 40, 64, 'x'); });  // once cast to grid 0
+  const std::string message = resource_error([] { grid_dim(int64_t{1} << 40, 64, 'x'); });  // once cast to grid 0
+  EXPECT_EQ(message.rfind("CTAs along grid x: 17179869184 over 2147483647: ", 0), 0u) << message;
   EXPECT_NE(message.find("1099511627776 / 64 = 17179869184 CTAs along grid x"), std::string::npos) << message;
 }
 
 TEST(GridDim, NamesAnExtentOverTheLimitAlongY) {
-  const std::string message = spec_error([] { grid_dim(65535 * 128 + 1, 128, 'y'); });
+  const std::string message = resource_error([] { grid_dim(65535 * 128 + 1, 128, 'y'); });
+  EXPECT_EQ(message.rfind("CTAs along grid y: 65536 over 65535: ", 0), 0u) << message;
   EXPECT_NE(message.find("65536 CTAs along grid y, over CUDA's limit of 65535"), std::string::npos) << message;
 }
 

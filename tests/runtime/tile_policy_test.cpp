@@ -18,6 +18,7 @@
 namespace lfce::runtime {
 namespace {
 
+using testing_errors::resource_error;
 using testing_errors::spec_error;
 
 // Padding of partial tiles and the last wave's idle CTAs both count against the launch.
@@ -185,7 +186,9 @@ TEST(Plan, DefaultTilesFitA99KibGpuWithThePerRowOptions) {
 // comes from and the smallest that works; that one works.
 TEST(Plan, NamesASharedMemoryLimitBelowEveryTileAndTheSmallestThatWorks) {
   const Problem p = problem(llama3(8192));
-  const std::string message = spec_error([&] { Plan(p, Arch::SM80, Tuning{}, DeviceLimits{1, 0}); });
+  const std::string message = resource_error([&] { Plan(p, Arch::SM80, Tuning{}, DeviceLimits{1, 0}); });
+  EXPECT_EQ(message.rfind("shared memory per block: ", 0), 0u) << message;  // resource, required, limit
+  EXPECT_NE(message.find(" over 1: "), std::string::npos) << message;
   EXPECT_NE(message.find("shared memory per block = 1 bytes"), std::string::npos) << message;
   EXPECT_NE(message.find("--smem-per-block"), std::string::npos) << message;
   const std::size_t at = message.find("at least ");
@@ -194,7 +197,11 @@ TEST(Plan, NamesASharedMemoryLimitBelowEveryTileAndTheSmallestThatWorks) {
   EXPECT_GT(smallest, 1);
   const Plan plan(p, Arch::SM80, Tuning{}, DeviceLimits{smallest, 0});
   for (const KernelSpec& spec : plan.launched_specs()) EXPECT_LE(kernel_smem_bytes(spec), smallest) << spec.text();
-  EXPECT_NE(spec_error([&] { Plan(p, Arch::SM80, Tuning{}, DeviceLimits{smallest - 1, 0}); }), "no error");
+  EXPECT_EQ(resource_error([&] { Plan(p, Arch::SM80, Tuning{}, DeviceLimits{smallest - 1, 0}); })
+                .rfind("shared memory per block: " + std::to_string(smallest) + " over " +
+                           std::to_string(smallest - 1) + ": ",
+                       0),
+            0u);
 }
 
 // TMA needs 16-byte row strides: rows of H elements that are not take the mma.sync tiles on

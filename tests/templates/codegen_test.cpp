@@ -8,8 +8,10 @@
 #include <string>
 
 #include "compiler/errors.h"
+#include "templates/gemm/tile_scheduler.h"
 #include "templates/templates.h"
 #include "tests/ptxas.h"
+#include "tests/spec_error.h"
 
 namespace lfce {
 namespace {
@@ -499,6 +501,21 @@ std::vector<WgmmaCase> wgmma_cases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(DefaultTiles, WgmmaCodegen, testing::ValuesIn(wgmma_cases()), wgmma_case_name);
+
+// A persistent launch whose tiles would overflow the int32 tile index the device walk counts in is
+// an OutOfResources naming the resource and both numbers, before anything is launched.
+TEST(TileScheduler, NamesALaunchOfMoreTilesThanTheWalkCountsAsOutOfResources) {
+  TileConfig tile;
+  tile.consumers = 2;  // a wgmma tile: one persistent grid
+  tile.cluster = 2;
+  const TileScheduler scheduler(tile);
+  EXPECT_EQ(scheduler.grid(int64_t{1} << 20, int64_t{1} << 10, 132, "grad_weight"),
+            (std::pair<int64_t, int64_t>{132, 1}));
+  const std::string message =
+      testing_errors::resource_error([&] { scheduler.grid(int64_t{1} << 21, int64_t{1} << 10, 132, "grad_weight"); });
+  EXPECT_EQ(message.rfind("tiles in one launch: 2147483648 over 2147483515: ", 0), 0u) << message;
+  EXPECT_NE(message.find("grad_weight tiles in one launch"), std::string::npos) << message;
+}
 
 }  // namespace
 }  // namespace lfce
