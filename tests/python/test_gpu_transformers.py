@@ -4,15 +4,20 @@ randomly initialised models (needs a CUDA GPU and transformers).
 A deep copy of each model is patched; both run one training step on the same batch (labels with
 -100 in them, with and without num_items_in_batch), and so does a third copy in fp64, the anchor.
 The loss matches the stock model's (fp32: 1e-4 relative; bf16, where the stock model rounds its
-logits to bf16 before its fp32 loss and lfce keeps them in fp32: BF16_REL). Every parameter's
-gradient is within the tolerance of the fp64 gradient (relative L2), or no further from it than
-GRAD_SLACK times the stock model's own gradient: a gradient that is small by cancellation (an
-attention key bias, whose exact gradient is 0; a router's gate; a differential-attention lambda) is
-rounding noise in both models, and the patch must only not make it worse. The patched output has no
-logits. Skipped (visibly) where transformers is not installed.
+logits to bf16 before its fp32 loss and lfce keeps them in fp32: BF16_REL). The gradients are
+measured against the fp64 ones: all of them together no further than the tolerance (relative L2)
+or GRAD_SLACK times the stock model's own distance; and each parameter's within the tolerance of
+its own norm, or of the model's RMS gradient times the square root of its size, or GRAD_SLACK times
+the stock model's distance. A gradient small by cancellation (an attention key bias, whose exact
+gradient is 0; a differential-attention lambda; a router's gate) is rounding noise in both models,
+measured against the gradients' scale rather than its own norm (on the CPU, over 4 seeds and 5
+models, the ratio of lfce's to the stock model's distance for such a 16-element lambda ranged from
+0.25 to 9.9 while the whole-model distances stayed within 5% of each other). The patched output has
+no logits. Skipped (visibly) where transformers is not installed.
 """
 
 import copy
+import math
 
 import pytest
 import torch
@@ -47,12 +52,21 @@ def check_parity(name, dtype, tolerance, **kwargs):
     assert out.loss.dtype == torch.float32
     assert rel(out.loss, ref_out.loss) <= tolerance, f"loss {float(out.loss)} vs {float(ref_out.loss)}"
     assert sorted(grads) == sorted(ref_grads), "the patched model's gradients cover other parameters"
+    sizes = {n: g.numel() for n, g in exact_grads.items()}
+    total = math.sqrt(sum(float(g.double().norm()) ** 2 for g in exact_grads.values()))
+    rms = total / math.sqrt(sum(sizes.values()))
+    lfce_errors = {n: distance(grads[n], g) for n, g in exact_grads.items()}
+    stock_errors = {n: distance(ref_grads[n], g) for n, g in exact_grads.items()}
+    whole_lfce, whole_stock = (math.sqrt(sum(e * e for e in errors.values())) for errors in (lfce_errors, stock_errors))
+    assert whole_lfce <= max(tolerance * total, GRAD_SLACK * whole_stock), (
+        f"all gradients: {whole_lfce:.3g} from fp64 (relative {whole_lfce / total:.3g}), over {tolerance:g} "
+        f"relative and over {GRAD_SLACK:g} x the stock model's {whole_stock:.3g}")
     for n, g64 in exact_grads.items():
-        lfce_error, stock_error = distance(grads[n], g64), distance(ref_grads[n], g64)
-        scale = float(g64.norm())
-        assert lfce_error <= max(tolerance * scale, GRAD_SLACK * stock_error), (
-            f"gradient of {n}: {lfce_error:.3g} from fp64 (relative {lfce_error / max(scale, 1e-300):.3g}), "
-            f"over {tolerance:g} relative and over {GRAD_SLACK:g} x the stock model's {stock_error:.3g}")
+        allowed = max(tolerance * float(g64.double().norm()), tolerance * rms * math.sqrt(sizes[n]),
+                      GRAD_SLACK * stock_errors[n])
+        assert lfce_errors[n] <= allowed, (
+            f"gradient of {n}: {lfce_errors[n]:.3g} from fp64 (the stock model's: {stock_errors[n]:.3g}), over the "
+            f"{allowed:.3g} allowed")
 
 
 @pytest.mark.parametrize("name", CAUSAL)
