@@ -8,113 +8,16 @@
 
 #include "compiler/checked_int.h"
 #include "compiler/errors.h"
+#include "runtime/argument_checks.h"
 #include "runtime/driver.h"
+#include "runtime/gemm_launch.h"
 #include "runtime/kernel_args.h"
 #include "runtime/kernel_cache.h"
-#include "templates/gemm/tile_scheduler.h"
 
 namespace lfce::runtime {
 namespace {
 
-void require(const void* ptr, const char* name) {
-  if (!ptr) throw SpecError(std::string(name) + " is NULL");
-}
-
-void require_aligned(const void* ptr, const char* name, int bytes = 16) {
-  require(ptr, name);
-  if (reinterpret_cast<uintptr_t>(ptr) % bytes != 0)
-    throw SpecError(std::string(name) + " is not " + std::to_string(bytes) +
-                    "-byte aligned; pass a contiguous tensor that starts on " + std::to_string(bytes) + " bytes");
-}
-
-// hidden and weight: the GEMMs copy their rows in hidden_row_align(H) pieces (16 bytes unless
-// H·elem bytes is not a multiple of 16), from the base on.
-void require_rows_aligned(const Problem& problem, const void* ptr, const char* name) {
-  require_aligned(ptr, name, hidden_row_align(problem.hidden, problem.dtype));
-}
-
-// A [*, H] gradient the GEMM epilogues write (grad_hidden, grad_weight): element by element on
-// mma.sync tiles, in pairs of elements straight from the registers on wgmma tiles (store_pair in
-// templates/template_util.h), which only rows of H a multiple of 16 bytes take (hidden_row_align).
-int gradient_align(const Problem& problem, int element_bytes) {
-  return hidden_row_align(problem.hidden, problem.dtype) == 16 ? 2 * element_bytes : element_bytes;
-}
-
-// The per-token ids, read one at a time in their index type.
-int target_bytes(const Problem& problem) { return problem.targets == IndexType::I64 ? 8 : 4; }
-
-// fp32 arrays (lse, token_loss, loss, valid_count, grad_loss) are read and written one float at a time.
-void require_f32(const void* ptr, const char* name) { require_aligned(ptr, name, 4); }
-
-void require_workspace(void* workspace, size_t given, size_t needed, const char* call) {
-  if (given < needed)
-    throw SpecError(std::string(call) + ": workspace_bytes = " + std::to_string(given) + " is below the " +
-                    std::to_string(needed) + " bytes this problem needs");
-  if (needed > 0) require_aligned(workspace, "workspace");
-}
-
 char* at(void* base, size_t offset) { return static_cast<char*>(base) + offset; }
-
-// One GEMM operand as its template describes it (the GemmOperand in templates/<kind>.cpp): the
-// stored matrix at `base`, `ld` elements between its rows, `mn` rows of M (or N) and `k` of K.
-struct Operand {
-  const void* base;
-  int64_t ld, mn, k;
-};
-
-// The TMA map the sm_90a pipeline (templates/gemm/wgmma_pipeline.cpp) loads `op` through, in the boxes
-// the pipeline's ring is laid out for (tma_box in templates/gemm/tile_scheduler.h); reads past the
-// extents zero-fill.
-CUtensorMap operand_map(const Operand& op, const TileConfig& tile, Layout layout, int which, DType dtype) {
-  const TmaBox box = tma_box(tile, layout, which);
-  const bool k_major = layout == Layout::KMajor;
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k_major ? op.k : op.mn),
-                              static_cast<cuuint64_t>(k_major ? op.mn : op.k)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(op.ld) * static_cast<cuuint64_t>(dtype_bytes(dtype))};
-  const cuuint32_t box_dims[2] = {static_cast<cuuint32_t>(box.inner), static_cast<cuuint32_t>(box.outer)};
-  const cuuint32_t element_strides[2] = {1, 1};
-  CUtensorMap map;
-  check(Driver::get().cuTensorMapEncodeTiled(
-            &map, dtype == DType::BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
-            const_cast<void*>(op.base), dims, strides, box_dims, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
-        "cuTensorMapEncodeTiled");
-  return map;
-}
-
-// The grid of a GEMM kernel whose output is [rows, cols], as its tile scheduler walks it
-// (templates/gemm/tile_scheduler.h), each axis's tile count within CUDA's limits.
-Dim3 gemm_grid(const Plan& plan, const KernelSpec& spec, int64_t rows, int64_t cols, const char* kernel) {
-  const auto [x, y] = TileScheduler(spec.tile).grid(grid_dim(rows, spec.tile.bm, 'x'), grid_dim(cols, spec.tile.bn, 'y'),
-                                                    plan.device_ctas(spec.tile), kernel);
-  return {static_cast<unsigned>(x), static_cast<unsigned>(y), 1};
-}
-
-// Launches a GEMM kernel with `args`, plus, where it declares them (the wgmma pipeline's, gemm_params
-// in templates/gemm/gemm_skeleton.h), the tensor maps of its operands A and B.
-void launch_gemm(const Kernel& kernel, const KernelSpec& spec, Dim3 grid, CUstream stream, KernelArgs args,
-                 const Operand& a, const Operand& b) {
-  if (kernel.declares("tma_a")) {
-    const KernelKindInfo& info = kind_info(spec.kind);
-    args.set("tma_a", operand_map(a, spec.tile, info.a, 0, spec.dtype));
-    args.set("tma_b", operand_map(b, spec.tile, info.b, 1, spec.dtype));
-  }
-  kernel.launch(grid, stream, args, spec.tile.cluster);
-}
-
-// The forward's arguments (lfce_forward and lfce_forward_backward), each named where it is wrong.
-void check_forward_args(const Problem& problem, const ForwardArgs& a) {
-  require_rows_aligned(problem, a.hidden, "hidden");
-  require_rows_aligned(problem, a.weight, "weight");
-  if (problem.bias) require_aligned(a.bias, "bias", dtype_bytes(problem.dtype));
-  require_aligned(a.targets, "targets", target_bytes(problem));
-  require_f32(a.lse, "lse");
-  require_f32(a.token_loss, "token_loss");
-  require_f32(a.valid_count, "valid_count");
-  if (problem.class_weight) require_aligned(a.class_weight, "class_weight (the problem has has_class_weight = 1)", 4);
-  if (problem.reduction != Reduction::None || a.loss) require_f32(a.loss, "loss");
-  if (problem.predicted) require_aligned(a.predicted, "predicted (the problem's outputs has LFCE_OUTPUT_PREDICTED)", 8);
-}
 
 // The values every kernel may take whatever the schedule: the problem's options and shared inputs.
 void offer_problem(OfferedArgs& values, const Problem& problem, const void* weight, const void* bias,
@@ -164,34 +67,11 @@ void run_forward(const Problem& problem, const ForwardArgs& a, const PlanFor& pl
 
 // Per vocabulary chunk: dlogits_backward, then grad_weight, grad_bias and grad_input of the chunk.
 void run_backward(const Problem& problem, const BackwardArgs& a, const PlanFor& plan_for) {
-  require_rows_aligned(problem, a.hidden, "hidden");
-  require_rows_aligned(problem, a.weight, "weight");
-  if (problem.bias) require_aligned(a.bias, "bias", dtype_bytes(problem.dtype));
-  require_aligned(a.targets, "targets", target_bytes(problem));
-  require_f32(a.lse, "lse");
-  require_f32(a.valid_count, "valid_count");
-  if (problem.class_weight) require_aligned(a.class_weight, "class_weight (the problem has has_class_weight = 1)", 4);
-  if (problem.mode == Mode::Recompute) require(a.grad_loss, "grad_loss (recompute mode needs the upstream gradient)");
-  if (a.grad_loss) require_f32(a.grad_loss, "grad_loss");
-  if (a.grad_lse && problem.dtype == DType::FP16)
-    throw SpecError("grad_lse (the gradients of the lse rows) needs bf16 or fp32 inputs, got fp16: its dz is not "
-                    "scaled into fp16's range");
-  if (a.grad_lse) require_aligned(a.grad_lse, "grad_lse", 4);
-  if (a.grad_lse && !problem.lse_grad) throw InternalError("grad_lse given for a problem planned without it");
+  check_backward_args(problem, a);
   // Each gradient is optional (a frozen LM head, LoRA): a NULL one's kernel is neither compiled nor launched.
   const bool want_hidden = a.grad_hidden != nullptr;
   const bool want_weight = a.grad_weight != nullptr;
   const bool want_bias = problem.bias && a.grad_bias != nullptr;
-  // grad_input writes (and for fp32 accumulates in) grad_hidden, in pairs on wgmma tiles.
-  if (want_hidden) require_aligned(a.grad_hidden, "grad_hidden", gradient_align(problem, dtype_bytes(problem.dtype)));
-  // Written in dtype, or added into as fp32 (grad_weight in pairs) with accumulation; grad_bias
-  // one element at a time.
-  if (want_weight)
-    require_aligned(a.grad_weight, problem.accumulate_grad_weight ? "grad_weight (accumulated, fp32)" : "grad_weight",
-                    problem.accumulate_grad_weight ? 8 : gradient_align(problem, dtype_bytes(problem.dtype)));
-  if (want_bias)
-    require_aligned(a.grad_bias, problem.accumulate_grad_bias ? "grad_bias (accumulated, fp32)" : "grad_bias",
-                    problem.accumulate_grad_bias ? 4 : dtype_bytes(problem.dtype));
   if (!want_hidden && !want_weight && !want_bias) {
     spdlog::debug("backward: no gradient asked for, nothing launched");
     return;
@@ -278,7 +158,6 @@ void run_three_gemm(const Problem& problem, const Plan& plan, const ForwardArgs&
   auto stream = static_cast<CUstream>(a.stream);
   const int64_t n_total = problem.tokens;
   const int64_t h = problem.hidden, v = problem.vocab, elem = dtype_bytes(problem.dtype);
-  const int64_t target_bytes = problem.targets == IndexType::I64 ? 8 : 4;
   void* dz = at(a.workspace, layout.dz);
   void* pmax = at(a.workspace, layout.partial_max);
   void* psum = at(a.workspace, layout.partial_sum);
@@ -360,7 +239,7 @@ void run_three_gemm(const Problem& problem, const Plan& plan, const ForwardArgs&
     void* grad_hidden = g.hidden ? static_cast<char*>(g.hidden) + r0 * h * elem : nullptr;
     OfferedArgs chunk(&values);
     chunk.set("x", x);
-    chunk.set("targets", static_cast<const char*>(a.targets) + r0 * target_bytes);
+    chunk.set("targets", static_cast<const char*>(a.targets) + r0 * target_bytes(problem));
     chunk.set("n", rows);
     chunk.set("ld", ld);
     chunk.set("lse", a.lse + r0);
@@ -404,18 +283,8 @@ void run_three_gemm(const Problem& problem, const Plan& plan, const ForwardArgs&
 
 void run_forward_backward(const Problem& problem, const ForwardBackwardArgs& args, const PlanFor& plan_for) {
   const ForwardArgs& a = args.forward;
-  if (problem.mode != Mode::Eager)
-    throw SpecError("lfce_forward_backward needs lfce_problem.mode = LFCE_MODE_EAGER (it computes the gradients for an "
-                    "upstream gradient of 1), got LFCE_MODE_RECOMPUTE");
-  check_forward_args(problem, a);
+  check_forward_backward_args(problem, args);
   const Gradients grads{args.grad_hidden, args.grad_weight, problem.bias ? args.grad_bias : nullptr};
-  if (grads.hidden) require_aligned(grads.hidden, "grad_hidden", gradient_align(problem, dtype_bytes(problem.dtype)));
-  if (grads.weight) require_aligned(grads.weight, "grad_weight", gradient_align(problem, dtype_bytes(problem.dtype)));
-  if (grads.bias) require_aligned(grads.bias, "grad_bias", dtype_bytes(problem.dtype));
-  // The workspace's size does not depend on the tuning or the device (Plan::eager_layout): checked
-  // before the driver is touched.
-  require_workspace(a.workspace, a.workspace_bytes, Plan(problem, Arch::SM90A).eager_layout().bytes,
-                    "lfce_forward_backward");
   make_context_current(a.device);
   const Plan plan = plan_for(problem, a.device);
   if (!grads.hidden && !grads.weight && !grads.bias) {
@@ -452,17 +321,6 @@ void run_forward_backward(const Problem& problem, const ForwardBackwardArgs& arg
 
 }  // namespace
 
-unsigned grid_dim(int64_t extent, int64_t tile, char axis) {
-  const int64_t blocks = ceil_div(extent, tile);
-  const int64_t limit = axis == 'x' ? kMaxGridX : kMaxGridYZ;
-  if (blocks > limit)
-    throw OutOfResources("problem too large: " + std::to_string(extent) + " / " + std::to_string(tile) + " = " +
-                             std::to_string(blocks) + " CTAs along grid " + axis + ", over CUDA's limit of " +
-                             std::to_string(limit) + ": give fewer tokens per call",
-                         std::string("CTAs along grid ") + axis, blocks, limit);
-  return static_cast<unsigned>(blocks);
-}
-
 void forward(const Problem& problem, const ForwardArgs& args, const PlanFor& plan_for) {
   run_forward(problem, args, plan_for);
 }
@@ -475,10 +333,7 @@ void forward_backward(const Problem& problem, const ForwardBackwardArgs& args, c
 
 void scale_gradient(DType dtype, const void* src, void* dst, int64_t count, const float* scale, int device,
                     void* stream) {
-  if (count < 0) throw SpecError("count must be >= 0, got " + std::to_string(count));
-  require_aligned(src, "src");
-  require_aligned(dst, "dst");
-  require_aligned(scale, "scale", 4);
+  check_scale_gradient_args(src, dst, count, scale);
   if (count == 0) return;
   make_context_current(device);
   KernelSpec spec;

@@ -77,11 +77,4 @@ void forward_backward(const Problem& problem, const ForwardBackwardArgs& args, c
 void scale_gradient(DType dtype, const void* src, void* dst, int64_t count, const float* scale, int device,
                     void* stream);
 
-// CTAs along one grid axis ('x', 'y' or 'z') for `extent` items in tiles of `tile`: ceil(extent /
-// tile), or SpecError naming the numbers when CUDA's limit (2^31 - 1 along x, 65535 along y and
-// z) is exceeded, so that a cast can never wrap a grid.
-constexpr int64_t kMaxGridX = (int64_t{1} << 31) - 1;
-constexpr int64_t kMaxGridYZ = 65535;
-unsigned grid_dim(int64_t extent, int64_t tile, char axis);
-
 }  // namespace lfce::runtime

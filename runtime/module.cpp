@@ -1,7 +1,5 @@
 #include "runtime/module.h"
 
-#include "compiler/errors.h"
-
 #include <spdlog/fmt/fmt.h>
 #include <spdlog/spdlog.h>
 
@@ -11,6 +9,8 @@
 #include <sstream>
 #include <utility>
 
+#include "compiler/checked_int.h"
+#include "compiler/errors.h"
 #include "runtime/driver.h"
 
 namespace lfce::runtime {
@@ -20,9 +20,7 @@ namespace {
 // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES (every GPU since Volta).
 constexpr unsigned kSharedMemoryWithoutOptIn = 48 * 1024;
 
-// Hardware launch limits of compute capability >= 3.0.
-constexpr unsigned kMaxGridX = 0x7fffffffu;
-constexpr unsigned kMaxGridYZ = 65535;
+// Hardware launch limits of compute capability >= 3.0 (the grid's: kMaxGridX, kMaxGridYZ in module.h).
 constexpr unsigned kMaxBlockZ = 64;
 constexpr unsigned kMaxPortableCluster = 8;  // larger clusters need a non-portable opt-in
 
@@ -108,6 +106,17 @@ struct JitLogs {
 }
 
 }  // namespace
+
+unsigned grid_dim(int64_t extent, int64_t tile, char axis) {
+  const int64_t blocks = ceil_div(extent, tile);
+  const int64_t limit = axis == 'x' ? kMaxGridX : kMaxGridYZ;
+  if (blocks > limit)
+    throw OutOfResources("problem too large: " + std::to_string(extent) + " / " + std::to_string(tile) + " = " +
+                             std::to_string(blocks) + " CTAs along grid " + axis + ", over CUDA's limit of " +
+                             std::to_string(limit) + ": give fewer tokens per call",
+                         std::string("CTAs along grid ") + axis, blocks, limit);
+  return static_cast<unsigned>(blocks);
+}
 
 LoadedKernel::LoadedKernel(int device, const std::string& ptx,
                            const std::string& entry,

@@ -4,6 +4,7 @@
 
 #include <cuda.h>
 
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 
@@ -14,6 +15,15 @@ namespace lfce::runtime {
 struct Dim3 {
   unsigned x = 1, y = 1, z = 1;
 };
+
+// CUDA's grid limits (compute capability >= 3.0): 2^31 - 1 CTAs along x, 65535 along y and z.
+constexpr int64_t kMaxGridX = (int64_t{1} << 31) - 1;
+constexpr int64_t kMaxGridYZ = 65535;
+
+// CTAs along one grid axis ('x', 'y' or 'z') for `extent` items in tiles of `tile`: ceil(extent /
+// tile), or OutOfResources naming the numbers over the axis's limit, so that a cast can never wrap
+// a grid.
+unsigned grid_dim(int64_t extent, int64_t tile, char axis);
 
 // What ptxas allotted, read back with cuFuncGetAttribute.
 struct KernelResources {

@@ -10,6 +10,7 @@
 #include "compiler/errors.h"
 #include "compiler/kernel_kind.h"
 #include "runtime/launch.h"
+#include "runtime/module.h"
 #include "runtime/plan.h"
 #include "templates/templates.h"
 #include "tests/log_capture.h"
