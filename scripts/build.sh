@@ -2,7 +2,7 @@
 # Configures and builds lfce into build/ (liblfce.so, the tests).
 # With ccache installed (scripts/install_deps.sh installs it) the compiler runs through it, with
 # CCACHE_BASEDIR at the repository root unless set: paths become relative to the build folder, so a
-# build in another folder beside build/ (the `pip install .` of tests/python/test_install.py) reuses
+# build in another folder beside build/ (the `pip wheel .` of tests/python/test_install.py) reuses
 # these objects.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -17,8 +17,9 @@ elif ! bash scripts/torch_venv.sh; then
   fi
   echo "warning: no torch 2.4+ (build/venv-torch could not be made): the custom-op CPU tests skip" >&2
 fi
-# CI also runs `pip install .` into a fresh virtual environment (tests/python/test_install.py; the
-# C++ build reuses build/'s objects through ccache); elsewhere LFCE_TEST_PIP_INSTALL=1 asks for it.
+# CI also builds the wheel (`pip wheel .`), tags it manylinux with auditwheel and installs it into a
+# fresh virtual environment (tests/python/test_install.py; the C++ build reuses build/'s objects
+# through ccache); elsewhere LFCE_TEST_PIP_INSTALL=1 asks for it.
 if [ "${CI:-}" = true ]; then export LFCE_TEST_PIP_INSTALL="${LFCE_TEST_PIP_INSTALL:-1}"; fi
 start=$SECONDS
 bash scripts/build.sh

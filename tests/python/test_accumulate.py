@@ -185,14 +185,15 @@ def test_module_takes_the_buffers_at_each_call():
 def test_opcheck_passes_with_the_buffers(reduction):
     x, w, b, y = inputs(6, bias=True)
     main_w, main_b = main_grads(w, b)
-    options = (-100, reduction, None, None, None, 1.0, 0.0, 0.0, False)
-    args = (x, w, b, y, None, main_w, main_b, *options[:2], "recompute", *options[2:], True, True, True)
-    torch.library.opcheck(torch.ops.lfce.forward.default, args)
+    args = _ops.forward_inputs(x, w, b, y, lfce.LossOptions(reduction=reduction, mode="recompute"),
+                               weight_grad_accumulator=main_w, bias_grad_accumulator=main_b,
+                               wanted=(True, True, True))
+    torch.library.opcheck(torch.ops.lfce.forward.default, tuple(args))
     fwd = torch.ops.lfce.forward(*(a.detach() if isinstance(a, torch.Tensor) else a for a in args))
     grad = torch.ones(6 if reduction == "none" else 1)
-    torch.library.opcheck(torch.ops.lfce.backward.default,
-                          (x.detach(), w.detach(), b.detach(), y, None, fwd[1], fwd[2], grad, main_w, main_b,
-                           *options, True, True, True))
+    backward_args = _ops._backward_inputs(args, hidden=x.detach(), weight=w.detach(), bias=b.detach(), lse=fwd[1],
+                                          valid_count=fwd[2], grad_loss=grad)
+    torch.library.opcheck(torch.ops.lfce.backward.default, tuple(backward_args))
 
 
 def test_backward_operator_declares_the_buffers_mutated():

@@ -376,9 +376,10 @@ def test_misaligned_gradient_accumulator_is_named():
 
 def test_forward_operator_refuses_gradient_accumulators_in_eager_mode():
     x, w, y = inputs()
+    args = _ops.forward_inputs(x, w, None, y, lfce.LossOptions(mode="eager"), weight_grad_accumulator=torch.zeros(V, H),
+                               wanted=(True, True, False))
     with raises(ValueError, "gradient accumulators need mode 'recompute', got mode 'eager'"):
-        _ops._forward_impl(x, w, None, y, None, torch.zeros(V, H), None, -100, "mean", "eager", None, None, None, 1.0,
-                           0.0, 0.0, False, True, True, False)
+        _ops._forward_impl(*args)
 
 
 def test_token_scaling_reaches_the_operator_and_the_modules_repr(monkeypatch):
@@ -393,9 +394,10 @@ def test_token_scaling_reaches_the_operator_and_the_modules_repr(monkeypatch):
 
 def test_backward_operator_refuses_an_lse_without_the_scales_token_scaling_needs():
     x, w, y = (t.float() if t.is_floating_point() else t for t in inputs())
+    forward = _ops.forward_inputs(x, w, None, y, lfce.LossOptions(token_scaling=True), wanted=(True, True, False))
     with raises(ValueError, f"lse must hold {2 * N} values for {N} tokens with token_scaling=True", f"got {N}"):
-        _ops._backward_impl(x, w, None, y, None, torch.zeros(N), torch.ones(1), torch.ones(1), None, None, -100,
-                            "mean", None, None, None, 1.0, 0.0, 0.0, True, True, True, False)
+        _ops._backward_impl(*_ops._backward_inputs(forward, lse=torch.zeros(N), valid_count=torch.ones(1),
+                                                   grad_loss=torch.ones(1)))
 
 
 def test_make_problem_sets_token_scaling_and_the_outputs():

@@ -314,8 +314,18 @@ def test_every_entry_point_takes_fp64_cpu_tensors(entry):
 
 def operator_args(x, w, b, y, class_weight, mode="recompute", reduction="mean", outputs=0, token_scaling=True,
                   sequence_length=0, chunk_size=CHUNK):
-    return (x, w, b, y, class_weight, None, None, IGNORE, reduction, mode, chunk_size, None, 3.0, 0.7, 0.1, 0.2,
-            token_scaling, True, True, b is not None, outputs, sequence_length)
+    """lfce::forward's arguments for every loss option at once (and the extra outputs' flags given)."""
+    options = lfce.LossOptions(ignore_index=IGNORE, reduction=reduction, mode=mode, chunk_size=chunk_size, softcap=3.0,
+                               temperature=0.7, z_loss_scale=0.1, label_smoothing=0.2, token_scaling=token_scaling,
+                               **output_options(outputs))
+    return _ops.forward_inputs(x, w, b, y, options, class_weight=class_weight, wanted=(True, True, b is not None),
+                               sequence_length=sequence_length)
+
+
+def output_options(outputs):
+    """The LossOptions keywords asking for the extra outputs of lfce.h's OUTPUT_* flags ``outputs``."""
+    return {"return_entropy": bool(outputs & _lib.OUTPUT_ENTROPY), "return_logprob": bool(outputs & _lib.OUTPUT_LOGPROB),
+            "return_predicted": bool(outputs & _lib.OUTPUT_PREDICTED)}
 
 
 def test_forward_operator_outputs_match_the_unchunked_model():

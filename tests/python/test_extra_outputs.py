@@ -399,11 +399,18 @@ def test_each_output_asks_the_operator_for_its_flag(monkeypatch, extra, outputs)
     assert seen[0][1] == outputs
 
 
+def output_options(outputs):
+    """The LossOptions keywords asking for the extra outputs of lfce.h's OUTPUT_* flags ``outputs``."""
+    return {"return_entropy": bool(outputs & _lib.OUTPUT_ENTROPY), "return_logprob": bool(outputs & _lib.OUTPUT_LOGPROB),
+            "return_predicted": bool(outputs & _lib.OUTPUT_PREDICTED)}
+
+
 def fake_forward(outputs, token_scaling=False, mode="recompute", reduction="mean", n=7):
     with FakeTensorMode():
         x, w, y = torch.empty(n, 64), torch.empty(100, 64), torch.empty(n, dtype=torch.int64)
-        out = torch.ops.lfce.forward(x, w, None, y, None, None, None, IGNORE, reduction, mode, None, None, None, 1.0,
-                                     0.0, 0.0, token_scaling, True, True, False, outputs)
+        options = lfce.LossOptions(ignore_index=IGNORE, reduction=reduction, mode=mode, token_scaling=token_scaling,
+                                   **output_options(outputs))
+        out = torch.ops.lfce.forward(*_ops.forward_inputs(x, w, None, y, options, wanted=(True, True, False)))
     return [(tuple(t.shape), t.dtype) for t in out]
 
 
@@ -437,15 +444,17 @@ def test_operator_schemas_take_the_outputs_the_lse_gradient_and_the_sequence_len
 @pytest.mark.parametrize("mode", ["recompute", "eager"])
 def test_opcheck_passes_with_every_output(mode, reduction, token_scaling):
     x, w, b, y = inputs(6, bias=True)
-    options = (3.0, 0.7, 1e-2, 0.0, token_scaling)
-    args = (x, w, b, y, None, None, None, IGNORE, reduction, mode, None, None, *options, True, True, True, 7)
-    torch.library.opcheck(torch.ops.lfce.forward.default, args)
+    options = lfce.LossOptions(ignore_index=IGNORE, reduction=reduction, mode=mode, softcap=3.0, temperature=0.7,
+                               z_loss_scale=1e-2, token_scaling=token_scaling, **output_options(_lib.OUTPUTS_ALL))
+    args = _ops.forward_inputs(x, w, b, y, options, wanted=(True, True, True))
+    torch.library.opcheck(torch.ops.lfce.forward.default, tuple(args))
     fwd = torch.ops.lfce.forward(*(a.detach() if isinstance(a, torch.Tensor) else a for a in args))
     grad = torch.ones(6 if reduction == "none" else 1)
     grad_lse = torch.randn(fwd[1].shape, generator=torch.Generator().manual_seed(4))
-    torch.library.opcheck(torch.ops.lfce.backward.default,
-                          (x.detach(), w.detach(), b.detach(), y, None, fwd[1], fwd[2], grad, None, None, IGNORE,
-                           reduction, None, None, *options, True, False, True, grad_lse, 7))
+    backward = _ops._backward_inputs(_ops.forward_inputs(x.detach(), w.detach(), b.detach(), y, options,
+                                                         wanted=(True, False, True)),
+                                     lse=fwd[1], valid_count=fwd[2], grad_loss=grad, grad_lse=grad_lse)
+    torch.library.opcheck(torch.ops.lfce.backward.default, tuple(backward))
 
 
 def test_compiled_extra_outputs_compile_once_for_two_token_counts():

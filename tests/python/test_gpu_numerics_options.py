@@ -43,13 +43,14 @@ import lfce
 pytestmark = pytest.mark.gpu
 
 IGNORE = -100
-# name: (softcap, temperature, z_loss_scale, bias)
+# name: (LossOptions keywords, bias)
 CASES = {
-    "temperature": (None, 0.6, 0.0, True),
-    "z_loss": (None, 1.0, 0.05, False),
-    "softcap_z_loss": (3.0, 1.0, 0.2, True),  # the capped softmax is flatter: s = 0.05 would not matter enough
-    "temperature_softcap": (3.0, 0.6, 0.0, False),
-    "all": (3.0, 1.7, 0.2, True),
+    "temperature": ({"temperature": 0.6}, True),
+    "z_loss": ({"z_loss_scale": 0.05}, False),
+    # the capped softmax is flatter: s = 0.05 would not matter enough
+    "softcap_z_loss": ({"softcap": 3.0, "z_loss_scale": 0.2}, True),
+    "temperature_softcap": ({"softcap": 3.0, "temperature": 0.6}, False),
+    "all": ({"softcap": 3.0, "temperature": 1.7, "z_loss_scale": 0.2}, True),
 }
 
 
@@ -116,19 +117,19 @@ def assert_each_option_matters(x, w, b, y, reduction, grad, dtype, ref, **option
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("mode", ["recompute", "eager"])
 def test_options_match_an_fp64_reference(mode, reduction, dtype, case, record_error):
-    softcap, temperature, z_loss_scale, bias = CASES[case]
+    given, bias = CASES[case]
+    loss_options = lfce.LossOptions(**given)  # the options not given at their "off" values (temperature 1.0, ...)
+    options = {name: getattr(loss_options, name) for name in ("softcap", "temperature", "z_loss_scale")}
     x, w, b, y = make_inputs(300, 512, 64007, dtype, bias=bias)
     grad = upstream(reduction, y.shape, dtype)  # per token for "none", not uniform
-    ours, z_ours = run(x, w, b, y, reduction, grad, mode=mode, softcap=softcap, temperature=temperature,
-                       z_loss_scale=z_loss_scale)
-    ref, z_ref = options_reference(x, w, b, y, reduction, grad, softcap, temperature, z_loss_scale)
+    ours, z_ours = run(x, w, b, y, reduction, grad, mode=mode, **options)
+    ref, z_ref = options_reference(x, w, b, y, reduction, grad, **options)
     assert_gradients_match(ours, ref, dtype, reduction, record_error)
-    if z_loss_scale:
+    if options["z_loss_scale"]:
         assert_close(f"z_loss ({reduction})", z_ours, z_ref, LOSS[dtype], record_error)
     else:
         assert int(torch.count_nonzero(z_ours)) == 0, "z-loss without a z_loss_scale"
-    assert_each_option_matters(x, w, b, y, reduction, grad, dtype, ref, softcap=softcap, temperature=temperature,
-                               z_loss_scale=z_loss_scale)
+    assert_each_option_matters(x, w, b, y, reduction, grad, dtype, ref, **options)
 
 
 def predicted_inputs(n, h, v, dtype, bias, every=2, device="cuda"):

@@ -93,10 +93,11 @@ def test_compiled_model_matches_eager_execution_and_compiles_once_for_two_token_
 
 # --- opcheck -------------------------------------------------------------------------------------
 
-# (softcap, temperature, z_loss_scale, label_smoothing, token_scaling), class weights
-OPTIONS = {"plain": ((None, 1.0, 0.0, 0.0, False), False), "loss_options": ((30.0, 0.7, 1e-3, 0.0, False), False),
-           "smoothing_class_weight": ((30.0, 0.7, 1e-3, 0.1, False), True),
-           "token_scaling": ((30.0, 0.7, 1e-3, 0.1, True), True)}
+# name: (LossOptions keywords, class weights)
+LOGIT_OPTIONS = {"softcap": 30.0, "temperature": 0.7, "z_loss_scale": 1e-3}
+OPTIONS = {"plain": ({}, False), "loss_options": (LOGIT_OPTIONS, False),
+           "smoothing_class_weight": ({**LOGIT_OPTIONS, "label_smoothing": 0.1}, True),
+           "token_scaling": ({**LOGIT_OPTIONS, "label_smoothing": 0.1, "token_scaling": True}, True)}
 
 
 def class_weights(vocab):
@@ -109,9 +110,10 @@ def class_weights(vocab):
 def test_opcheck_passes_for_the_forward(mode, reduction, options):
     loss_options, weighted = OPTIONS[options]
     x, w, b, y = make_inputs(70, 128, 1000, BF16, bias=True)
-    args = (x.requires_grad_(), w.requires_grad_(), b.requires_grad_(), y, class_weights(1000) if weighted else None,
-            None, None, -100, reduction, mode, None, None, *loss_options, True, True, True)
-    torch.library.opcheck(torch.ops.lfce.forward.default, args)
+    args = _ops.forward_inputs(x.requires_grad_(), w.requires_grad_(), b.requires_grad_(), y,
+                               lfce.LossOptions(reduction=reduction, mode=mode, **loss_options),
+                               class_weight=class_weights(1000) if weighted else None, wanted=(True, True, True))
+    torch.library.opcheck(torch.ops.lfce.forward.default, tuple(args))
 
 
 @pytest.mark.parametrize("weighted", [False, True], ids=["plain", "smoothing_class_weight"])
@@ -120,13 +122,14 @@ def test_opcheck_passes_for_the_forward(mode, reduction, options):
 def test_opcheck_passes_for_the_backward(reduction, wanted, weighted):
     x, w, b, y = make_inputs(70, 128, 1000, BF16, bias=True)
     cw = class_weights(1000) if weighted else None
-    smoothing = 0.1 if weighted else 0.0
-    _, lse, count, *_ = torch.ops.lfce.forward(x, w, b, y, cw, None, None, -100, reduction, "recompute", None, None,
-                                               None, 1.0, 0.0, smoothing, False, False, False, False)
+    options = lfce.LossOptions(reduction=reduction, mode="recompute", label_smoothing=0.1 if weighted else 0.0)
+    _, lse, count, *_ = torch.ops.lfce.forward(*_ops.forward_inputs(x, w, b, y, options, class_weight=cw,
+                                                                     wanted=(False, False, False)))
     grad = torch.rand(70 if reduction == "none" else 1, device="cuda") + 0.5
-    torch.library.opcheck(torch.ops.lfce.backward.default,
-                          (x, w, b, y, cw, lse, count, grad, None, None, -100, reduction, None, None, None, 1.0, 0.0,
-                           smoothing, False, *wanted))
+    # lfce::backward's arguments: the forward's for the gradients in ``wanted``
+    backward_args = _ops._backward_inputs(_ops.forward_inputs(x, w, b, y, options, class_weight=cw, wanted=wanted),
+                                          lse=lse, valid_count=count, grad_loss=grad)
+    torch.library.opcheck(torch.ops.lfce.backward.default, tuple(backward_args))
 
 
 # --- loss dtype -----------------------------------------------------------------------------------

@@ -74,8 +74,9 @@ def test_backward_passes_each_accumulator_as_its_gradient_with_the_flag_set(fake
     hidden, weight, bias = torch.randn(N, H), torch.randn(V, H), torch.randn(V)
     targets, lse, count = torch.zeros(N, dtype=torch.int64), torch.zeros(N), torch.ones(1)
     main_w, main_b = torch.zeros(V, H), torch.zeros(V)
-    grads = _ops._backward_impl(hidden, weight, bias, targets, None, lse, count, torch.ones(1), main_w, main_b, -100,
-                                "mean", None, None, None, 1.0, 0.0, 0.0, False, *wanted)
+    forward = _ops.forward_inputs(hidden, weight, bias, targets, LossOptions(), weight_grad_accumulator=main_w,
+                                  bias_grad_accumulator=main_b, wanted=wanted)
+    grads = _ops._backward_impl(*_ops._backward_inputs(forward, lse=lse, valid_count=count, grad_loss=torch.ones(1)))
     call = fake.calls[0]
     assert call["accumulate"] == wanted[1:], "accumulate flags set only for the wanted gradients"
     for name, want, buffer in (("grad_weight", wanted[1], main_w), ("grad_bias", wanted[2], main_b)):

@@ -67,11 +67,13 @@ def fake_call(reduction, mode, wanted, bias, dtype=BF16, n=7, h=64, v=100, class
         b = torch.empty(v, dtype=dtype) if bias else None
         y = torch.empty(n, dtype=torch.int64)
         cw = torch.empty(v) if class_weight else None
-        acc = (torch.empty(v, h), torch.empty(v) if bias else None) if accumulate else (None, None)
-        out = torch.ops.lfce.forward(x, w, b, y, cw, *acc, -100, reduction, mode, None, None, None, 1.0, 0.0, 0.0,
-                                     token_scaling, *wanted)
-        back = torch.ops.lfce.backward(x, w, b, y, cw, out[1], out[2], torch.empty(n if reduction == "none" else 1),
-                                       *acc, -100, reduction, None, None, None, 1.0, 0.0, 0.0, token_scaling, *wanted)
+        acc = {"weight_grad_accumulator": torch.empty(v, h),
+               "bias_grad_accumulator": torch.empty(v) if bias else None} if accumulate else {}
+        options = lfce.LossOptions(reduction=reduction, mode=mode, token_scaling=token_scaling)
+        args = _ops.forward_inputs(x, w, b, y, options, class_weight=cw, wanted=wanted, **acc)
+        out = torch.ops.lfce.forward(*args)
+        back = torch.ops.lfce.backward(*_ops._backward_inputs(args, lse=out[1], valid_count=out[2],
+                                                              grad_loss=torch.empty(n if reduction == "none" else 1)))
     return [(tuple(t.shape), t.dtype) for t in out], [(tuple(t.shape), t.dtype) for t in back]
 
 
@@ -129,24 +131,29 @@ def test_operators_are_defined_once_per_process():
     assert str(torch.ops.lfce.forward.default._schema) == schema
 
 
-# (softcap, temperature, z_loss_scale, label_smoothing, token_scaling), class weights
-@pytest.mark.parametrize("options, class_weight", [((None, 1.0, 0.0, 0.0, False), False),
-                                                   ((30.0, 0.7, 1e-2, 0.0, False), False),
-                                                   ((30.0, 0.7, 1e-2, 0.1, False), True),
-                                                   ((30.0, 0.7, 1e-2, 0.1, True), True)],
+# LossOptions keywords, class weights
+LOGIT_OPTIONS = {"softcap": 30.0, "temperature": 0.7, "z_loss_scale": 1e-2}
+
+
+@pytest.mark.parametrize("options, class_weight", [({}, False),
+                                                   (LOGIT_OPTIONS, False),
+                                                   ({**LOGIT_OPTIONS, "label_smoothing": 0.1}, True),
+                                                   ({**LOGIT_OPTIONS, "label_smoothing": 0.1, "token_scaling": True},
+                                                    True)],
                          ids=["plain", "loss_options", "smoothing_class_weight", "token_scaling"])
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 @pytest.mark.parametrize("mode", ["recompute", "eager"])
 def test_opcheck_passes_with_the_reference_kernel(mode, reduction, options, class_weight):
     x, w, b, y = inputs(6, bias=True)
     cw = torch.rand(40) + 0.5 if class_weight else None
-    args = (x, w, b, y, cw, None, None, -100, reduction, mode, None, None, *options, True, True, True)
-    torch.library.opcheck(torch.ops.lfce.forward.default, args)
+    args = _ops.forward_inputs(x, w, b, y, lfce.LossOptions(reduction=reduction, mode=mode, **options), class_weight=cw,
+                               wanted=(True, True, True))
+    torch.library.opcheck(torch.ops.lfce.forward.default, tuple(args))
     fwd = torch.ops.lfce.forward(*(a.detach() if isinstance(a, torch.Tensor) else a for a in args))
     grad = torch.ones(6 if reduction == "none" else 1)
-    torch.library.opcheck(torch.ops.lfce.backward.default,
-                          (x.detach(), w.detach(), b.detach(), y, cw, fwd[1], fwd[2], grad, None, None, -100,
-                           reduction, None, None, *options, True, False, True))
+    backward_args = _ops._backward_inputs(args, hidden=x.detach(), weight=w.detach(), bias=b.detach(), lse=fwd[1],
+                                          valid_count=fwd[2], grad_loss=grad, need_weight=False)
+    torch.library.opcheck(torch.ops.lfce.backward.default, tuple(backward_args))
 
 
 @pytest.mark.parametrize("reduction", REDUCTIONS)
@@ -172,9 +179,10 @@ def test_compiled_loss_has_no_graph_break_and_no_recompile_for_a_new_n(mode, red
 def test_compiled_loss_with_a_frozen_weight_asks_for_no_grad_weight():
     asked = []
 
-    def spy(*args):
-        asked.append(args[-3:])
-        return _cpu.backward(*args)
+    def spy(*args, **kwargs):
+        given = _ops.BackwardInputs(*args, **kwargs)
+        asked.append((given.need_hidden, given.need_weight, given.need_bias))
+        return _cpu.backward(*args, **kwargs)
 
     torch.library.register_kernel("lfce::backward", "cpu", spy)
     try:
@@ -214,14 +222,17 @@ def options_reference(x, w, b, y, reduction, softcap, temperature, z_loss_scale)
     return (total / counted.sum(), z_total / counted.sum()) if reduction == "mean" else (total, z_total)
 
 
-@pytest.mark.parametrize("options", [(None, 0.7, 0.0), (None, 1.0, 0.05), (30.0, 1.0, 0.05), (3.0, 0.5, 0.0),
-                                     (3.0, 2.0, 0.05)],
+# LossOptions keywords (softcap, temperature, z_loss_scale)
+@pytest.mark.parametrize("options", [{"temperature": 0.7}, {"z_loss_scale": 0.05}, {"softcap": 30.0, "z_loss_scale": 0.05},
+                                     {"softcap": 3.0, "temperature": 0.5},
+                                     {"softcap": 3.0, "temperature": 2.0, "z_loss_scale": 0.05}],
                          ids=["temperature", "z_loss", "softcap_z_loss", "temperature_softcap", "all"])
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager_call", "compiled"])
 @pytest.mark.parametrize("mode", ["recompute", "eager"])
 def test_loss_options_reach_the_kernels_and_return_the_z_loss(mode, compiled, reduction, options):
-    softcap, temperature, z_loss_scale = options
+    given = lfce.LossOptions(**options)  # the options not given at their "off" values (temperature 1.0, ...)
+    softcap, temperature, z_loss_scale = given.softcap, given.temperature, given.z_loss_scale
 
     def call(x, w, b, y):
         return lfce.linear_cross_entropy(x, w, y, b, reduction=reduction, mode=mode, softcap=softcap,
@@ -277,20 +288,27 @@ def class_weights(v=40, seed=3):
     return weights
 
 
-# name: (softcap, z_loss_scale, label_smoothing, class weights); every case has ignored tokens
+# name: (LossOptions keywords, class weights); every case has ignored tokens
 WEIGHTED_CASES = {
-    "label_smoothing": (None, 0.0, 0.2, False),
-    "class_weight": (None, 0.0, 0.0, True),
-    "smoothing_class_weight": (None, 0.0, 0.2, True),
-    "class_weight_z_loss": (None, 0.05, 0.0, True),  # two denominators for "mean"
-    "smoothing_softcap": (3.0, 0.0, 0.2, False),
-    "all": (3.0, 0.05, 0.2, True),
+    "label_smoothing": ({"label_smoothing": 0.2}, False),
+    "class_weight": ({}, True),
+    "smoothing_class_weight": ({"label_smoothing": 0.2}, True),
+    "class_weight_z_loss": ({"z_loss_scale": 0.05}, True),  # two denominators for "mean"
+    "smoothing_softcap": ({"softcap": 3.0, "label_smoothing": 0.2}, False),
+    "all": ({"softcap": 3.0, "z_loss_scale": 0.05, "label_smoothing": 0.2}, True),
 }
 # The CPU model's fp32 against fp64, measured over these cases (N = 9, V = 40, logits of a few
 # units): loss and z-loss within 1.8e-7 relative; gradients within 1e-5 relative + 6.3e-7
 # (3.7e-6 at most, on values up to about 1). About 2.5x those:
 LOSS_TOL = {"rtol": 5e-7, "atol": 1e-7}
 GRAD_TOL = {"rtol": 2e-5, "atol": 2e-6}
+
+
+def reference_options(given, weighted, names):
+    """A case's options as its reference takes them: each of ``names`` as LossOptions(**given) holds it (an
+    option not given at its "off" value), and "class_weight": class_weights() or None."""
+    options = lfce.LossOptions(**given)
+    return {**{name: getattr(options, name) for name in names}, "class_weight": class_weights() if weighted else None}
 
 
 def assert_each_option_matters(x, w, b, y, reduction, options, ref):
@@ -339,9 +357,7 @@ def check_against_the_reference(reference, mode, compiled, reduction, options, *
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager_call", "compiled"])
 @pytest.mark.parametrize("mode", ["recompute", "eager"])
 def test_label_smoothing_and_class_weights_match_pytorchs_cross_entropy(mode, compiled, reduction, case):
-    softcap, z_loss_scale, label_smoothing, weighted = WEIGHTED_CASES[case]
-    options = {"softcap": softcap, "z_loss_scale": z_loss_scale, "label_smoothing": label_smoothing,
-               "class_weight": class_weights() if weighted else None}
+    options = reference_options(*WEIGHTED_CASES[case], ("softcap", "z_loss_scale", "label_smoothing"))
     *inputs_used, ref = check_against_the_reference(weighted_reference, mode, compiled, reduction, options)
     assert_each_option_matters(*inputs_used, reduction, options, ref)
 
@@ -374,12 +390,12 @@ def token_scaling_reference(x, w, b, y, reduction, softcap, temperature, z_loss_
     return ce.sum() / weight_sum + z_loss.sum() / counted.sum(), z_loss.sum() / counted.sum()
 
 
-# name: (softcap, temperature, z_loss_scale, label_smoothing, class weights)
+# name: (LossOptions keywords, class weights)
 TOKEN_SCALING_CASES = {
-    "alone": (None, 1.0, 0.0, 0.0, False),
-    "z_loss": (None, 1.0, 0.05, 0.0, False),
-    "softcap_temperature_z_loss": (3.0, 0.7, 0.05, 0.0, False),
-    "smoothing_class_weight_z_loss": (None, 1.0, 0.05, 0.2, True),
+    "alone": ({}, False),
+    "z_loss": ({"z_loss_scale": 0.05}, False),
+    "softcap_temperature_z_loss": ({"softcap": 3.0, "temperature": 0.7, "z_loss_scale": 0.05}, False),
+    "smoothing_class_weight_z_loss": ({"z_loss_scale": 0.05, "label_smoothing": 0.2}, True),
 }
 
 
@@ -389,9 +405,8 @@ TOKEN_SCALING_CASES = {
 @pytest.mark.parametrize("mode", ["recompute", "eager"])
 def test_token_scaling_multiplies_each_tokens_loss_and_gradient_by_its_detached_p_target(mode, compiled,
                                                                                          reduction, case):
-    softcap, temperature, z_loss_scale, label_smoothing, weighted = TOKEN_SCALING_CASES[case]
-    options = {"softcap": softcap, "temperature": temperature, "z_loss_scale": z_loss_scale,
-               "label_smoothing": label_smoothing, "class_weight": class_weights() if weighted else None}
+    options = reference_options(*TOKEN_SCALING_CASES[case],
+                                ("softcap", "temperature", "z_loss_scale", "label_smoothing"))
     *inputs_used, ref = check_against_the_reference(token_scaling_reference, mode, compiled, reduction, options,
                                                     token_scaling=True)
     unscaled, _ = token_scaling_reference(*inputs_used, reduction, **options, scaled=False)
@@ -402,8 +417,9 @@ def test_token_scaling_multiplies_each_tokens_loss_and_gradient_by_its_detached_
 def test_token_scaling_gives_the_backward_the_scales_after_the_lses():
     """lse is [2N] with token scaling (lfce.h): the LSEs, then p(target), 0 for ignored tokens."""
     x, w, _, y = inputs(9)
-    out = torch.ops.lfce.forward(x.detach(), w.detach(), None, y, None, None, None, -100, "none", "recompute", None,
-                                 None, None, 1.0, 0.0, 0.0, True, False, False, False)
+    options = lfce.LossOptions(reduction="none", mode="recompute", token_scaling=True)
+    out = torch.ops.lfce.forward(*_ops.forward_inputs(x.detach(), w.detach(), None, y, options,
+                                                      wanted=(False, False, False)))
     logits = F.linear(x.detach().double(), w.detach().double())
     counted = y != -100
     p_target = logits.softmax(-1).gather(1, torch.where(counted, y, 0)[:, None])[:, 0]
