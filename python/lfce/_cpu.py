@@ -1,8 +1,9 @@
 """The operators lfce::forward / lfce::backward on CPU tensors, in PyTorch, chunked over the vocabulary.
 
-The same function as the CUDA kernels (the operators' contract is _ops.py's docstring): the logits
-are formed one vocabulary chunk of ``width`` columns at a time, never [N, V] whole, so the
-transient memory is at most four [N, width] tensors plus [N, H] (docs/options.md#cpu-tensors):
+The same function as the CUDA kernels (the operators' contract is _ops.py's docstring; the checks
+both make are _contract.py's): the logits are formed one vocabulary chunk of ``width`` columns at a
+time, never [N, V] whole, so the transient memory is at most four [N, width] tensors plus [N, H]
+(docs/options.md#cpu-tensors):
 
 * forward: per chunk, the chunk's row max merged into a running max with the running sum of
   exponentials rescaled (online log-sum-exp), the target logit picked where the target falls in the
@@ -21,8 +22,8 @@ The loss, lse and valid_count are fp32, fp64 for fp64 inputs.
 Where liblfce.so loads, each call first runs the library's own check of the problem
 (lfce_check_problem), fp64 checked as fp32, so a CPU call refuses what a CUDA call refuses.
 
-Registered as the operators' CPU kernels where this PyTorch has custom ops (torch.compile,
-opcheck); _ops' autograd.Function calls ``forward`` / ``backward`` directly for CPU tensors.
+_ops.py registers ``forward`` / ``backward`` as the operators' CPU kernels where this PyTorch has
+custom ops (torch.compile, opcheck); its autograd.Function calls them directly for CPU tensors.
 """
 
 import ctypes
@@ -30,7 +31,7 @@ import functools
 
 import torch
 
-from . import _lib, _ops
+from . import _bridge, _contract, _lib
 from .errors import InvalidArgumentError, LibraryError
 
 __all__ = ["backward", "chunk_width", "forward"]
@@ -49,7 +50,7 @@ def chunk_width(tokens, vocab, chunk_size=None, workspace_budget=None, element_s
 
 
 def _width(hidden, weight, chunk_size, workspace_budget):
-    element_size = torch.finfo(_ops._statistics_dtype(hidden)).bits // 8
+    element_size = torch.finfo(_bridge.statistics_dtype(hidden)).bits // 8
     return chunk_width(hidden.shape[0], weight.shape[0], chunk_size, workspace_budget, element_size)
 
 
@@ -77,8 +78,8 @@ def _check_problem(hidden, weight, bias, targets, class_weight, ignore_index, re
         return
     softcap, temperature, z_loss_scale, label_smoothing, token_scaling = options
     problem = _lib.make_problem(
-        hidden.shape[0], hidden.shape[1], weight.shape[0], _ops.DTYPES.get(hidden.dtype, _lib.DTYPE_FP32),
-        target_dtype=_ops.INDEX_DTYPES[targets.dtype], has_bias=bias is not None,
+        hidden.shape[0], hidden.shape[1], weight.shape[0], _bridge.DTYPES.get(hidden.dtype, _lib.DTYPE_FP32),
+        target_dtype=_bridge.INDEX_DTYPES[targets.dtype], has_bias=bias is not None,
         reduction=_lib.REDUCTIONS[reduction], mode=_lib.MODES[mode], ignore_index=ignore_index,
         chunk_size=chunk_size, workspace_budget=workspace_budget, softcap=softcap, temperature=temperature,
         z_loss_scale=z_loss_scale, label_smoothing=label_smoothing, has_class_weight=class_weight is not None,
@@ -90,7 +91,7 @@ def _check_problem(hidden, weight, bias, targets, class_weight, ignore_index, re
 def _check_inputs(hidden, class_weight, valid_count=None):
     """What a direct operator call must pass: class weights (and for the backward valid_count) in
     the statistics dtype, the three counts with class weights."""
-    dtype = _ops._statistics_dtype(hidden)
+    dtype = _bridge.statistics_dtype(hidden)
     if class_weight is not None and class_weight.dtype != dtype:
         raise InvalidArgumentError(f"lfce operators on CPU: class_weight must be {dtype} for {hidden.dtype} inputs, "
                                    f"got {class_weight.dtype}")
@@ -107,7 +108,7 @@ class _Problem:
 
     def __init__(self, hidden, weight, bias, targets, class_weight, ignore_index, softcap, temperature,
                  sequence_length, width):
-        self.dtype = _ops._statistics_dtype(hidden)
+        self.dtype = _bridge.statistics_dtype(hidden)
         self.input_dtype = hidden.dtype
         self.x = hidden.to(self.dtype)  # [N, H], the only input converted whole
         self.weight, self.bias, self.class_weight = weight, bias, class_weight
@@ -210,7 +211,7 @@ def forward(hidden, weight, bias, targets, class_weight, weight_grad_accumulator
             ignore_index, reduction, mode, chunk_size, workspace_budget, softcap, temperature, z_loss_scale,
             label_smoothing, token_scaling, need_hidden, need_weight, need_bias, outputs=0, sequence_length=0):
     """lfce::forward on CPU tensors (the outputs of _ops.py's contract)."""
-    eager = _ops._eager(mode, reduction, outputs)
+    eager = _contract.eager(mode, reduction, outputs)
     if eager and (weight_grad_accumulator is not None or bias_grad_accumulator is not None):
         raise InvalidArgumentError("lfce::forward: gradient accumulators need mode 'recompute', got mode 'eager'")
     _check_inputs(hidden, class_weight)
@@ -272,12 +273,12 @@ def backward(hidden, weight, bias, targets, class_weight, lse, valid_count, grad
              outputs=0, sequence_length=0):
     """lfce::backward on CPU tensors (the outputs of _ops.py's contract)."""
     _check_inputs(hidden, class_weight, valid_count)
-    _ops._check_lse(hidden, lse, grad_lse, token_scaling, outputs)
+    _contract.check_lse(hidden, lse, grad_lse, token_scaling, outputs)
     wanted = (need_hidden, need_weight, need_bias and bias is not None)
     accumulators = (weight_grad_accumulator, bias_grad_accumulator)
     options = (softcap, temperature, z_loss_scale, label_smoothing, token_scaling)
     _check_problem(hidden, weight, bias, targets, class_weight, ignore_index, reduction, "recompute", chunk_size,
-                   workspace_budget, options, outputs, sequence_length, _ops._accumulated(wanted, accumulators))
+                   workspace_budget, options, outputs, sequence_length, _bridge.accumulated(wanted, accumulators))
     if not any(wanted):
         return tuple(_empty(hidden) for _ in range(3))
     p = _Problem(hidden, weight, bias, targets, class_weight, ignore_index, softcap, temperature, sequence_length,
@@ -320,7 +321,7 @@ def _gradients(p, lse, count, grad_loss, grad_lse, reduction, options, outputs, 
         if "entropy" in upstream:
             mean_logit = lse - rows["entropy"]
     need_hidden, need_weight, need_bias = wanted
-    add_weight, add_bias = _ops._accumulated(wanted, accumulators)
+    add_weight, add_bias = _bridge.accumulated(wanted, accumulators)
     grad_hidden = torch.zeros_like(p.x) if need_hidden else None
     grad_weight = None if not need_weight or add_weight else torch.empty_like(p.weight)
     grad_bias = None if not need_bias or add_bias else torch.empty_like(p.bias)
@@ -363,7 +364,3 @@ def _gradients(p, lse, count, grad_loss, grad_lse, reduction, options, outputs, 
     grads = (None if grad_hidden is None else grad_hidden.to(p.input_dtype), grad_weight, grad_bias)
     return tuple(p.x.new_empty(0, dtype=p.input_dtype) if g is None else g for g in grads)
 
-
-if _ops.HAVE_CUSTOM_OPS:  # the operators' CPU kernels (torch.compile, opcheck)
-    torch.library.register_kernel("lfce::forward", "cpu", forward)
-    torch.library.register_kernel("lfce::backward", "cpu", backward)
