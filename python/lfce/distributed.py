@@ -21,17 +21,21 @@ The algorithm, on each rank, on the unmodified single-GPU kernels (docs/parallel
    NOT_IN_SHARD elsewhere, which matches no column): the shard's log-sum-exp [N] of the mapped
    logits u = softcap(z) / temperature (per element: the same map on every rank) and, for its own
    targets, the target's u (lse - token loss);
-2. one all-gather of those two [N] fp32 vectors (three with the entropy: the shard's mean logit);
-   every rank takes the logsumexp over the P shard LSEs (in rank order: bit-identical on all
-   ranks) and the target logit from its owner; loss_i = LSE_i - z_{i,y_i} (+ s·LSE_i² with a
-   z-loss; 0 where ignored, NaN for a target outside [0, V));
+2. one all-gather of those two [N] fp32 vectors (three with the entropy: the shard's mean logit;
+   two more with accuracy / predicted: the shard's best logit and its global id); every rank takes
+   the logsumexp over the P shard LSEs (in rank order: bit-identical on all ranks), the target
+   logit from its owner and the argmax from the largest best logit (ties: the lowest id);
+   loss_i = LSE_i - z_{i,y_i} (+ s·LSE_i² with a z-loss; 0 where ignored, NaN for a target outside
+   [0, V));
 3. backward kernels on the shard with the global LSE and the global valid count (so "mean" divides
    by the count over all tokens): the shard's grad_weight / grad_bias, final as they are, and a
    partial grad_hidden, summed over the ranks (all-reduce, or reduce-scatter in sequence parallel).
 
 Options: softcap and temperature map each logit (the shard kernels apply them), the z-loss is
-added on the global LSE, lse / entropy / logprob are combined in the same all-gather (k rows of
-[N] fp32), the gradient accumulators are the shard's; docs/parallel.md derives each combine.
+added on the global LSE (and return_z_loss reports it from there), lse / entropy / logprob are
+combined in the same all-gather (k rows of [N] fp32), and so are accuracy / predicted: two more
+rows, each rank's best (u, global id), the largest u winning, ties to the lowest id (combine,
+best_of); the gradient accumulators are the shard's; docs/parallel.md derives each combine.
 
 Held between forward and backward in recompute mode: the global LSE (4·N bytes; 4·k·N with the
 entropy and logprob rows) and the count, besides the inputs. Eager mode runs step 3 inside the forward (upstream gradient 1) and holds the
@@ -74,6 +78,9 @@ _FIELDS = ("vocab_shard", "vocab_start", "tokens", "hidden", "dtype", "target_dt
 # scale: every rank must apply the same, so they travel in the handshake as their float64 bits
 # (softcap None as 0.0).
 _FLOAT_FIELDS = ("softcap", "temperature", "z_loss_scale")
+# The outputs asked for, as the handshake's "outputs" bits (in this order): the extra per-token
+# outputs (each changes what the forward's all-gather carries), then return_z_loss.
+OUTPUT_FLAGS = EXTRA_OUTPUTS + ("return_z_loss",)
 _SAME_ON_EVERY_RANK = _FIELDS[2:]
 _NAMES = {"dtype": {code: str(dtype) for dtype, code in _ops.DTYPES.items()},
           "target_dtype": {code: str(dtype) for dtype, code in _ops.INDEX_DTYPES.items()},
@@ -122,7 +129,7 @@ def _from_bits(bits):
 
 def _describe(field, value):
     if field == "outputs":
-        return "+".join(name for i, name in enumerate(EXTRA_OUTPUTS) if value >> i & 1) or "none"
+        return "+".join(name for i, name in enumerate(OUTPUT_FLAGS) if value >> i & 1) or "none"
     if field in _FLOAT_FIELDS:
         number = _from_bits(value)
         return None if field == "softcap" and number == 0.0 else number
@@ -333,22 +340,91 @@ def local_targets(targets, v0, shard, ignore_index):
     return torch.where(in_shard, targets - v0, codes)
 
 
-def combine(shard_lse, target_logit, group=None, nccl=False, shard_mean_logit=None):
-    """(global LSE [N], target logit [N], mean logit [N] or None) from each rank's shard LSE_r, its
-    target logits (0 where the target is not in its shard) and, for the entropy, its shard's mean
-    logit S_r = Σ_{v in r} exp(u_v - LSE_r) u_v: one all-gather of [k, N] fp32 (k = 2, 3 with the
-    entropy), then in rank order on every rank (the same bits everywhere) LSE = logsumexp_r LSE_r,
-    z = Σ_r z_r and S = Σ_r exp(LSE_r - LSE) S_r (the mean logit under the whole softmax)."""
-    rows = (shard_lse, target_logit) + (() if shard_mean_logit is None else (shard_mean_logit,))
+def combine(shard_lse, target_logit, group=None, nccl=False, shard_mean_logit=None, shard_best=None):
+    """(global LSE [N], target logit [N], mean logit [N] or None, argmax [N] or None) from each rank's
+    shard LSE_r, its target logits (0 where the target is not in its shard), for the entropy its
+    shard's mean logit S_r = Σ_{v in r} exp(u_v - LSE_r) u_v, and for accuracy / predicted its best
+    candidate ``shard_best`` = (u [N] fp32, global id [N] int64: shard_argmax): one all-gather of
+    [k, N] fp32 (k = 2, +1 with the entropy, +2 with the argmax: the u row and the id row, an int32
+    carried as the bits of an fp32 element, which the all-gather copies untouched), then in rank order
+    on every rank (the same bits everywhere) LSE = logsumexp_r LSE_r, z = Σ_r z_r,
+    S = Σ_r exp(LSE_r - LSE) S_r (the mean logit under the whole softmax) and the argmax (best_of)."""
+    rows = [shard_lse, target_logit]
+    if shard_mean_logit is not None:
+        rows.append(shard_mean_logit)
+    if shard_best is not None:
+        value, ids = shard_best
+        rows += [value.to(torch.float32), ids.to(torch.int32).view(torch.float32)]
     parts = torch.stack(rows)
     if group is not None:
         parts = _all_gather(parts, group, nccl)
     parts = parts.reshape(-1, len(rows), shard_lse.shape[0])
     lse = torch.logsumexp(parts[:, 0], dim=0)
-    mean_logit = None
+    mean_logit = predicted = None
     if shard_mean_logit is not None:
         mean_logit = (torch.exp(parts[:, 0] - lse) * parts[:, 2]).sum(dim=0)
-    return lse, parts[:, 1].sum(dim=0), mean_logit
+    if shard_best is not None:
+        predicted = best_of(parts[:, -2], parts[:, -1].contiguous().view(torch.int32).to(torch.int64))
+    return lse, parts[:, 1].sum(dim=0), mean_logit, predicted
+
+
+def best_of(values, ids):
+    """[N] int64: for each token (column of the [P, N] candidates, one per rank), the id whose value
+    is the largest, the lowest id among equal values (torch.argmax's first occurrence over the whole
+    row: the shards' order in the group does not matter; -0.0 equals 0.0), a NaN counting as the
+    largest (as torch.argmax)."""
+    top = values.max(dim=0).values  # NaN where a candidate is NaN
+    hit = (values == top) | (values.isnan() & top.isnan())
+    return torch.where(hit, ids, torch.full_like(ids, torch.iinfo(torch.int64).max)).min(dim=0).values
+
+
+# The candidates' logits are recomputed in token chunks of at most this many hidden elements (fp32:
+# two [chunk, H] tensors, 64 MiB each).
+_RECOMPUTE_ELEMENTS = 1 << 24
+
+
+def shard_argmax(hidden, weight, bias, local_predicted, v0, options):
+    """(u [N] fp32, global id [N] int64): this shard's best column for each token, as its forward
+    kernels chose it (``local_predicted``: the shard problem's argmax, an index into the shard's rows,
+    the lowest among equal maxima; -1 for the shard problem's ignored tokens), its id v0 + column and
+    its logit u recomputed in fp32 (mapped_logits), on every rank by the same code, so that the ranks
+    compare like with like. A token without a column (ignored) gets (-inf, v0): it never wins and
+    its prediction is masked later."""
+    n, h = hidden.shape
+    found = local_predicted >= 0
+    column = local_predicted.clamp(min=0).to(torch.int64)
+    z = torch.empty(n, dtype=torch.float32, device=hidden.device)
+    step = max(1, _RECOMPUTE_ELEMENTS // h)
+    for t0 in range(0, n, step):
+        t1 = min(n, t0 + step)
+        rows = column[t0:t1]
+        z[t0:t1] = torch.einsum("nh,nh->n", hidden[t0:t1].to(torch.float32), weight[rows].to(torch.float32))
+        if bias is not None:
+            z[t0:t1] += bias[rows].to(torch.float32)
+    u = mapped_logits(z, options.softcap, options.temperature, hidden.device.type == "cpu")
+    return torch.where(found, u, torch.full_like(u, float("-inf"))), column + v0
+
+
+def mapped_logits(z, softcap, temperature, cpu):
+    """u = softcap·tanh(z / softcap) / T of fp32 logits z, computed as the shard's forward computes
+    it: on CPU tensors as lfce's CPU operators (_cpu.py: z / T, or tanh(z / c) · (c / T)); on CUDA
+    as the kernels' formula (templates/template_util.h: z · (1 / T); with a softcap
+    t = sign(x)·(1 - 2 / (e^{2|x|} + 1)), x = z · (1 / c), times c / T), with fp32 constants."""
+    if cpu:
+        if softcap is None:
+            return z / temperature
+        return torch.tanh(z / softcap) * (softcap / temperature)
+
+    def f32(value):
+        return torch.tensor(value, dtype=torch.float32, device=z.device)
+
+    inverse_t = f32(1.0) / f32(temperature)
+    if softcap is None:
+        return z if temperature == 1.0 else z * inverse_t
+    x = z * (f32(1.0) / f32(softcap))
+    s = 2.0 / (torch.exp(x.abs() * 2.0) + 1.0)
+    t = torch.copysign(1.0 - s, x)
+    return t * (f32(softcap) if temperature == 1.0 else f32(softcap) * inverse_t)
 
 
 def token_losses(lse, target_logit, targets, vocab, ignore_index, z_loss_scale=0.0):
@@ -364,9 +440,30 @@ def token_losses(lse, target_logit, targets, vocab, ignore_index, z_loss_scale=0
     return loss, valid.sum(dtype=torch.float32).reshape(1)
 
 
-# The extra outputs that are rows of lfce's lse (options.EXTRA_OUTPUTS' first three): their combines
-# are above; accuracy and predicted (an argmax across the shards) are not implemented here.
+# The extra outputs that are rows of lfce's lse (options.EXTRA_OUTPUTS' first three): differentiable,
+# combined in the forward's all-gather (combine). Accuracy and predicted (the argmax across the
+# shards: shard_argmax, best_of) ride in the same all-gather; the z-loss comes from the global LSE.
 ROW_OUTPUTS = EXTRA_OUTPUTS[:3]
+ARGMAX_OUTPUTS = ("return_accuracy", "return_predicted")
+
+
+def detached_outputs(options, lse, predicted, targets, count, ignore_index, reduction):
+    """(predicted, accuracy, z_loss), each None unless asked for, over all N tokens, as one GPU's
+    (functional._extra_outputs, functional._z_loss): predicted the global argmax id, -1 for an
+    ignored token (int64); accuracy 1.0 where it equals the target, 0.0 elsewhere and for ignored
+    tokens, per token for "none", else its sum over the global count (mean and sum alike); z_loss
+    s·LSE² of the counted tokens (0 for ignored ones), reduced as the loss. No gradient."""
+    valid = targets != ignore_index
+    accuracy = z_loss = None
+    if predicted is not None:
+        predicted = torch.where(valid, predicted, torch.full_like(predicted, -1))
+    if options.return_accuracy:
+        correct = ((predicted == targets) & valid).to(torch.float32)
+        accuracy = correct if reduction == "none" else correct.sum() / count[0]
+    if options.return_z_loss:
+        term = torch.where(valid, options.z_loss_scale * lse * lse, torch.zeros_like(lse))
+        z_loss = term if reduction == "none" else term.sum() / count[0] if reduction == "mean" else term.sum()
+    return predicted if options.return_predicted else None, accuracy, z_loss
 
 
 def shard_row_gradients(options, grad_rows, local, targets, vocab):
@@ -408,24 +505,31 @@ def shard_options(options, reduction, forward=False):
     """The shard problem's LossOptions: the caller's, with the shard's own ignore code, ``reduction``
     and the recompute schedule (eager mode calls the backward itself). The backward's keep the rows
     of lse the caller asked for (entropy, logprob: their layout and gradients); the forward's ask
-    for the shard entropy alone (its S_r), the logprob coming from the combined LSE, and no z-loss.
-    The backward's z-loss term 2·s·LSE·p_v / count reads the global LSE and count it is given."""
-    shard = dataclasses.replace(options, ignore_index=LOCAL_IGNORE, reduction=reduction, mode="recompute")
+    for the shard entropy alone (its S_r), the logprob coming from the combined LSE, the shard's
+    argmax for accuracy / predicted (OUTPUT_PREDICTED), and no z-loss. The backward's z-loss term
+    2·s·LSE·p_v / count reads the global LSE and count it is given. The detached outputs are the
+    Python layer's, never the shard problem's (return_z_loss; the backward needs no argmax)."""
+    shard = dataclasses.replace(options, ignore_index=LOCAL_IGNORE, reduction=reduction, mode="recompute",
+                                return_z_loss=False)
     if forward:  # the z-loss is added on the global LSE: the shard's token loss stays LSE_r - u_y
         shard = dataclasses.replace(shard, return_lse=False, return_logprob=False, z_loss_scale=0.0)
+    else:
+        shard = dataclasses.replace(shard, return_accuracy=False, return_predicted=False)
     return shard
 
 
 def local_forward(hidden, weight, bias, targets, options):
-    """(shard LSE [N], token loss [N]) from lfce's forward on the shard (``options``: shard_options):
-    the LSE of the mapped logits u = softcap(z) / T over the shard's columns, and the token loss
-    LSE - u_target where the target is in the shard, 0 for LOCAL_IGNORE, NaN for NOT_IN_SHARD. CUDA
-    tensors run lfce's kernels, CPU tensors lfce's CPU implementation (_cpu.py)."""
+    """(shard LSE [N], token loss [N], argmax [N]) from lfce's forward on the shard (``options``:
+    shard_options): the LSE of the mapped logits u = softcap(z) / T over the shard's columns, the
+    token loss LSE - u_target where the target is in the shard, 0 for LOCAL_IGNORE, NaN for
+    NOT_IN_SHARD, and with OUTPUT_PREDICTED each token's argmax of u as an index into the shard's
+    rows (the lowest among equal maxima; -1 for LOCAL_IGNORE), else an empty tensor. CUDA tensors
+    run lfce's kernels, CPU tensors lfce's CPU implementation (_cpu.py)."""
     if hidden.device.type == "cpu":
         out = _cpu.forward(*_ops.forward_inputs(hidden, weight, bias, targets, options))
-        return out[1], out[0]
+        return out[1], out[0], out[6]
     out = _bridge.forward(hidden, weight, bias, targets, options)
-    return out.lse, out.loss
+    return out.lse, out.loss, out.predicted
 
 
 def local_backward(hidden, weight, bias, targets, options, lse, valid_count, grad_loss, wanted, grad_lse=None,
@@ -466,16 +570,22 @@ class _VocabParallelLinearCrossEntropy(torch.autograd.Function):
         ignore_index, reduction = options.ignore_index, options.reduction
         all_hidden, all_targets = _gather_tokens(hidden, layout), _gather_tokens(targets, layout)
         local = local_targets(all_targets, layout.v0, layout.shard, ignore_index)
-        shard_rows, shard_loss = local_forward(all_hidden, weight, bias, local, shard_options(options, "none", True))
+        shard_rows, shard_loss, shard_predicted = local_forward(all_hidden, weight, bias, local,
+                                                                shard_options(options, "none", True))
         n = local.shape[0]
         shard_lse = shard_rows[:n]
         own = torch.where(local >= 0, shard_lse - shard_loss, torch.zeros_like(shard_lse))
         # The shard's mean logit S_r = LSE_r - H_r (its entropy row).
         shard_mean = shard_lse - shard_rows[n:2 * n] if options.return_entropy else None
-        del local, shard_loss, shard_rows
-        lse, target_logit, mean_logit = combine(shard_lse, own, layout.group, layout.nccl, shard_mean)
+        # The shard's best candidate for the argmax: (u, global id) of its own argmax column.
+        best = shard_argmax(all_hidden, weight, bias, shard_predicted, layout.v0, options) \
+            if any(getattr(options, name) for name in ARGMAX_OUTPUTS) else None
+        del local, shard_loss, shard_rows, shard_predicted
+        lse, target_logit, mean_logit, predicted = combine(shard_lse, own, layout.group, layout.nccl, shard_mean,
+                                                           best)
         token_loss, count = token_losses(lse, target_logit, all_targets, layout.vocab, ignore_index,
                                          options.z_loss_scale)
+        detached = detached_outputs(options, lse, predicted, all_targets, count, ignore_index, reduction)
         rows = output_rows(options, lse, target_logit, mean_logit, all_targets, layout.vocab, ignore_index)
         lse = rows.reshape(-1)  # what the backward reads: the global rows, in the shard problem's layout
         if reduction == "none":
@@ -489,17 +599,25 @@ class _VocabParallelLinearCrossEntropy(torch.autograd.Function):
         ctx.set_materialize_grads(False)
         rows_out = rows.narrow(1, layout.token_start, layout.local_tokens).clone() if layout.sequence_parallel \
             else rows
+        # predicted, accuracy, z_loss: this rank's tokens of the per-token ones (predicted always,
+        # the other two for "none"); an empty tensor for one not asked for. No gradient.
+        per_token = (True, reduction == "none", reduction == "none")
+        detached = tuple(lse.new_empty(0) if value is None
+                         else value.narrow(0, layout.token_start, layout.local_tokens).clone()
+                         if layout.sequence_parallel and tokens else value
+                         for value, tokens in zip(detached, per_token))
+        ctx.mark_non_differentiable(*detached)
         if eager:  # the gradients for an upstream gradient of 1, held until the backward scales them
             ones = torch.ones(1, dtype=torch.float32, device=hidden.device)
             grads = _shard_gradients(layout, options, wanted, all_hidden, weight, bias, all_targets, lse, count, ones)
             ctx.save_for_backward(*grads)
         else:
             ctx.save_for_backward(hidden, weight, bias, targets, lse, count)
-        return loss, rows_out
+        return (loss, rows_out) + detached
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_loss, grad_rows):
+    def backward(ctx, grad_loss, grad_rows, *detached):  # detached: the no-gradient outputs' (None)
         wanted = ctx.needs_input_grad[:3]
         if ctx.eager and grad_loss is None:
             grads = (None, None, None)
@@ -542,9 +660,10 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, bias: 
                          mode: Mode = "recompute", chunk_size: int | None = None, workspace_budget: int | None = None,
                          softcap: float | None = None, temperature: float | None = None,
                          z_loss_scale: float | None = None, weight_grad_accumulator: Tensor | None = None,
-                         bias_grad_accumulator: Tensor | None = None, return_lse: bool = False, return_entropy: bool = False, return_logprob: bool = False,
+                         bias_grad_accumulator: Tensor | None = None, return_z_loss: bool = False,
+                         return_lse: bool = False, return_entropy: bool = False, return_logprob: bool = False,
                          return_accuracy: bool = False, return_predicted: bool = False,
-                         options: LossOptions | None = None) -> Tensor | functional.LossOutput:
+                         options: LossOptions | None = None) -> Tensor | tuple[Tensor, Tensor] | functional.LossOutput:
     """Cross-entropy of ``hidden @ W.T + b`` against ``targets`` with W, b sharded by vocabulary rows.
 
     Args:
@@ -565,22 +684,41 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, bias: 
             and bias shards (recompute mode), into which the backward adds the shard's gradients
             instead of returning them, as lfce.linear_cross_entropy does with the whole weight; not
             in the module's forward.
-        Not supported here yet: label_smoothing, class_weight, token_scaling, shift, return_z_loss
-            (this function has no such arguments: a TypeError names the one passed; in ``options`` a
-            ValueError names the one set).
+        Not supported here yet: label_smoothing, class_weight, token_scaling, shift (this function
+            has no such arguments: a TypeError names the one passed; in ``options`` a ValueError
+            names the one set).
+        return_z_loss: as lfce.linear_cross_entropy: the z-loss term s·LSE² alone (0 for ignored
+            tokens), from the global LSE, reduced as the loss (mean over every counted token of the
+            batch; "none": this rank's tokens), fp32, no gradient; ``(loss, z_loss)``, or the
+            LossOutput's z_loss with the outputs below. No communication of its own.
         return_lse, return_entropy, return_logprob: as lfce.linear_cross_entropy (an lfce.LossOutput
             is returned, each differentiable; per token of this rank: all N in tensor parallel), from
             the statistics combined across the ranks (docs/parallel.md); mode "eager" then runs
-            "recompute", as on one GPU. return_accuracy, return_predicted: not supported here yet
-            (ValueError): the argmax across the shards needs its own combine.
+            "recompute", as on one GPU.
+        return_predicted, return_accuracy: as lfce.linear_cross_entropy (no gradient; eager mode
+            stays eager): predicted the argmax id over the whole vocabulary, int64, -1 for an ignored
+            token, per token of this rank; accuracy 1.0 / 0.0 per token of this rank for "none", else
+            the fraction of the batch's counted tokens whose argmax is the target (NaN when none is
+            counted), the same bits on every rank. Each rank's shard kernels give its own argmax
+            column; its logit u is recomputed per token in fp32 from the hidden row and the weight row
+            (+ bias, then softcap and temperature as the shard's kernels apply them); the ranks'
+            (u, id) travel in the forward's all-gather and the largest u wins, ties (equal fp32 u)
+            going to the lowest global id, as torch.argmax's first occurrence, whatever the shards'
+            order. Precision: within a shard the kernels' own logits decide; across shards the
+            recomputed ones, whose accumulation order can differ from the kernels' in the last
+            bits, so where two shards' best logits lie within a few fp32 ulps the winner can differ
+            from one GPU's on the whole weight (the same on every rank, always).
         options: all of ignore_index ... return_predicted as one lfce.LossOptions instead (the
             keyword options then left at their defaults).
 
     Returns:
         The fp32 loss, equal on every rank for mean / sum; for "none" the losses of this rank's
-        tokens (all of them in tensor parallel), shaped like ``targets``; with return_lse,
-        return_entropy or return_logprob an lfce.LossOutput of it and those (fp32, like ``targets``). The gradients of hidden
-        (summed over the ranks), of the weight shard and of the bias shard, in their dtypes.
+        tokens (all of them in tensor parallel), shaped like ``targets``; with return_z_loss alone
+        ``(loss, z_loss)``; with return_lse, return_entropy, return_logprob, return_accuracy or
+        return_predicted an lfce.LossOutput(loss, z_loss, lse, entropy, logprob, accuracy,
+        predicted), None in each field not asked for (per-token fields shaped like ``targets``).
+        The gradients of hidden (summed over the ranks), of the weight shard and of the bias shard,
+        in their dtypes.
 
     Raises:
         TypeError / ValueError naming the bad argument (an argument that differs between ranks:
@@ -594,7 +732,7 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, bias: 
         options = _supported(resolve(
             options, ignore_index=ignore_index, reduction=reduction, mode=mode, chunk_size=chunk_size,
             workspace_budget=workspace_budget, softcap=softcap, temperature=temperature, z_loss_scale=z_loss_scale,
-            return_lse=return_lse,
+            return_z_loss=return_z_loss, return_lse=return_lse,
             return_entropy=return_entropy, return_logprob=return_logprob, return_accuracy=return_accuracy,
             return_predicted=return_predicted))
         _check.flag("sequence_parallel", sequence_parallel)
@@ -620,7 +758,7 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, bias: 
                "reduction": _lib.REDUCTIONS[options.reduction],
                "mode": _lib.MODES["eager" if eager else "recompute"], "sequence_parallel": int(sequence_parallel),
                "need_hidden": int(wanted[0]), "need_weight": int(wanted[1]), "need_bias": int(wanted[2]),
-               "outputs": sum(1 << i for i, name in enumerate(EXTRA_OUTPUTS) if getattr(options, name))}
+               "outputs": sum(1 << i for i, name in enumerate(OUTPUT_FLAGS) if getattr(options, name))}
     except Exception as error:  # noqa: BLE001 - every failure is told to the peers before it is raised
         failure = error
     if failure is not None and not (dist.is_available() and dist.is_initialized()):
@@ -629,16 +767,20 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, bias: 
     layout = _agree(group, row, (hidden, weight, targets), targets_1d, failure)
     assert options is not None and targets_1d is not None, "set before the handshake, which raised otherwise"
     targets = targets_1d
-    loss, rows = _VocabParallelLinearCrossEntropy.apply(hidden, weight, bias, targets, layout, options, eager, wanted,
-                                                        accumulators)
-    loss = loss.reshape(batch_shape) if options.reduction == "none" else loss
-    if not _row_outputs(options):
-        return loss
+    loss, rows, predicted, accuracy, z_loss = _VocabParallelLinearCrossEntropy.apply(
+        hidden, weight, bias, targets, layout, options, eager, wanted, accumulators)
+    none = options.reduction == "none"
+    loss = loss.reshape(batch_shape) if none else loss
+    z_loss = (z_loss.reshape(batch_shape) if none else z_loss) if options.return_z_loss else None
+    if not any(getattr(options, name) for name in EXTRA_OUTPUTS):
+        return (loss, z_loss) if z_loss is not None else loss
     named = dict(zip(("lse",) + tuple(name for name in ROW_OUTPUTS[1:] if getattr(options, name)), rows))
     lse = named["lse"].reshape(batch_shape) if options.return_lse else None
     entropy, logprob = (named[name].reshape(batch_shape) if name in named else None
                         for name in ("return_entropy", "return_logprob"))
-    return functional.LossOutput(loss, None, lse, entropy, logprob)
+    accuracy = (accuracy.reshape(batch_shape) if none else accuracy) if options.return_accuracy else None
+    predicted = predicted.reshape(batch_shape) if options.return_predicted else None
+    return functional.LossOutput(loss, z_loss, lse, entropy, logprob, accuracy, predicted)
 
 
 def _row_outputs(options):
@@ -648,13 +790,13 @@ def _row_outputs(options):
 
 # The LossOptions fields the vocabulary-parallel loss implements; every other one must keep its default.
 _SUPPORTED = ("ignore_index", "reduction", "mode", "chunk_size", "workspace_budget", "softcap", "temperature",
-              "z_loss_scale", *ROW_OUTPUTS)
+              "z_loss_scale", "return_z_loss", *EXTRA_OUTPUTS)
 _DEFAULTS = LossOptions()
 
 
 def _supported(options: LossOptions) -> LossOptions:
-    """``options`` if it asks for nothing but _SUPPORTED (ValueError naming the first other option set)."""
-    _refuse_extra_outputs(tuple(getattr(options, name) for name in EXTRA_OUTPUTS))
+    """``options`` if it asks for nothing but _SUPPORTED (ValueError naming the first other option set:
+    label_smoothing, token_scaling, shift)."""
     for name in OPTION_NAMES:
         if name not in _SUPPORTED and getattr(options, name) != getattr(_DEFAULTS, name):
             raise InvalidArgumentError(f"lfce.distributed: {name}={getattr(options, name)!r} is not supported on a "
@@ -663,15 +805,6 @@ def _supported(options: LossOptions) -> LossOptions:
                                        "lfce.linear_cross_entropy with the whole weight for it")
     return options
 
-
-def _refuse_extra_outputs(values):
-    """The extra per-token outputs (in EXTRA_OUTPUTS' order): each a bool, none True but the rows of lse."""
-    for name, value in zip(EXTRA_OUTPUTS, values):
-        if _check.flag(name, value) and name not in ROW_OUTPUTS:
-            raise InvalidArgumentError(f"lfce.distributed: {name}=True is not supported on a vocabulary-sharded weight "
-                                       "yet (each rank sees only its shard's logits; the per-token outputs need their "
-                                       "own combine across the ranks); use lfce.linear_cross_entropy with the whole "
-                                       "weight for it")
 
 
 class VocabParallelLinearCrossEntropyLoss(torch.nn.Module):
@@ -685,14 +818,14 @@ class VocabParallelLinearCrossEntropyLoss(torch.nn.Module):
                  sequence_parallel: bool = False, ignore_index: int = -100, reduction: Reduction = "mean",
                  mode: Mode = "recompute", chunk_size: int | None = None, workspace_budget: int | None = None,
                  softcap: float | None = None, temperature: float | None = None, z_loss_scale: float | None = None,
-                 return_lse: bool = False, return_entropy: bool = False, return_logprob: bool = False,
-                 return_accuracy: bool = False, return_predicted: bool = False,
+                 return_z_loss: bool = False, return_lse: bool = False, return_entropy: bool = False,
+                 return_logprob: bool = False, return_accuracy: bool = False, return_predicted: bool = False,
                  options: LossOptions | None = None) -> None:
         super().__init__()
         self.options = _supported(resolve(
             options, ignore_index=ignore_index, reduction=reduction, mode=mode, chunk_size=chunk_size,
             workspace_budget=workspace_budget, softcap=softcap, temperature=temperature, z_loss_scale=z_loss_scale,
-            return_lse=return_lse,
+            return_z_loss=return_z_loss, return_lse=return_lse,
             return_entropy=return_entropy, return_logprob=return_logprob, return_accuracy=return_accuracy,
             return_predicted=return_predicted))
         _check.flag("sequence_parallel", sequence_parallel)
@@ -701,7 +834,7 @@ class VocabParallelLinearCrossEntropyLoss(torch.nn.Module):
                                        "sequence_parallel": sequence_parallel}
 
     def forward(self, hidden: Tensor, weight: Tensor, targets: Tensor, bias: Tensor | None = None
-                ) -> Tensor | functional.LossOutput:
+                ) -> Tensor | tuple[Tensor, Tensor] | functional.LossOutput:
         """The loss of this rank's weight (and bias) shard; see linear_cross_entropy."""
         return linear_cross_entropy(hidden, weight, targets, bias, options=self.options, **self.layout)
 

@@ -19,7 +19,8 @@ Which models: no model is named here. ``apply_lfce`` reads the model class's sou
 and ``__init__``, with ``ast``) and serves it when the head is a ``torch.nn.Linear`` assigned to
 ``self.lm_head``, called once in ``forward``, followed only by transforms lfce computes (a tanh
 softcap, ``c * tanh(logits / c)``: lfce's ``softcap``; a division by s: ``temperature=s``; a
-multiplication by s: ``temperature=1/s``; an fp32 upcast), then by the model's own causal-LM loss
+multiplication by s: ``temperature=1/s``; a scale before the softcap, ``c * tanh((logits / T) / c)``:
+``softcap=T*c, temperature=T``, the same function; an fp32 upcast), then by the model's own causal-LM loss
 function (``self.loss_function``, transformers' ``ForCausalLMLoss``), and at most by the router's
 auxiliary loss. The values (the cap, the scale, the coefficient) are read from the model at each
 call, so a config edited after ``apply_lfce`` is honoured. Anything else (a vocabulary sliced
@@ -67,6 +68,7 @@ class _Recipe(NamedTuple):
     aux_coefficient: ast.expr | None  # what multiplies outputs.aux_loss
     vocab_size: ast.expr | None   # the vocab_size given to the loss function
     aliases: dict                 # local names bound to expressions of self between the head and the loss
+    scale_first: bool = False     # the scale comes before the softcap: c * tanh((logits * s) / c)
 
 
 class _Refused(Exception):
@@ -162,7 +164,7 @@ def _recognise(cls):
         value, scale = _strip_upcasts(value.left), value.right
     if not _is_head_call(value) or len(value.args) != 1 or value.keywords:
         raise _Refused(f"its head call is not recognised: {ast.unparse(head)}")
-    softcap, optional, aliases = None, False, {}
+    softcap, optional, aliases, scale_first = None, False, {}, False
     position = start + 1
     while position < len(body):
         statement = body[position]
@@ -170,6 +172,11 @@ def _recognise(cls):
         position += 1
         if text == "loss = None":
             break
+        cap = _softcap_of(body[position - 1:position + 2], logits) if softcap is None else None
+        if cap is not None:  # logits / c; tanh; * c, unconditional, before or after a scale
+            softcap, scale_first = cap, scale is not None
+            position += 2
+            continue
         if isinstance(statement, ast.Assign) and len(statement.targets) == 1:
             target, value = _name(statement.targets[0]), statement.value
             if target == logits and _name(_strip_upcasts(value)) == logits:
@@ -202,7 +209,8 @@ def _recognise(cls):
                        "does not recognise (it serves a tanh softcap, a scale and an fp32 upcast)")
     else:
         raise _Refused("its forward computes no `loss = None` / `self.loss_function(...)` after the head")
-    return _recognise_loss(body[position:], logits, softcap, optional, scale, divide, aliases)
+    return _recognise_loss(body[position:], logits, softcap, optional, scale, divide, aliases)._replace(
+        scale_first=scale_first)
 
 
 def _names(node):
@@ -446,6 +454,9 @@ def _loss_options(model, recipe):
         scale = _number(_value(recipe.scale, model, recipe.aliases, "logit scale"),
                         f"logit scale `{ast.unparse(recipe.scale)}`", model)
         temperature = scale if recipe.divide else 1.0 / scale
+        if recipe.scale_first and "softcap" in options:
+            # c * tanh((z / T) / c) = (T c) * tanh(z / (T c)) / T: lfce caps first, then divides by T.
+            options["softcap"] *= temperature
         if temperature != 1.0:
             options["temperature"] = temperature
     return options

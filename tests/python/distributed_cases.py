@@ -9,9 +9,12 @@ kernels must not ignore the class that maps onto it), "swapped" (vocab_start giv
 the last rows).
 
 Loss options and outputs (OPTION_SETS): none ("plain"), softcap, temperature, both, the z-loss, the
-per-token outputs lse / entropy / logprob (each with its own upstream gradient), all of them together, and
+per-token outputs lse / entropy / logprob (each with its own upstream gradient), the outputs without a
+gradient predicted / accuracy (alone, and with both logit maps) and z_loss, all of them together, and
 the gradient accumulators (recompute only);
-"plain", both maps and all together run over every variant, each alone over "uneven".
+"plain", both maps and all together run over every variant, each alone over "uneven". predicted
+and accuracy must equal lfce's on the whole weight exactly (and predicted the fp64 reference's
+argmax), z_loss within the rows' tolerance.
 """
 
 import itertools
@@ -32,14 +35,26 @@ VARIANTS = ("uneven", "one_shard", "ignore_class", "swapped")
 # about 2.5: a softcap of 5 bends most of them).
 # The per-token outputs that are rows of lfce's lse, each with a random upstream gradient.
 ROWS = ("lse", "entropy", "logprob")
+# The outputs without a gradient (LossOutput's names).
+DETACHED = ("predicted", "accuracy", "z_loss")
+# On CUDA (test_multigpu_distributed.py), two logits of a token closer than this (in units of u) may
+# compare either way between one GPU's kernels and lfce.distributed's fp32 recompute of each shard's
+# best logit (its documented precision rule), as between the fp32 GEMM and the fp64 reference; a
+# token whose top two are that close may be predicted either (test_gpu_extra_outputs.py's NEAR_TIE).
+# On the CPU every token must match exactly.
+NEAR_TIE = 1e-3
 OPTION_SETS = {"plain": {}, "softcap": {"softcap": 5.0}, "temperature": {"temperature": 0.7},
                "softcap_temperature": {"softcap": 5.0, "temperature": 0.7},
                "lse": {"return_lse": True}, "entropy": {"return_entropy": True}, "logprob": {"return_logprob": True},
                "z_loss": {"z_loss_scale": 0.01},
+               "predicted": {"return_predicted": True}, "accuracy": {"return_accuracy": True},
+               "argmax_maps": {"softcap": 5.0, "temperature": 0.7, "return_predicted": True, "return_accuracy": True},
+               "z_loss_out": {"z_loss_scale": 0.01, "return_z_loss": True},
                # fp32 accumulators holding earlier gradients (recompute mode only, as on one GPU)
                "accumulate": {"accumulate": True},
                "outputs": {"softcap": 5.0, "temperature": 0.7, "z_loss_scale": 0.01, "return_lse": True,
-                           "return_entropy": True, "return_logprob": True}}
+                           "return_entropy": True, "return_logprob": True, "return_z_loss": True,
+                           "return_accuracy": True, "return_predicted": True}}
 EVERY_VARIANT = ("plain", "softcap_temperature", "outputs")
 
 # P ranks against one GPU on the whole weight: fp32 reassociation (the LSE's logsumexp over the
@@ -91,12 +106,14 @@ def _added(leaf, accumulator, before):
 
 
 def reference(x, w, b, y, reduction, grad, ignore_index=-100, softcap=None, temperature=1.0, z_loss_scale=0.0,
-              rows=(), row_grads=()):
-    """fp64 (loss, grad_hidden, grad_weight, grad_bias, [rows]) through autograd of F.cross_entropy(u, y),
-    u the logits mapped as lfce maps them (softcap * tanh(z / softcap) / temperature), and of the
-    per-token ``rows`` (names of ROWS: LSE, entropy, logprob: 0 where ignored), each with its
-    upstream gradient in ``row_grads``; plus the z-loss s·LSE² of the counted tokens, reduced as the
-    loss (mean: over the same count)."""
+              rows=(), row_grads=(), detached=()):
+    """fp64 (loss, grad_hidden, grad_weight, grad_bias, [rows], {detached}) through autograd of
+    F.cross_entropy(u, y), u the logits mapped as lfce maps them (softcap * tanh(z / softcap) /
+    temperature), and of the per-token ``rows`` (names of ROWS: LSE, entropy, logprob: 0 where
+    ignored), each with its upstream gradient in ``row_grads``; plus the z-loss s·LSE² of the counted
+    tokens, reduced as the loss (mean: over the same count). ``detached`` (names of DETACHED): the
+    argmax of u (-1 where ignored), the accuracy (per token for "none", else over the counted tokens)
+    and the z-loss term alone."""
     x64, w64 = (t.detach().double().requires_grad_() for t in (x, w))
     b64 = None if b is None else b.detach().double().requires_grad_()
     logits = F.linear(x64, w64, b64)
@@ -113,21 +130,50 @@ def reference(x, w, b, y, reduction, grad, ignore_index=-100, softcap=None, temp
               "logprob": torch.where(valid, log_p.gather(1, torch.where(valid, y, 0).long()[:, None])[:, 0],
                                      torch.zeros_like(lse))}
     outputs = [values[name] for name in rows]
+    predicted = torch.where(valid, u.detach().argmax(-1), -1)
+    correct = ((predicted == y) & valid).double()
+    reduced = {"none": lambda t: t, "sum": torch.sum, "mean": lambda t: t.sum() / valid.sum()}[reduction]
+    extra = {"predicted": predicted, "accuracy": correct if reduction == "none" else correct.sum() / valid.sum(),
+             "z_loss": reduced(z_loss).detach()}
+    extra = {name: extra[name] for name in detached}
+    if "predicted" in detached or "accuracy" in detached:  # how near each token's top two logits are
+        top2 = u.detach().topk(2, dim=-1).values
+        extra["margin"] = top2[:, 0] - top2[:, 1]
+        extra["near_ties"] = (valid & (extra["margin"] <= NEAR_TIE)).sum()  # 0-dim: the whole batch's
+        extra["count"] = valid.sum()
     torch.autograd.backward([loss] + outputs, [grad.double()] + [g.double() for g in row_grads])
-    return (loss.detach(), x64.grad, w64.grad, None if b is None else b64.grad, [o.detach() for o in outputs])
+    return (loss.detach(), x64.grad, w64.grad, None if b is None else b64.grad, [o.detach() for o in outputs],
+            extra)
 
 
-def _backward(out, rows, grad, row_grads):
-    """(loss, [rows]) of an lfce call's result, after a backward with these upstream gradients."""
-    values = [getattr(out, name) for name in rows] if rows else []
-    loss = out.loss if rows else out
+def _fields(out):
+    """(loss, {LossOutput field: value}) of an lfce call's result: the loss alone, (loss, z_loss), or
+    an lfce.LossOutput."""
+    if isinstance(out, torch.Tensor):
+        return out, {}
+    if hasattr(out, "_asdict"):
+        return out.loss, {name: value for name, value in out._asdict().items() if name != "loss"}
+    loss, z_loss = out
+    return loss, {"z_loss": z_loss}
+
+
+def _backward(out, rows, grad, row_grads, detached=()):
+    """(loss, [rows], {detached}) of an lfce call's result, after a backward with these upstream
+    gradients; the detached outputs must have no gradient."""
+    loss, fields = _fields(out)
+    values = [fields[name] for name in rows]
+    extra = {name: fields[name] for name in detached}
+    for name, value in extra.items():
+        assert value is not None and not value.requires_grad, f"{name}: {value!r}"
+    assert all(fields.get(name) is None for name in DETACHED if name not in detached), f"unasked outputs: {fields}"
     torch.autograd.backward([loss] + values, [grad] + list(row_grads))
-    return loss.detach(), [value.detach() for value in values]
+    return loss.detach(), [value.detach() for value in values], extra
 
 
-def run_whole(x, w, b, y, reduction, grad, mode, ignore_index, rows=(), row_grads=(), accumulate=False, **options):
+def run_whole(x, w, b, y, reduction, grad, mode, ignore_index, rows=(), row_grads=(), accumulate=False, detached=(),
+              **options):
     """lfce.linear_cross_entropy with the whole weight on one device (the inputs' own: one GPU, or the
-    CPU): (loss, grad_hidden, grad_weight, grad_bias, [rows])."""
+    CPU): (loss, grad_hidden, grad_weight, grad_bias, [rows], {detached})."""
     import lfce
 
     leaves = [None if t is None else t.detach().clone().requires_grad_() for t in (x, w, b)]
@@ -136,10 +182,10 @@ def run_whole(x, w, b, y, reduction, grad, mode, ignore_index, rows=(), row_grad
     out = lfce.linear_cross_entropy(leaves[0], leaves[1], y, leaves[2], ignore_index=ignore_index,
                                     reduction=reduction, mode=mode, weight_grad_accumulator=accumulators[0],
                                     bias_grad_accumulator=accumulators[1], **options,
-                                    **{f"return_{r}": True for r in rows})
-    loss, values = _backward(out, rows, grad, row_grads)
+                                    **{f"return_{r}": True for r in rows + tuple(detached)})
+    loss, values, extra = _backward(out, rows, grad, row_grads, detached)
     return (loss, leaves[0].grad, _added(leaves[1], accumulators[0], before[0]),
-            _added(leaves[2], accumulators[1], before[1]), values)
+            _added(leaves[2], accumulators[1], before[1]), values, extra)
 
 
 def make_case(variant, n, h, v, dtype, world_size, device):
@@ -174,8 +220,9 @@ def _tokens(layout, n, rank, world_size):
 
 
 def run_distributed(x, w, b, y, grad, rank, world_size, layout, mode, reduction, variant, ignore_index, rows=(),
-                    row_grads=(), accumulate=False, **options):
-    """(loss, grad_hidden, grad_weight shard, grad_bias shard, [rows]) of lfce.distributed on this rank."""
+                    row_grads=(), accumulate=False, detached=(), **options):
+    """(loss, grad_hidden, grad_weight shard, grad_bias shard, [rows], {detached}) of lfce.distributed on
+    this rank."""
     start, size, vocab_start = shard_of(variant, w.shape[0], rank, world_size)
     sequence = layout == "sequence"
     tokens = _tokens(layout, x.shape[0], rank, world_size)
@@ -188,21 +235,23 @@ def run_distributed(x, w, b, y, grad, rank, world_size, layout, mode, reduction,
                                          ignore_index=ignore_index, reduction=reduction, mode=mode,
                                          weight_grad_accumulator=accumulators[0],
                                          bias_grad_accumulator=accumulators[1], **options,
-                                         **{f"return_{r}": True for r in rows})
-    loss, values = _backward(out, rows, grad[tokens] if reduction == "none" else grad,
-                             [g[tokens] for g in row_grads])
-    return loss, xr.grad, _added(wr, accumulators[0], before[0]), _added(br, accumulators[1], before[1]), values
+                                         **{f"return_{r}": True for r in rows + tuple(detached)})
+    loss, values, extra = _backward(out, rows, grad[tokens] if reduction == "none" else grad,
+                                    [g[tokens] for g in row_grads], detached)
+    return (loss, xr.grad, _added(wr, accumulators[0], before[0]), _added(br, accumulators[1], before[1]), values,
+            extra)
 
 
 def expected_part(full, rank, world_size, layout, variant, reduction):
-    """This rank's part of the full-problem (loss, grad_hidden, grad_weight, grad_bias, [rows])."""
-    loss, gx, gw, gb, values = full
+    """This rank's part of the full-problem (loss, grad_hidden, grad_weight, grad_bias, [rows], {detached})."""
+    loss, gx, gw, gb, values, extra = full
     start, size, _ = shard_of(variant, gw.shape[0], rank, world_size)
     tokens = _tokens(layout, gx.shape[0], rank, world_size)
     if reduction == "none":
         loss = loss[tokens]
     rows = slice(start, start + size)
-    return loss, gx[tokens], gw[rows], None if gb is None else gb[rows], [value[tokens] for value in values]
+    extra = {name: value[tokens] if value.dim() else value for name, value in extra.items()}
+    return loss, gx[tokens], gw[rows], None if gb is None else gb[rows], [value[tokens] for value in values], extra
 
 
 def check_case(case, rank, world_size, n, h, v, device, record=None, whole=False, **options):
@@ -213,19 +262,22 @@ def check_case(case, rank, world_size, n, h, v, device, record=None, whole=False
     the same collectives."""
     layout, mode, reduction, dtype, variant, option_set = case
     options = {**OPTION_SETS[option_set], **options}
-    rows = [name for name in ROWS if options.pop(f"return_{name}", False)]
+    rows = tuple(name for name in ROWS if options.pop(f"return_{name}", False))
+    detached = tuple(name for name in DETACHED if options.pop(f"return_{name}", False))
     x, w, b, y, ignore_index = make_case(variant, n, h, v, dtype, world_size, device)
+    if "accuracy" in detached and variant != "one_shard":
+        y = _half_right(x, w, b, y, ignore_index)
     grad = upstream(reduction, y.shape, dtype, device=device)
     row_grads = [upstream("none", y.shape, torch.float32, seed=2 + i, device=device) for i in range(len(rows))]
     ours = run_distributed(x, w, b, y, grad, rank, world_size, layout, mode, reduction, variant, ignore_index, rows,
-                           row_grads, **options)
+                           row_grads, detached=detached, **options)
     maps = {name: options[name] for name in ("softcap", "temperature", "z_loss_scale") if name in options}
-    ref = expected_part(reference(x, w, b, y, reduction, grad, ignore_index, rows=rows, row_grads=row_grads, **maps),
-                        rank, world_size, layout, variant, reduction)
+    ref = expected_part(reference(x, w, b, y, reduction, grad, ignore_index, rows=rows, row_grads=row_grads,
+                                  detached=detached, **maps), rank, world_size, layout, variant, reduction)
     single = None
     if whole:
-        single = expected_part(run_whole(x, w, b, y, reduction, grad, mode, ignore_index, rows, row_grads, **options),
-                               rank, world_size, layout, variant, reduction)
+        single = expected_part(run_whole(x, w, b, y, reduction, grad, mode, ignore_index, rows, row_grads,
+                                         detached=detached, **options), rank, world_size, layout, variant, reduction)
     names = (f"loss ({reduction})", "grad_hidden", "grad_weight", "grad_bias") + tuple(rows)
     tols = (LOSS[dtype], GRAD_HIDDEN[dtype], GRAD[dtype], GRAD[dtype]) + (ROW,) * len(rows)
     try:
@@ -239,6 +291,52 @@ def check_case(case, rank, world_size, n, h, v, device, record=None, whole=False
                                                    tols):
                 if expected is not None:
                     assert_close(f"{name} vs one device", actual, expected, tol, record)
+        check_detached(ours[5], ref[5], None if single is None else single[5], record, exact=device == "cpu")
     except AssertionError as error:
         return ours[0], str(error)
     return ours[0], None
+
+
+def _half_right(x, w, b, y, ignore_index):
+    """The targets with every other counted one replaced by its token's argmax (fp64 logits; the maps
+    keep their order), so that the accuracy is neither 0 nor 1 and tells a wrong argmax."""
+    best = F.linear(x.double(), w.double(), None if b is None else b.double()).argmax(-1).to(y.dtype)
+    pick = (torch.arange(y.shape[0], device=y.device) % 2 == 0) & (y != ignore_index) & (best != ignore_index)
+    return torch.where(pick, best, y)
+
+
+def check_detached(ours, ref, single, record=None, exact=True):
+    """The outputs without a gradient ({name: value} of this rank): predicted (int64) equal to one
+    device's on the whole weight and to the fp64 reference's argmax, element for element; accuracy
+    (fp32, shaped as the loss) equal to one device's, the same bits, and to the reference's; z_loss
+    (fp32, shaped as the loss) within the rows' tolerance of both. Not ``exact`` (CUDA): a token whose
+    top two logits are within NEAR_TIE may differ (the accuracy's mean by one such token each)."""
+    for name, actual in ours.items():
+        expected = ref[name]
+        shape = tuple(expected.shape)
+        assert tuple(actual.shape) == shape, f"{name}: shape {tuple(actual.shape)}, expected {shape}"
+        if name in ("predicted", "accuracy") and actual.dim():  # per token
+            assert actual.dtype == (torch.int64 if name == "predicted" else torch.float32), f"{name}: {actual.dtype}"
+            near = torch.zeros_like(actual, dtype=torch.bool) if exact else ref["margin"] <= NEAR_TIE
+            for what, other in (("the fp64 reference", expected), ("one device", None if single is None else
+                                                                      single[name])):
+                if other is None:
+                    continue
+                differ = actual.double() != other.double()
+                if bool((differ & ~near).any()):
+                    raise AssertionError(f"{name} differs from {what}'s at tokens {differ.nonzero().flatten().tolist()}"
+                                         f": {actual.tolist()} against {other.tolist()}")
+            continue
+        assert actual.dtype == torch.float32, f"{name} dtype {actual.dtype}"
+        if name == "accuracy":
+            slack = 0.0 if exact else float(ref["near_ties"]) / max(1, int(ref["count"]))
+            assert abs(float(actual) - float(expected)) <= slack + 1e-6, \
+                f"accuracy {float(actual)} against the reference's {float(expected)}"
+            if single is not None:
+                assert (torch.equal(actual, single[name]) if exact else
+                        abs(float(actual) - float(single[name])) <= slack + 1e-6), \
+                    f"accuracy {float(actual)} against one device's {float(single[name])}"
+            continue
+        assert_close(name, actual.reshape(-1), expected.reshape(-1), ROW, record)
+        if single is not None:
+            assert_close(f"{name} vs one device", actual.reshape(-1), single[name].reshape(-1), SAME_LOSS, record)

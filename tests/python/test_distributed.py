@@ -4,8 +4,9 @@ with two processes (and three for a subset), each shard through lfce's CPU opera
 (distributed_model.py), against the fp64 reference and against lfce.linear_cross_entropy on CPU
 tensors with the whole weight (distributed_cases.py: both layouts, both modes, every reduction, fp32
 and bf16, uneven shards, targets in one shard, an ignore_index that is a class id, shards in swapped
-order; softcap and temperature alone and together). The same cases run on two GPUs in
-test_multigpu_distributed.py.
+order; softcap and temperature alone and together; lse / entropy / logprob, predicted / accuracy and
+z_loss). The same cases run on two GPUs in test_multigpu_distributed.py. Also the argmax's combine
+(best_of, shard_argmax) as pure functions and, over gloo, exact ties between rows of two shards.
 """
 
 import datetime
@@ -67,13 +68,69 @@ def test_combined_shard_lse_equals_the_lse_of_the_whole_row(monkeypatch):
         parts.append(torch.stack((z.logsumexp(1), torch.where(local >= 0, picked, torch.zeros_like(picked)))))
     # What the all-gather of the two ranks' [2, N] parts gives.
     monkeypatch.setattr(lfce_dist, "_all_gather", lambda tensor, group, nccl: torch.cat(parts))
-    lse, target_logit, _ = lfce_dist.combine(parts[0][0], parts[0][1], group="two ranks")
+    lse, target_logit, _, predicted = lfce_dist.combine(parts[0][0], parts[0][1], group="two ranks")
+    assert predicted is None
     torch.testing.assert_close(lse, logits.logsumexp(1))
     expected = logits.gather(1, targets.clamp(min=0)[:, None])[:, 0]
     torch.testing.assert_close(target_logit[targets >= 0], expected[targets >= 0])
     loss, count = lfce_dist.token_losses(lse, target_logit, targets, 37, -100)
     torch.testing.assert_close(loss, F.cross_entropy(logits, targets, reduction="none"))
     assert count.tolist() == [5.0]
+
+
+def test_the_argmax_across_the_shards_takes_the_largest_logit_and_the_lowest_id_among_equal_ones():
+    values = torch.tensor([[1.0, 2.0, 0.0, -0.0, float("-inf"), 3.0, float("nan"), -1.0],
+                           [1.0, 1.5, -0.0, 0.0, float("-inf"), float("nan"), 1.0, -0.5]])
+    ids = torch.tensor([[30, 3, 30, 30, 30, 3, 30, 2], [5, 20, 5, 5, 5, 20, 5, 21]])
+    # equal: the lower id, whichever rank holds it; -0.0 equals 0.0; a NaN is the largest (torch.argmax)
+    assert lfce_dist.best_of(values, ids).tolist() == [5, 3, 5, 5, 5, 20, 30, 21]
+    assert lfce_dist.best_of(values.flip(0), ids.flip(0)).tolist() == [5, 3, 5, 5, 5, 20, 30, 21]
+
+
+@pytest.mark.parametrize("order", [(0, 1), (1, 0)])
+def test_combined_shard_argmaxes_equal_the_argmax_of_the_whole_row(monkeypatch, order):
+    """Each shard's (best logit, global id) through the all-gather (as its int32 bits in an fp32 row)
+    gives torch.argmax of the whole row, ties across the shards included, whatever the ranks' order."""
+    g = torch.Generator().manual_seed(1)
+    logits = (torch.randn(8, 37, generator=g) * 4).float()
+    logits[:3, 2] = logits[:3, 30] = 20.0  # equal maxima on both shards: the lower id
+    logits[3, 18] = logits[3, 0] = 20.0
+    logits[4] = 0.0  # every logit equal: id 0
+    sent, shards = [], [lfce_dist.vocab_shard(37, r, 2) for r in range(2)]
+    monkeypatch.setattr(lfce_dist, "_all_gather", lambda tensor, group, nccl: sent.append(tensor) or tensor)
+    for start, size in (shards[r] for r in order):
+        z = logits[:, start:start + size]
+        best = (z.max(1).values, z.argmax(1) + start)
+        lfce_dist.combine(torch.zeros(8), torch.zeros(8), group="two ranks", shard_best=best)
+    monkeypatch.setattr(lfce_dist, "_all_gather", lambda tensor, group, nccl: torch.cat(sent))
+    _, _, _, predicted = lfce_dist.combine(torch.zeros(8), torch.zeros(8), group="two ranks", shard_best=best)
+    assert predicted.dtype == torch.int64
+    assert predicted.tolist() == logits.argmax(1).tolist()
+    assert predicted[:5].tolist() == [2, 2, 2, 0, 0]
+
+
+@pytest.mark.parametrize("softcap, temperature", [(None, 1.0), (None, 0.7), (5.0, 1.0), (5.0, 0.7)])
+def test_shard_argmax_recomputes_the_chosen_logit_as_the_shard_forward_maps_it(softcap, temperature):
+    g = torch.Generator().manual_seed(2)
+    x, w, b = torch.randn(6, 16, generator=g).bfloat16(), torch.randn(19, 16, generator=g).bfloat16(), \
+        torch.randn(19, generator=g).bfloat16()
+    local = torch.tensor([0, 18, -1, 7, 7, 3])
+    options = lfce.LossOptions(softcap=softcap, temperature=temperature)
+    u, ids = lfce_dist.shard_argmax(x, w, b, local, 18, options)
+    z = F.linear(x.double(), w.double(), b.double())
+    if softcap is not None:
+        z = softcap * torch.tanh(z / softcap)
+    expected = (z / temperature).gather(1, local.clamp(min=0)[:, None])[:, 0]
+    assert u.dtype == torch.float32 and ids.tolist()[:2] == [18, 36] and ids[3] == 25
+    assert u[2] == float("-inf")
+    keep = local >= 0
+    torch.testing.assert_close(u[keep].double(), expected[keep], rtol=1e-6, atol=1e-6)
+    # The kernels' formula (tanh from one exponential, constants in fp32), as CUDA tensors take it.
+    z32 = torch.linspace(-60, 60, 2001)
+    kernels = lfce_dist.mapped_logits(z32, softcap, temperature, cpu=False)
+    torch.testing.assert_close(kernels, lfce_dist.mapped_logits(z32, softcap, temperature, cpu=True), rtol=1e-6,
+                               atol=1e-6)
+    assert bool((kernels.diff() >= 0).all()), "the map must keep the logits' order"
 
 
 def test_the_logprob_gradient_of_a_target_on_another_shard_moves_to_the_lse_row():
@@ -157,6 +214,7 @@ def test_check_layout_rejects_a_vocab_start_given_on_some_ranks_only():
     ("temperature", lfce_dist.float_bits(0.5), "rank 0: 1.0, rank 1: 0.5"),
     ("z_loss_scale", lfce_dist.float_bits(1e-4), "rank 0: 0.0, rank 1: 0.0001"),
     ("outputs", 5, "rank 0: none, rank 1: return_lse\\+return_logprob"),
+    ("outputs", 1 << 3 | 1 << 5, "rank 0: none, rank 1: return_accuracy\\+return_z_loss"),
 ])
 def test_check_layout_names_the_ranks_that_disagree(field, value, shown):
     with pytest.raises(ValueError, match=r"differs across the ranks of the group \(" + shown + r"\)"):
@@ -197,7 +255,7 @@ def test_a_bad_reduction_is_named():
 
 
 @pytest.mark.parametrize("option, value", [("label_smoothing", 0.1), ("class_weight", torch.ones(5)),
-                                           ("token_scaling", True), ("return_z_loss", True)])
+                                           ("token_scaling", True), ("shift", True)])
 def test_loss_options_not_supported_yet_are_named(option, value):
     with pytest.raises(TypeError, match=f"unexpected keyword argument '{option}'"):
         lfce_dist.linear_cross_entropy(*args(), **{option: value})
@@ -218,8 +276,7 @@ def test_gradient_accumulators_need_recompute_mode_as_on_one_gpu(monkeypatch):
         lfce_dist.linear_cross_entropy(*args(), mode="eager", weight_grad_accumulator=torch.zeros(5, 16))
 
 
-@pytest.mark.parametrize("option, value", [("label_smoothing", 0.1), ("token_scaling", True), ("shift", True),
-                                           ("return_accuracy", True), ("return_predicted", True)])
+@pytest.mark.parametrize("option, value", [("label_smoothing", 0.1), ("token_scaling", True), ("shift", True)])
 def test_loss_options_given_as_lfce_loss_options_are_refused_naming_the_option(option, value):
     options = lfce.LossOptions(**{option: value})
     with pytest.raises(ValueError, match=f"{option}={value!r} is not supported on a vocabulary-sharded weight yet"):
@@ -234,8 +291,10 @@ def test_supported_options_travel_as_lfce_loss_options():
     assert module.options == options
     assert "reduction='sum'" in repr(module) and "chunk_size=64" in repr(module) and "softcap=30.0" in repr(module)
     keywords = lfce_dist.VocabParallelLinearCrossEntropyLoss(softcap=30.0, temperature=0.5, z_loss_scale=1e-4,
-                                                              return_entropy=True)
-    assert keywords.options == lfce.LossOptions(softcap=30.0, temperature=0.5, z_loss_scale=1e-4, return_entropy=True)
+                                                              return_entropy=True, return_z_loss=True,
+                                                              return_accuracy=True, return_predicted=True)
+    assert keywords.options == lfce.LossOptions(softcap=30.0, temperature=0.5, z_loss_scale=1e-4, return_entropy=True,
+                                                return_z_loss=True, return_accuracy=True, return_predicted=True)
     with pytest.raises(lfce.UsageError, match="keyword options mode='eager'"):
         lfce_dist.VocabParallelLinearCrossEntropyLoss(options=lfce.LossOptions(), mode="eager")
 
@@ -412,10 +471,42 @@ def _scenarios(rank):
         ("bad-option-on-rank-0", lambda: _call(rank, 8, chunk_size=0 if rank == 0 else None)),
         ("targets-differ", other_targets_on_rank_1),
         ("out-of-memory-on-rank-1", lambda: _failing_on(rank, 1, lambda: _call(rank, 8))),
+        ("argmax-ties-tensor", lambda: _argmax_ties(rank, sequence=False)),
+        ("argmax-ties-sequence-swapped", lambda: _argmax_ties(rank, sequence=True)),
         ("rows-gradients-tensor", lambda: _rows_gradients(rank, sequence=False)),
         ("rows-gradients-sequence", lambda: _rows_gradients(rank, sequence=True)),
         ("still-fine", lambda: _call(rank, 8)),
     ]
+
+
+# Tokens 0-5: rows 3 and 30 (on different shards) equal and the largest logits; tokens 6, 7: hidden 0,
+# every logit 0. Token 4 is ignored.
+TIE_TARGETS = [3, 30, 0, 5, -100, 3, 0, 1]
+TIE_PREDICTED = [3, 3, 3, 3, -1, 3, 0, 0]
+TIE_ACCURACY = [1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0]
+
+
+def _argmax_ties(rank, sequence):
+    """[predicted, accuracy] of this rank's tokens (reduction "none", softcap and temperature), then the
+    same of lfce on the whole weight, for logits with exact ties across the shards: in tensor parallel
+    the shards in rank order, in sequence parallel swapped (rank 0 holds the last rows, so the lower
+    id of each tie is on rank 1)."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.rand(8, H, generator=g) + 0.5
+    x[6:] = 0.0
+    w = torch.randn(V, H, generator=g) * 0.05
+    w[3] = w[30] = 1.0
+    y = torch.tensor(TIE_TARGETS)
+    start, size, vocab_start = distributed_cases.shard_of("swapped" if sequence else "uneven", V, rank, WORLD_SIZE)
+    assert (3 in range(start, start + size)) != (30 in range(start, start + size))
+    tokens = slice(rank * 4, rank * 4 + 4) if sequence else slice(None)
+    options = {"reduction": "none", "softcap": 5.0, "temperature": 0.7, "return_predicted": True,
+               "return_accuracy": True}
+    out = lfce_dist.linear_cross_entropy(x[tokens], w[start:start + size], y[tokens], vocab_start=vocab_start,
+                                         sequence_parallel=sequence, **options)
+    whole = lfce.linear_cross_entropy(x, w, y, **options)
+    return torch.cat([out.predicted.double(), out.accuracy.double(), whole.predicted[tokens].double(),
+                      whole.accuracy[tokens].double()])
 
 
 def _rows_gradients(rank, sequence):
@@ -559,6 +650,19 @@ def test_a_failure_that_is_no_argument_error_stops_every_rank_naming_the_rank(mi
     assert got[0]["class"] == "ProcessGroupError" and got[0]["lfce"], got
     assert "rank 1 failed before its collectives" in got[0]["error"], got
     assert "CUDA out of memory (simulated)" in got[0]["error"], got
+
+
+@pytest.mark.parametrize("name", ["argmax-ties-tensor", "argmax-ties-sequence-swapped"])
+def test_exact_ties_across_the_shards_go_to_the_lowest_id_as_on_one_process(misuse_results, name):
+    results, hung, exits = misuse_results
+    for rank, rank_results in enumerate(results):
+        got = rank_results.get(name)
+        assert got and "loss" in got, f"rank {rank}: {got} (hung: {hung}, exit codes: {exits})"
+        tokens = slice(rank * 4, rank * 4 + 4) if "sequence" in name else slice(None)
+        predicted, accuracy, whole_predicted, whole_accuracy = torch.tensor(got["loss"]).reshape(4, -1).tolist()
+        assert whole_predicted == TIE_PREDICTED[tokens] and whole_accuracy == TIE_ACCURACY[tokens], got
+        assert predicted == whole_predicted, f"rank {rank}: predicted {predicted}, one process {whole_predicted}"
+        assert accuracy == whole_accuracy, f"rank {rank}: accuracy {accuracy}, one process {whole_accuracy}"
 
 
 @pytest.mark.parametrize("layout", ["tensor", "sequence"])

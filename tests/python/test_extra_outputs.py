@@ -11,7 +11,7 @@ written here from the definitions (u = softcap-capped logits / T):
 differentiated by autograd: the gradients of loss * g + sum(w1 * lse + w2 * entropy + w3 * logprob)
 with random per-token weights w, elementwise. Also: the named tuple, argument checks with their
 messages, the fallback of mode "eager", shift, ties in the argmax, opcheck of the new schemas and
-the distributed module's refusal. The GPU side is test_gpu_extra_outputs.py.
+what the distributed module still refuses. The GPU side is test_gpu_extra_outputs.py.
 """
 
 import logging
@@ -513,14 +513,22 @@ def test_accuracy_and_predicted_work_with_float16():
     assert agree >= 0.8, "fp16 rounding moved most argmaxes"
 
 
-@pytest.mark.parametrize("name", [name for name in functional.EXTRA_OUTPUTS if name not in lfce.distributed.ROW_OUTPUTS])
-def test_distributed_refuses_each_extra_output_it_has_no_combine_for_naming_it(name):
-    """The lse rows (lse, entropy, logprob) are combined across the ranks (test_distributed.py); the
-    others are refused, naming the output."""
+@pytest.mark.parametrize("name, value", [("label_smoothing", 0.1), ("token_scaling", True), ("shift", True)])
+def test_distributed_refuses_each_option_it_has_no_combine_for_naming_it(name, value):
+    """Every extra output (lse, entropy, logprob, accuracy, predicted) and return_z_loss is combined
+    across the ranks (test_distributed.py); what is still refused is named."""
     x, w, _, y = inputs(4)
-    with raises(ValueError, f"lfce.distributed: {name}=True is not supported on a vocabulary-sharded weight yet"):
-        lfce.distributed.linear_cross_entropy(x, w, y, **{name: True})
-    with raises(ValueError, f"lfce.distributed: {name}=True is not supported"):
-        lfce.distributed.VocabParallelLinearCrossEntropyLoss(**{name: True})
+    options = lfce.LossOptions(**{name: value})
+    with raises(ValueError, f"lfce.distributed: {name}={value!r} is not supported on a vocabulary-sharded weight yet"):
+        lfce.distributed.linear_cross_entropy(x, w, y, options=options)
+    with raises(ValueError, f"lfce.distributed: {name}={value!r} is not supported"):
+        lfce.distributed.VocabParallelLinearCrossEntropyLoss(options=options)
+
+
+@pytest.mark.parametrize("name", [*functional.EXTRA_OUTPUTS, "return_z_loss"])
+def test_distributed_takes_every_extra_output_but_checks_it_is_a_bool(name):
+    module = lfce.distributed.VocabParallelLinearCrossEntropyLoss(**{name: True})
+    assert getattr(module.options, name) is True
+    x, w, _, y = inputs(4)
     with raises(TypeError, f"{name} must be a bool, got int 1"):
         lfce.distributed.linear_cross_entropy(x, w, y, **{name: 1})

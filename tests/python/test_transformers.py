@@ -79,6 +79,13 @@ TIMM_VISION = {
 
 # Per-class changes to the tiny config (fields the generic sizes do not fit).
 OVERRIDES = {
+    "MistralLarge4ForConditionalGeneration": {"text_config": {
+        "num_hidden_layers": 2, "mlp_layer_types": ["dense", "sparse"], "layer_types": ["indexed_attention"] * 2,
+        "indexer_types": ["full"] * 2, "no_rope_layers": [1, 0], "kv_source_layers": [0, 1], "index_topk": 8,
+        "index_head_dim": 16, "index_n_heads": 2, "qk_head_dim": 32}},
+    "MuseGlimmerForConditionalGeneration": {"projector_hidden_size": 32},
+    "MuseSparkForConditionalGeneration": {"projector_hidden_size": 32, "text_config": {"moe_hidden_size": 16},
+                                          "audio_config": {"hidden_sizes": [8, 8, 16, 16], "depths": [1, 1, 1, 1]}},
     "Gemma2ForCausalLM": {"final_logit_softcapping": 3.0},
     "Gemma3ForCausalLM": {"final_logit_softcapping": 3.0},
     "GraniteForCausalLM": {"logits_scaling": 3.0},
