@@ -22,6 +22,7 @@ struct Template {
 };
 
 // One builder per row of kKernelKinds, in the same order.
+// clang-format off
 constexpr Template kTemplates[] = {
     {KernelKind::LseForward, build_lse_forward, 0},
     {KernelKind::LseCombine, build_lse_combine, kLseCombineThreads},
@@ -30,12 +31,13 @@ constexpr Template kTemplates[] = {
     {KernelKind::GradWeight, build_grad_weight, 0},
     {KernelKind::GradInput, build_grad_input, 0},
     {KernelKind::GradBias, build_grad_bias, 256},
-    {KernelKind::TokenCount, build_loss_reduce, 1024},
+    {KernelKind::TokenCount, build_token_count, 1024},
     {KernelKind::EagerLogits, build_eager_logits, 0},
     {KernelKind::EagerDz, build_eager_dz, 256},
     {KernelKind::GradConvert, build_grad_convert, 256},
     {KernelKind::GradScale, build_grad_scale, 256},
 };
+// clang-format on
 
 constexpr bool every_kind_has_a_template() {
   if (std::size(kTemplates) != std::size(kKernelKinds)) return false;
@@ -63,6 +65,10 @@ int kernel_smem_bytes(const KernelSpec& spec) {
   return gemm_smem_bytes(spec.tile, spec.dtype, info.a, info.b, kernel_smem_per_row(spec) * spec.tile.bm);
 }
 
+KernelShape build_kernel(llvm::Module& module, const KernelSpec& spec) {
+  return kTemplates[static_cast<size_t>(kind_info(spec.kind).kind)].build(module, spec);
+}
+
 int kernel_threads(const KernelSpec& spec) {
   if (kind_info(spec.kind).gemm) return spec.tile.threads();
   return kTemplates[static_cast<size_t>(spec.kind)].threads;
@@ -74,7 +80,7 @@ GeneratedKernel generate_kernel(const KernelSpec& spec) {
   llvm::LLVMContext ctx;
   auto module = new_module(ctx, spec.text(), spec.arch);
   GeneratedKernel out;
-  out.shape = kTemplates[static_cast<size_t>(kind_info(spec.kind).kind)].build(*module, spec);
+  out.shape = build_kernel(*module, spec);
   if (out.shape.smem_bytes != kernel_smem_bytes(spec))
     throw InternalError(std::string(kind_name(spec.kind)) + " asks for " + std::to_string(out.shape.smem_bytes) +
                         " bytes of shared memory, kernel_smem_bytes() says " +

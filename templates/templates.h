@@ -29,11 +29,16 @@ KernelShape build_dlogits_backward(llvm::Module& module, const KernelSpec& spec)
 KernelShape build_grad_weight(llvm::Module& module, const KernelSpec& spec);
 KernelShape build_grad_input(llvm::Module& module, const KernelSpec& spec);
 KernelShape build_grad_bias(llvm::Module& module, const KernelSpec& spec);
-// Eager mode's three-GEMM schedule; token_count is loss_reduce's builder without the losses.
+// Eager mode's three-GEMM schedule; token_count is loss_reduce without the losses.
+KernelShape build_token_count(llvm::Module& module, const KernelSpec& spec);
 KernelShape build_eager_logits(llvm::Module& module, const KernelSpec& spec);
 KernelShape build_eager_dz(llvm::Module& module, const KernelSpec& spec);
 KernelShape build_grad_convert(llvm::Module& module, const KernelSpec& spec);
 KernelShape build_grad_scale(llvm::Module& module, const KernelSpec& spec);
+
+// Builds the kernel of `spec` into `module` with its kind's builder (the registry's table): the IR
+// and its shape, nothing validated or emitted.
+KernelShape build_kernel(llvm::Module& module, const KernelSpec& spec);
 
 struct GeneratedKernel {
   KernelShape shape;

@@ -60,4 +60,11 @@ inline RowSlots row_slots(const KernelSpec& spec) {
   return s;
 }
 
+// Row r's slot in shared memory: the slot's rows start at byte offset `base` (the region's
+// offset plus o·BM), `bytes` bytes each.
+inline llvm::Value* row_slot_at(KernelBuilder& kb, int base, llvm::Value* r, int bytes) {
+  auto& ir = kb.ir();
+  return kb.smem(ir.CreateAdd(kb.c32(base), ir.CreateMul(r, kb.c32(bytes))));
+}
+
 }  // namespace lfce

@@ -192,39 +192,34 @@ void lse_forward_specialised(KernelBuilder& kb, const KernelSpec& spec, GemmSkel
   });
 }
 
-}  // namespace
-
-KernelShape build_lse_forward(llvm::Module& module, const KernelSpec& spec) {
-  const TileConfig& t = spec.tile;
-  const bool smoothing = spec.label_smoothing != 0.f;
+// Declare the parameters: the kernel's own, by name (gemm_params adds the GEMM's tensor maps).
+std::vector<Param> declare_params(const KernelSpec& spec) {
   std::vector<Param> params = {{"x", ParamType::GlobalPtr}, {"w", ParamType::GlobalPtr}, {"bias", ParamType::GlobalPtr},
                                {"targets", ParamType::GlobalPtr}, {"n", ParamType::I64},
                                {"partial_max", ParamType::GlobalPtr}, {"partial_sum", ParamType::GlobalPtr},
                                {"target_logit", ParamType::GlobalPtr}};
-  if (smoothing) params.push_back({"partial_logit_sum", ParamType::GlobalPtr});
+  if (spec.label_smoothing != 0.f) params.push_back({"partial_logit_sum", ParamType::GlobalPtr});
   if (spec.entropy) params.push_back({"partial_entropy", ParamType::GlobalPtr});
   if (spec.argmax) params.push_back({"partial_argmax", ParamType::GlobalPtr});
   if (spec.class_weight) params.push_back({"class_weight", ParamType::GlobalPtr});  // (only with label smoothing)
   add_shift_param(spec, params);
-  KernelBuilder kb(module, "lse_forward", gemm_params(t, params), t.threads());
-  auto& ir = kb.ir();
-  GemmSkeleton gemm(kb, spec);
-  const int extra = gemm.extra_offset();
-  // The per-row slots (templates/epilogue/row_slots.h); the entropy's and argmax's where the spec has them.
-  const RowSlots rows = row_slots(spec);
-  const int max_off = extra + rows.max * t.bm, sum_off = extra + rows.sum * t.bm, tgt_off = extra + rows.target * t.bm;
-  const int logit_sum_off = extra + rows.logit_sum * t.bm, entropy_off = extra + rows.entropy * t.bm;
-  const int argmax_off = extra + rows.argmax * t.bm;
-  const int smem_bytes = gemm.smem_bytes(rows.bytes * t.bm);
-  auto row_slot = [&](int base, Value* r, int bytes) {
-    return kb.smem(ir.CreateAdd(kb.c32(base), ir.CreateMul(r, kb.c32(bytes))));
-  };
+  return params;
+}
 
+// CTA (g, s)'s work: the row blocks it walks, its share of the vocabulary tiles
+// [tile_begin, tile_end), the K tiles of each, and where its partial of row m goes.
+struct CtaWork {
+  Value *row_blocks, *split, *tile_begin, *tile_end, *k_tiles;
+  std::function<Value*(Value*)> partial_index;
+};
+
+// Split the grid: the row blocks, this CTA's share of the vocabulary tiles and the K depth.
+CtaWork split_grid(KernelBuilder& kb, const KernelSpec& spec, GemmSkeleton& gemm) {
+  const TileConfig& t = spec.tile;
+  auto& ir = kb.ir();
   Value* n = kb.arg("n");
-  Value* vocab = kb.c64(spec.vocab);
-  Value* hidden = kb.c64(spec.hidden);
-  const int row_align = hidden_row_align(spec.hidden, spec.dtype);  // rows of H elements
-  Value* row_blocks = ir.CreateTrunc(ir.CreateUDiv(ir.CreateAdd(n, kb.c64(t.bm - 1)), kb.c64(t.bm)), kb.i32());
+  CtaWork work;
+  work.row_blocks = ir.CreateTrunc(ir.CreateUDiv(ir.CreateAdd(n, kb.c64(t.bm - 1)), kb.c64(t.bm)), kb.i32());
   const int n_tiles = static_cast<int>((spec.vocab + t.bn - 1) / t.bn);
   // CTA (g, s)'s share of the vocabulary tiles, [share_end(s), share_end(s + 1)). In 64 bits:
   // split · n_tiles can pass 2^31 for the largest vocabularies.
@@ -233,29 +228,87 @@ KernelShape build_lse_forward(llvm::Module& module, const KernelSpec& spec) {
                                ir.CreateZExt(kb.nctaid(1), kb.i64()));
     return ir.CreateTrunc(end, kb.i32());
   };
-  Value* split = kb.ctaid(1);
-  Value* tile_begin = share_end(split);
-  Value* tile_end = share_end(ir.CreateAdd(split, kb.c32(1)));
-  Value* k_tiles = gemm.k_tiles_for(hidden);
-  auto partial_index = [&](Value* m) { return ir.CreateAdd(ir.CreateMul(ir.CreateZExt(split, kb.i64()), n), m); };
-  // With a bias the staged form is used: the register epilogue's bias values beside the
-  // accumulators made the driver's JIT spill (24 bytes at V = 5000, H = 512; H200, driver 580),
-  // though ptxas 13.0 allocates it without spills. Class weights (per-column loads too) likewise.
-  if (gemm.specialised() && !spec.bias && !spec.class_weight) {
-    lse_forward_specialised(kb, spec, gemm, row_blocks, tile_begin, tile_end, k_tiles, partial_index);
-    kb.finish();
-    // The row-statistics slots stay reserved (kKernelKinds counts them for both paths).
-    return {"lse_forward", t.threads(), smem_bytes, kb.signature()};
+  Value* split = work.split = kb.ctaid(1);
+  work.tile_begin = share_end(split);
+  work.tile_end = share_end(ir.CreateAdd(split, kb.c32(1)));
+  work.k_tiles = gemm.k_tiles_for(kb.c64(spec.hidden));
+  work.partial_index = [&kb, split, n](Value* m) {
+    auto& ir = kb.ir();
+    return ir.CreateAdd(ir.CreateMul(ir.CreateZExt(split, kb.i64()), n), m);
+  };
+  return work;
+}
+
+// One row's statistics over one staged tile (each lane's columns merged over the warp).
+struct TileRow {
+  Value *zmax, *sum;
+  Value *entropy_t = nullptr, *argmax = nullptr, *logit_sum = nullptr;  // where the spec has them
+};
+
+// Without wgmma (or with per-column loads): each row block's tiles staged through shared memory,
+// one warp per row, the row statistics in shared-memory slots (row_slots.h).
+struct StagedForward {
+  KernelBuilder& kb;
+  const KernelSpec& spec;
+  GemmSkeleton& gemm;
+  const CtaWork& work;
+  // The slots' byte offsets.
+  int max_off, sum_off, tgt_off, logit_sum_off, entropy_off, argmax_off;
+  const bool smoothing = spec.label_smoothing != 0.f;
+  Value* n = kb.arg("n");
+  Value* vocab = kb.c64(spec.vocab);
+  Value* hidden = kb.c64(spec.hidden);
+  const int row_align = hidden_row_align(spec.hidden, spec.dtype);  // rows of H elements
+
+  StagedForward(KernelBuilder& kb, const KernelSpec& spec, GemmSkeleton& gemm, const RowSlots& rows,
+                const CtaWork& work)
+      : kb(kb),
+        spec(spec),
+        gemm(gemm),
+        work(work),
+        max_off(gemm.extra_offset() + rows.max * spec.tile.bm),
+        sum_off(gemm.extra_offset() + rows.sum * spec.tile.bm),
+        tgt_off(gemm.extra_offset() + rows.target * spec.tile.bm),
+        logit_sum_off(gemm.extra_offset() + rows.logit_sum * spec.tile.bm),
+        entropy_off(gemm.extra_offset() + rows.entropy * spec.tile.bm),
+        argmax_off(gemm.extra_offset() + rows.argmax * spec.tile.bm) {}
+  Value* row_slot(int base, Value* r, int bytes) const { return row_slot_at(kb, base, r, bytes); }
+
+  // The row blocks of this CTA, one after another.
+  void run() {
+    const TileConfig& t = spec.tile;
+    auto& ir = kb.ir();
+    kb.for_range(kb.ctaid(0), work.row_blocks, kb.nctaid(0), [&](Value* block) {
+      Value* m0 = ir.CreateMul(ir.CreateZExt(block, kb.i64()), kb.c64(t.bm));
+      kb.barrier();  // the previous row block's statistics have been written out
+      Value* rows = ir.CreateTrunc(
+          ir.CreateSelect(ir.CreateICmpSLT(ir.CreateSub(n, m0), kb.c64(t.bm)), ir.CreateSub(n, m0), kb.c64(t.bm)),
+          kb.i32());
+      Value* tid = kb.tid();
+      reset_rows(m0, rows, tid);
+      GemmOperand x{kb.arg("x"), hidden, Layout::KMajor, n, hidden, row_align};
+      GemmOperand w{kb.arg("w"), hidden, Layout::KMajor, vocab, hidden, row_align};
+      Value* lane = ir.CreateAnd(tid, kb.c32(31));
+      Value* warp = ir.CreateLShr(tid, kb.c32(5));
+      const int warps = t.threads() / 32;
+      kb.for_range(work.tile_begin, work.tile_end, kb.c32(1), [&](Value* tile) {
+        Value* n0 = ir.CreateMul(ir.CreateZExt(tile, kb.i64()), kb.c64(t.bn));
+        gemm.compute_tile(x, w, m0, n0, work.k_tiles);
+        // Epilogue: one warp per row, each lane BN/32 columns.
+        kb.for_range(warp, rows, kb.c32(warps), [&](Value* r) {
+          const TileRow row = reduce_row(n0, lane, r);
+          kb.if_then(ir.CreateICmpEQ(lane, kb.c32(0)), [&] { merge_row(row, m0, n0, r); });
+        });
+      });
+      kb.barrier();  // row statistics were last written by each row's warp
+      store_partials(m0, rows, tid);
+    });
   }
 
-  kb.for_range(kb.ctaid(0), row_blocks, kb.nctaid(0), [&](Value* block) {
-    Value* m0 = ir.CreateMul(ir.CreateZExt(block, kb.i64()), kb.c64(t.bm));
-    kb.barrier();  // the previous row block's statistics have been written out
-    Value* rows = ir.CreateTrunc(
-        ir.CreateSelect(ir.CreateICmpSLT(ir.CreateSub(n, m0), kb.c64(t.bm)), ir.CreateSub(n, m0), kb.c64(t.bm)),
-        kb.i32());
-    Value* tid = kb.tid();
-    kb.if_then(ir.CreateICmpULT(tid, kb.c32(t.bm)), [&] {
+  // Reset the row block's statistics and load its targets (-1 past the last row).
+  void reset_rows(Value* m0, Value* rows, Value* tid) {
+    auto& ir = kb.ir();
+    kb.if_then(ir.CreateICmpULT(tid, kb.c32(spec.tile.bm)), [&] {
       kb.store(neg_inf(kb), row_slot(max_off, tid, 4));
       kb.store(kb.cf(0.f), row_slot(sum_off, tid, 4));
       if (smoothing) kb.store(kb.cf(0.f), row_slot(logit_sum_off, tid, 4));
@@ -268,110 +321,112 @@ KernelShape build_lse_forward(llvm::Module& module, const KernelSpec& spec) {
                                    row_slot(tgt_off, tid, 8)); },
           [&] { kb.store(target, row_slot(tgt_off, tid, 8)); });
     });
+  }
 
-    GemmOperand x{kb.arg("x"), hidden, Layout::KMajor, n, hidden, row_align};
-    GemmOperand w{kb.arg("w"), hidden, Layout::KMajor, vocab, hidden, row_align};
-    Value* lane = ir.CreateAnd(tid, kb.c32(31));
-    Value* warp = ir.CreateLShr(tid, kb.c32(5));
-    const int warps = t.threads() / 32;
+  // Row r's statistics over the staged tile at n0: max, Σ exp, and the entropy's, argmax's and
+  // label smoothing's where the spec has them.
+  TileRow reduce_row(Value* n0, Value* lane, Value* r) {
+    const TileConfig& t = spec.tile;
+    auto& ir = kb.ir();
+    std::vector<Value*> z(t.bn / 32), valid(t.bn / 32);
+    Value* zmax = neg_inf(kb);
+    for (int q = 0; q < t.bn / 32; ++q) {
+      Value* c = ir.CreateAdd(lane, kb.c32(32 * q));
+      Value* v = ir.CreateAdd(n0, ir.CreateZExt(c, kb.i64()));
+      valid[q] = ir.CreateICmpSLT(v, vocab);
+      Value* logit = ir.CreateFAdd(kb.load(kb.f32(), gemm.staged(r, c)),
+                                   load_bias(kb, spec, kb.arg("bias"), ir.CreateSelect(valid[q], v, kb.c64(0))));
+      z[q] = ir.CreateSelect(valid[q], capped_logit(kb, spec, logit), neg_inf(kb));
+      zmax = kb.fmax(zmax, z[q]);
+    }
+    zmax = kb.warp_max(zmax);
+    Value* sum = kb.cf(0.f);
+    for (int q = 0; q < t.bn / 32; ++q)
+      sum = ir.CreateFAdd(sum, ir.CreateSelect(valid[q], kb.exp(ir.CreateFSub(z[q], zmax)), kb.cf(0.f)));
+    sum = kb.warp_sum(sum);
+    TileRow row{zmax, sum};
+    // The entropy's Σ p·(z − max) at the tile's max; the first column holding it (lane + 32q
+    // increases with q; the warp keeps the lowest of equal maxima).
+    if (spec.entropy) {
+      Value* entropy_t = kb.cf(0.f);
+      for (int q = 0; q < t.bn / 32; ++q) {
+        Value* shift = ir.CreateFSub(z[q], zmax);
+        entropy_t =
+            ir.CreateFAdd(entropy_t, ir.CreateSelect(valid[q], ir.CreateFMul(kb.exp(shift), shift), kb.cf(0.f)));
+      }
+      row.entropy_t = kb.warp_sum(entropy_t);
+    }
+    if (spec.argmax) {
+      Value* lane_max = neg_inf(kb);
+      for (int q = 0; q < t.bn / 32; ++q) lane_max = kb.fmax(lane_max, z[q]);
+      // (A constant per column, the lane added once: fewer live values beside the mainloop's.)
+      Value* first = kb.c32(t.bn);
+      for (int q = t.bn / 32 - 1; q >= 0; --q)
+        first = ir.CreateSelect(ir.CreateFCmpOEQ(z[q], lane_max), kb.c32(32 * q), first);
+      Value* argmax = ir.CreateSelect(ir.CreateICmpEQ(first, kb.c32(t.bn)), kb.c32(-1), ir.CreateAdd(lane, first));
+      for (int mask = 16; mask >= 1; mask /= 2) {
+        Value* other_max = kb.shfl_xor(lane_max, mask);
+        argmax = merged_argmax(kb, lane_max, argmax, other_max, kb.shfl_xor_i32(argmax, mask));
+        lane_max = kb.fmax(lane_max, other_max);
+      }
+      row.argmax = ir.CreateAdd(argmax, ir.CreateTrunc(n0, kb.i32()));
+    }
+    // Label smoothing: Σ w_v·u_v of the row's columns here (w = 1 without class weights).
+    if (smoothing) {
+      Value* logit_sum = kb.cf(0.f);
+      for (int q = 0; q < t.bn / 32; ++q) {
+        Value* v = ir.CreateAdd(n0, ir.CreateZExt(ir.CreateAdd(lane, kb.c32(32 * q)), kb.i64()));
+        Value* weight = load_class_weight(kb, spec, ir.CreateSelect(valid[q], v, kb.c64(0)));
+        logit_sum = ir.CreateFAdd(logit_sum, ir.CreateSelect(valid[q], ir.CreateFMul(weight, z[q]), kb.cf(0.f)));
+      }
+      row.logit_sum = kb.warp_sum(logit_sum);
+    }
+    return row;
+  }
 
-    kb.for_range(tile_begin, tile_end, kb.c32(1), [&](Value* tile) {
-      Value* n0 = ir.CreateMul(ir.CreateZExt(tile, kb.i64()), kb.c64(t.bn));
-      gemm.compute_tile(x, w, m0, n0, k_tiles);
-      // Epilogue: one warp per row, each lane BN/32 columns.
-      kb.for_range(warp, rows, kb.c32(warps), [&](Value* r) {
-        std::vector<Value*> z(t.bn / 32), valid(t.bn / 32);
-        Value* zmax = neg_inf(kb);
-        for (int q = 0; q < t.bn / 32; ++q) {
-          Value* c = ir.CreateAdd(lane, kb.c32(32 * q));
-          Value* v = ir.CreateAdd(n0, ir.CreateZExt(c, kb.i64()));
-          valid[q] = ir.CreateICmpSLT(v, vocab);
-          Value* logit = ir.CreateFAdd(kb.load(kb.f32(), gemm.staged(r, c)),
-                                       load_bias(kb, spec, kb.arg("bias"), ir.CreateSelect(valid[q], v, kb.c64(0))));
-          z[q] = ir.CreateSelect(valid[q], capped_logit(kb, spec, logit), neg_inf(kb));
-          zmax = kb.fmax(zmax, z[q]);
-        }
-        zmax = kb.warp_max(zmax);
-        Value* sum = kb.cf(0.f);
-        for (int q = 0; q < t.bn / 32; ++q)
-          sum = ir.CreateFAdd(sum, ir.CreateSelect(valid[q], kb.exp(ir.CreateFSub(z[q], zmax)), kb.cf(0.f)));
-        sum = kb.warp_sum(sum);
-        // The entropy's Σ p·(z − max) at the tile's max; the first column holding it (lane + 32q
-        // increases with q; the warp keeps the lowest of equal maxima).
-        Value* entropy_t = nullptr;
-        if (spec.entropy) {
-          entropy_t = kb.cf(0.f);
-          for (int q = 0; q < t.bn / 32; ++q) {
-            Value* shift = ir.CreateFSub(z[q], zmax);
-            entropy_t = ir.CreateFAdd(entropy_t, ir.CreateSelect(valid[q], ir.CreateFMul(kb.exp(shift), shift), kb.cf(0.f)));
-          }
-          entropy_t = kb.warp_sum(entropy_t);
-        }
-        Value* argmax = nullptr;
-        if (spec.argmax) {
-          Value* lane_max = neg_inf(kb);
-          for (int q = 0; q < t.bn / 32; ++q) lane_max = kb.fmax(lane_max, z[q]);
-          // (A constant per column, the lane added once: fewer live values beside the mainloop's.)
-          Value* first = kb.c32(t.bn);
-          for (int q = t.bn / 32 - 1; q >= 0; --q)
-            first = ir.CreateSelect(ir.CreateFCmpOEQ(z[q], lane_max), kb.c32(32 * q), first);
-          argmax = ir.CreateSelect(ir.CreateICmpEQ(first, kb.c32(t.bn)), kb.c32(-1), ir.CreateAdd(lane, first));
-          for (int mask = 16; mask >= 1; mask /= 2) {
-            Value* other_max = kb.shfl_xor(lane_max, mask);
-            argmax = merged_argmax(kb, lane_max, argmax, other_max, kb.shfl_xor_i32(argmax, mask));
-            lane_max = kb.fmax(lane_max, other_max);
-          }
-          argmax = ir.CreateAdd(argmax, ir.CreateTrunc(n0, kb.i32()));
-        }
-        // Label smoothing: Σ w_v·u_v of the row's columns here (w = 1 without class weights).
-        Value* logit_sum = nullptr;
-        if (smoothing) {
-          logit_sum = kb.cf(0.f);
-          for (int q = 0; q < t.bn / 32; ++q) {
-            Value* v = ir.CreateAdd(n0, ir.CreateZExt(ir.CreateAdd(lane, kb.c32(32 * q)), kb.i64()));
-            Value* weight = load_class_weight(kb, spec, ir.CreateSelect(valid[q], v, kb.c64(0)));
-            logit_sum = ir.CreateFAdd(logit_sum, ir.CreateSelect(valid[q], ir.CreateFMul(weight, z[q]), kb.cf(0.f)));
-          }
-          logit_sum = kb.warp_sum(logit_sum);
-        }
-        kb.if_then(ir.CreateICmpEQ(lane, kb.c32(0)), [&] {
-          // Online softmax merge of this tile into the row's running (max, sum).
-          Value* old_max = kb.load(kb.f32(), row_slot(max_off, r, 4));
-          Value* old_sum = kb.load(kb.f32(), row_slot(sum_off, r, 4));
-          Value* new_max = kb.fmax(old_max, zmax);
-          Value* merged = ir.CreateFAdd(ir.CreateFMul(old_sum, kb.exp(ir.CreateFSub(old_max, new_max))),
-                                        ir.CreateFMul(sum, kb.exp(ir.CreateFSub(zmax, new_max))));
-          kb.store(new_max, row_slot(max_off, r, 4));
-          kb.store(merged, row_slot(sum_off, r, 4));
-          if (spec.entropy) {
-            Value* safe = ir.CreateSelect(ir.CreateFCmpOEQ(new_max, neg_inf(kb)), kb.cf(0.f), new_max);
-            kb.store(merged_entropy(kb, safe, old_max, old_sum, kb.load(kb.f32(), row_slot(entropy_off, r, 4)), zmax, sum,
-                                    entropy_t),
-                     row_slot(entropy_off, r, 4));
-          }
-          if (spec.argmax)
-            kb.store(ir.CreateSelect(ir.CreateFCmpOGT(zmax, old_max), argmax, kb.load(kb.i32(), row_slot(argmax_off, r, 4))),
-                     row_slot(argmax_off, r, 4));
-          if (smoothing)
-            kb.store(ir.CreateFAdd(kb.load(kb.f32(), row_slot(logit_sum_off, r, 4)), logit_sum), row_slot(logit_sum_off, r, 4));
-          Value* target = kb.load(kb.i64(), row_slot(tgt_off, r, 8));
-          Value* in_tile = ir.CreateAnd(ir.CreateAnd(ir.CreateICmpSGE(target, n0),
-                                                     ir.CreateICmpSLT(target, ir.CreateAdd(n0, kb.c64(t.bn)))),
-                                        ir.CreateICmpSLT(target, vocab));
-          kb.if_then(in_tile, [&] {
-            Value* c = ir.CreateTrunc(ir.CreateSub(target, n0), kb.i32());
-            Value* logit = capped_logit(
-                kb, spec, ir.CreateFAdd(kb.load(kb.f32(), gemm.staged(r, c)), load_bias(kb, spec, kb.arg("bias"), target)));
-            Value* m = ir.CreateAdd(m0, ir.CreateZExt(r, kb.i64()));
-            kb.store(logit, kb.gep(kb.arg("target_logit"), kb.f32(), m));
-          });
-        });
-      });
+  // Merge the tile's statistics into row r's slots (online softmax), and write the target logit
+  // where the tile holds the row's target.
+  void merge_row(const TileRow& row, Value* m0, Value* n0, Value* r) {
+    auto& ir = kb.ir();
+    Value* old_max = kb.load(kb.f32(), row_slot(max_off, r, 4));
+    Value* old_sum = kb.load(kb.f32(), row_slot(sum_off, r, 4));
+    Value* new_max = kb.fmax(old_max, row.zmax);
+    Value* merged = ir.CreateFAdd(ir.CreateFMul(old_sum, kb.exp(ir.CreateFSub(old_max, new_max))),
+                                  ir.CreateFMul(row.sum, kb.exp(ir.CreateFSub(row.zmax, new_max))));
+    kb.store(new_max, row_slot(max_off, r, 4));
+    kb.store(merged, row_slot(sum_off, r, 4));
+    if (spec.entropy) {
+      Value* safe = ir.CreateSelect(ir.CreateFCmpOEQ(new_max, neg_inf(kb)), kb.cf(0.f), new_max);
+      kb.store(merged_entropy(kb, safe, old_max, old_sum, kb.load(kb.f32(), row_slot(entropy_off, r, 4)), row.zmax,
+                              row.sum, row.entropy_t),
+               row_slot(entropy_off, r, 4));
+    }
+    if (spec.argmax)
+      kb.store(ir.CreateSelect(ir.CreateFCmpOGT(row.zmax, old_max), row.argmax,
+                               kb.load(kb.i32(), row_slot(argmax_off, r, 4))),
+               row_slot(argmax_off, r, 4));
+    if (smoothing)
+      kb.store(ir.CreateFAdd(kb.load(kb.f32(), row_slot(logit_sum_off, r, 4)), row.logit_sum),
+               row_slot(logit_sum_off, r, 4));
+    Value* target = kb.load(kb.i64(), row_slot(tgt_off, r, 8));
+    Value* in_tile = ir.CreateAnd(
+        ir.CreateAnd(ir.CreateICmpSGE(target, n0), ir.CreateICmpSLT(target, ir.CreateAdd(n0, kb.c64(spec.tile.bn)))),
+        ir.CreateICmpSLT(target, vocab));
+    kb.if_then(in_tile, [&] {
+      Value* c = ir.CreateTrunc(ir.CreateSub(target, n0), kb.i32());
+      Value* logit = capped_logit(
+          kb, spec, ir.CreateFAdd(kb.load(kb.f32(), gemm.staged(r, c)), load_bias(kb, spec, kb.arg("bias"), target)));
+      Value* m = ir.CreateAdd(m0, ir.CreateZExt(r, kb.i64()));
+      kb.store(logit, kb.gep(kb.arg("target_logit"), kb.f32(), m));
     });
-    kb.barrier();  // row statistics were last written by each row's warp
+  }
+
+  // Store the row block's statistics as this split's partials.
+  void store_partials(Value* m0, Value* rows, Value* tid) {
+    auto& ir = kb.ir();
     kb.if_then(ir.CreateICmpSLT(tid, rows), [&] {
       Value* m = ir.CreateAdd(m0, ir.CreateZExt(tid, kb.i64()));
-      Value* index = partial_index(m);
+      Value* index = work.partial_index(m);
       kb.store(kb.load(kb.f32(), row_slot(max_off, tid, 4)), kb.gep(kb.arg("partial_max"), kb.f32(), index));
       kb.store(kb.load(kb.f32(), row_slot(sum_off, tid, 4)), kb.gep(kb.arg("partial_sum"), kb.f32(), index));
       if (smoothing)
@@ -381,7 +436,28 @@ KernelShape build_lse_forward(llvm::Module& module, const KernelSpec& spec) {
       if (spec.argmax)
         kb.store(kb.load(kb.i32(), row_slot(argmax_off, tid, 4)), kb.gep(kb.arg("partial_argmax"), kb.i32(), index));
     });
-  });
+  }
+};
+
+}  // namespace
+
+KernelShape build_lse_forward(llvm::Module& module, const KernelSpec& spec) {
+  const TileConfig& t = spec.tile;
+  KernelBuilder kb(module, "lse_forward", gemm_params(t, declare_params(spec)), t.threads());
+  GemmSkeleton gemm(kb, spec);
+  // The per-row slots (templates/epilogue/row_slots.h); the entropy's and argmax's where the spec has them.
+  // The row-statistics slots stay reserved on both paths (kKernelKinds counts them for both).
+  const RowSlots rows = row_slots(spec);
+  const int smem_bytes = gemm.smem_bytes(rows.bytes * t.bm);
+  const CtaWork work = split_grid(kb, spec, gemm);
+  // With a bias the staged form is used: the register epilogue's bias values beside the
+  // accumulators made the driver's JIT spill (24 bytes at V = 5000, H = 512; H200, driver 580),
+  // though ptxas 13.0 allocates it without spills. Class weights (per-column loads too) likewise.
+  if (gemm.specialised() && !spec.bias && !spec.class_weight)
+    lse_forward_specialised(kb, spec, gemm, work.row_blocks, work.tile_begin, work.tile_end, work.k_tiles,
+                            work.partial_index);
+  else
+    StagedForward(kb, spec, gemm, rows, work).run();
   kb.finish();
   return {"lse_forward", t.threads(), smem_bytes, kb.signature()};
 }

@@ -95,24 +95,6 @@ std::string name_addresses(const std::string& line) {
 
 // ---- Kernels: the fake's PTX hash -> the names of the parameters and the PTX's sha256 ----------
 
-KernelShape build(llvm::Module& module, const KernelSpec& spec) {
-  switch (spec.kind) {
-    case KernelKind::LseForward: return build_lse_forward(module, spec);
-    case KernelKind::LseCombine: return build_lse_combine(module, spec);
-    case KernelKind::LossReduce: return build_loss_reduce(module, spec);
-    case KernelKind::DlogitsBackward: return build_dlogits_backward(module, spec);
-    case KernelKind::GradWeight: return build_grad_weight(module, spec);
-    case KernelKind::GradInput: return build_grad_input(module, spec);
-    case KernelKind::GradBias: return build_grad_bias(module, spec);
-    case KernelKind::TokenCount: return build_loss_reduce(module, spec);
-    case KernelKind::EagerLogits: return build_eager_logits(module, spec);
-    case KernelKind::EagerDz: return build_eager_dz(module, spec);
-    case KernelKind::GradConvert: return build_grad_convert(module, spec);
-    case KernelKind::GradScale: return build_grad_scale(module, spec);
-  }
-  throw std::logic_error("no builder for this kind");
-}
-
 struct KernelNames {
   std::string ptx_sha;  // first 16 hex digits of the PTX's sha256 (as in ptx_hashes.txt)
   std::vector<std::string> params;
@@ -141,7 +123,7 @@ class KernelTable {
       names.ptx_sha = runtime::sha256_hex(ptx).substr(0, 16);
       llvm::LLVMContext ctx;
       auto module = new_module(ctx, spec.text(), spec.arch);
-      const KernelShape shape = build(*module, spec);
+      const KernelShape shape = build_kernel(*module, spec);
       for (const llvm::Argument& arg : module->getFunction(shape.entry)->args())
         names.params.push_back(arg.getName().str());
       kernels_[key] = std::move(names);
