@@ -39,7 +39,17 @@ best_of); the gradient accumulators are the shard's; docs/parallel.md derives ea
 
 Held between forward and backward in recompute mode: the global LSE (4·N bytes; 4·k·N with the
 entropy and logprob rows) and the count, besides the inputs. Eager mode runs step 3 inside the forward (upstream gradient 1) and holds the
-gradients, as on one GPU. The op is a ``torch.autograd.Function`` (a graph break under torch.compile).
+gradients, as on one GPU.
+
+torch.compile (PyTorch 2.4+) traces a model ending in this loss without a graph break, fullgraph=True
+included: the argument checks run while tracing, and the handshake, the collectives and the shard
+kernels run inside the custom ops ``torch.ops.lfce.vocab_parallel_forward`` / ``_backward`` (see
+"the operators" below; the process group travels as its ``group_name``). Outside torch.compile, and
+on a PyTorch without custom ops, the same code runs in a ``torch.autograd.Function``; the results
+are bitwise the same. Arguments that differ between ranks are still the same error on every rank.
+An argument invalid on one rank only raises while that rank traces, before any collective: without
+fullgraph Dynamo then runs the call uncompiled (the handshake tells every rank); with fullgraph=True
+that rank fails to compile and its peers wait in the handshake until the group's timeout.
 
 Every call first all-gathers each rank's shard size, token count, options, an error flag and (in
 tensor parallel) a checksum of the targets, a few int64 per rank, and checks them on the host (the
@@ -564,92 +574,335 @@ def _shard_gradients(layout, options, wanted, hidden, weight, bias, targets, lse
     return grads
 
 
+def _forward_math(layout, options, eager, wanted, hidden, weight, bias, targets):
+    """The forward on this rank (its collectives included), after the handshake: (loss, rows_out,
+    predicted, accuracy, z_loss, lse, count, held). rows_out: this rank's tokens of the global rows
+    [k, N_r]; predicted / accuracy / z_loss: this rank's part, an empty fp32 tensor where not asked
+    for; lse [k·N], count [1]: what a recompute backward reads; held: eager mode's gradients for an
+    upstream gradient of 1 (None where not wanted), else None."""
+    ignore_index, reduction = options.ignore_index, options.reduction
+    all_hidden, all_targets = _gather_tokens(hidden, layout), _gather_tokens(targets, layout)
+    local = local_targets(all_targets, layout.v0, layout.shard, ignore_index)
+    shard_rows, shard_loss, shard_predicted = local_forward(all_hidden, weight, bias, local,
+                                                            shard_options(options, "none", True))
+    n = local.shape[0]
+    shard_lse = shard_rows[:n]
+    own = torch.where(local >= 0, shard_lse - shard_loss, torch.zeros_like(shard_lse))
+    # The shard's mean logit S_r = LSE_r - H_r (its entropy row).
+    shard_mean = shard_lse - shard_rows[n:2 * n] if options.return_entropy else None
+    # The shard's best candidate for the argmax: (u, global id) of its own argmax column.
+    best = shard_argmax(all_hidden, weight, bias, shard_predicted, layout.v0, options) \
+        if any(getattr(options, name) for name in ARGMAX_OUTPUTS) else None
+    del local, shard_loss, shard_rows, shard_predicted
+    lse, target_logit, mean_logit, predicted = combine(shard_lse, own, layout.group, layout.nccl, shard_mean,
+                                                       best)
+    token_loss, count = token_losses(lse, target_logit, all_targets, layout.vocab, ignore_index,
+                                     options.z_loss_scale)
+    detached = detached_outputs(options, lse, predicted, all_targets, count, ignore_index, reduction)
+    rows = output_rows(options, lse, target_logit, mean_logit, all_targets, layout.vocab, ignore_index)
+    lse = rows.reshape(-1)  # what the backward reads: the global rows, in the shard problem's layout
+    if reduction == "none":
+        loss = token_loss.narrow(0, layout.token_start, layout.local_tokens).clone() if layout.sequence_parallel \
+            else token_loss
+    else:
+        loss = token_loss.sum() if reduction == "sum" else token_loss.sum() / count[0]
+    rows_out = rows.narrow(1, layout.token_start, layout.local_tokens).clone() if layout.sequence_parallel \
+        else rows
+    # predicted, accuracy, z_loss: this rank's tokens of the per-token ones (predicted always,
+    # the other two for "none"); an empty tensor for one not asked for. No gradient.
+    per_token = (True, reduction == "none", reduction == "none")
+    detached = tuple(lse.new_empty(0) if value is None
+                     else value.narrow(0, layout.token_start, layout.local_tokens).clone()
+                     if layout.sequence_parallel and tokens else value
+                     for value, tokens in zip(detached, per_token))
+    held = None
+    if eager:  # the gradients for an upstream gradient of 1, held until the backward scales them
+        ones = torch.ones(1, dtype=torch.float32, device=hidden.device)
+        held = _shard_gradients(layout, options, wanted, all_hidden, weight, bias, all_targets, lse, count, ones)
+    return (loss, rows_out) + detached + (lse, count, held)
+
+
+def _scale_held(held, wanted, grad_loss, ctx=None):
+    """Eager mode's backward: each held gradient times grad_loss in fp32, rounded once to its dtype
+    (as on one GPU); in place through lfce_scale_gradient, once per forward, given the
+    autograd.Function's ``ctx``; out of place (_bridge.scaled_reference, traceable) without."""
+    if grad_loss is None:
+        return (None, None, None)
+    held = tuple(g if need else None for g, need in zip(held, wanted))
+    if ctx is not None:
+        return _bridge.scale_held_gradients(ctx, held, grad_loss)
+    return tuple(None if g is None else _bridge.scaled_reference(g, grad_loss) for g in held)
+
+
+def _recompute_backward(layout, options, wanted, hidden, weight, bias, targets, lse, count, grad_loss, grad_rows,
+                        accumulators):
+    """Recompute mode's backward on this rank (its collectives included): (grad_hidden, grad_weight,
+    grad_bias), None where not wanted or added into its accumulator. grad_loss / grad_rows: the
+    upstream gradients of the loss and of this rank's rows (either None where none reached it)."""
+    sequence = layout.sequence_parallel
+    none = options.reduction == "none"
+    if grad_loss is None:  # only the rows got a gradient
+        grad_loss = torch.zeros(layout.local_tokens if none else 1, dtype=torch.float32, device=lse.device)
+    grad_loss = grad_loss.to(torch.float32).reshape(-1)  # [1], or this rank's [N_r] for "none"
+    if none:
+        grad_loss = _gather_tokens(grad_loss, layout)
+    if not _row_outputs(options) or (grad_rows is None and not sequence):
+        grad_rows = None
+    else:
+        # Sequence parallel gathers them on every rank (zeros where none reached this rank's
+        # rows: the ranks make the same collectives). [k, N_r] -> [k, N], token-major, so each
+        # rank's tokens land in place.
+        k = lse.shape[0] // layout.tokens
+        if grad_rows is None:
+            grad_rows = torch.zeros(k, layout.local_tokens, dtype=torch.float32, device=lse.device)
+        grad_rows = _gather_tokens(grad_rows.to(torch.float32).t().contiguous(), layout).t().reshape(-1)
+        grad_rows = grad_rows.contiguous()
+    return _shard_gradients(layout, options, wanted, _gather_tokens(hidden, layout), weight, bias,
+                            _gather_tokens(targets, layout), lse, count, grad_loss, grad_rows, accumulators)
+
+
 class _VocabParallelLinearCrossEntropy(torch.autograd.Function):
+    """The loss outside torch.compile (and on a PyTorch without torch.library.custom_op), after the
+    handshake: the same forward and backward as the operators below, without them."""
+
     @staticmethod
     def forward(ctx, hidden, weight, bias, targets, layout, options, eager, wanted, accumulators):
-        ignore_index, reduction = options.ignore_index, options.reduction
-        all_hidden, all_targets = _gather_tokens(hidden, layout), _gather_tokens(targets, layout)
-        local = local_targets(all_targets, layout.v0, layout.shard, ignore_index)
-        shard_rows, shard_loss, shard_predicted = local_forward(all_hidden, weight, bias, local,
-                                                                shard_options(options, "none", True))
-        n = local.shape[0]
-        shard_lse = shard_rows[:n]
-        own = torch.where(local >= 0, shard_lse - shard_loss, torch.zeros_like(shard_lse))
-        # The shard's mean logit S_r = LSE_r - H_r (its entropy row).
-        shard_mean = shard_lse - shard_rows[n:2 * n] if options.return_entropy else None
-        # The shard's best candidate for the argmax: (u, global id) of its own argmax column.
-        best = shard_argmax(all_hidden, weight, bias, shard_predicted, layout.v0, options) \
-            if any(getattr(options, name) for name in ARGMAX_OUTPUTS) else None
-        del local, shard_loss, shard_rows, shard_predicted
-        lse, target_logit, mean_logit, predicted = combine(shard_lse, own, layout.group, layout.nccl, shard_mean,
-                                                           best)
-        token_loss, count = token_losses(lse, target_logit, all_targets, layout.vocab, ignore_index,
-                                         options.z_loss_scale)
-        detached = detached_outputs(options, lse, predicted, all_targets, count, ignore_index, reduction)
-        rows = output_rows(options, lse, target_logit, mean_logit, all_targets, layout.vocab, ignore_index)
-        lse = rows.reshape(-1)  # what the backward reads: the global rows, in the shard problem's layout
-        if reduction == "none":
-            loss = token_loss.narrow(0, layout.token_start, layout.local_tokens).clone() if layout.sequence_parallel \
-                else token_loss
-        else:
-            loss = token_loss.sum() if reduction == "sum" else token_loss.sum() / count[0]
+        loss, rows_out, *detached, lse, count, held = _forward_math(layout, options, eager, wanted, hidden, weight,
+                                                                    bias, targets)
         ctx.layout, ctx.options, ctx.eager, ctx.accumulators = layout, options, eager, accumulators
         # None (not zeros) for an output no gradient reached: the rows' gradients are then not passed
         # to the kernels (whose plan without them is the faster one), as on one GPU.
         ctx.set_materialize_grads(False)
-        rows_out = rows.narrow(1, layout.token_start, layout.local_tokens).clone() if layout.sequence_parallel \
-            else rows
-        # predicted, accuracy, z_loss: this rank's tokens of the per-token ones (predicted always,
-        # the other two for "none"); an empty tensor for one not asked for. No gradient.
-        per_token = (True, reduction == "none", reduction == "none")
-        detached = tuple(lse.new_empty(0) if value is None
-                         else value.narrow(0, layout.token_start, layout.local_tokens).clone()
-                         if layout.sequence_parallel and tokens else value
-                         for value, tokens in zip(detached, per_token))
         ctx.mark_non_differentiable(*detached)
-        if eager:  # the gradients for an upstream gradient of 1, held until the backward scales them
-            ones = torch.ones(1, dtype=torch.float32, device=hidden.device)
-            grads = _shard_gradients(layout, options, wanted, all_hidden, weight, bias, all_targets, lse, count, ones)
-            ctx.save_for_backward(*grads)
+        if eager:
+            ctx.save_for_backward(*held)
         else:
             ctx.save_for_backward(hidden, weight, bias, targets, lse, count)
-        return (loss, rows_out) + detached
+        return (loss, rows_out) + tuple(detached)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_loss, grad_rows, *detached):  # detached: the no-gradient outputs' (None)
         wanted = ctx.needs_input_grad[:3]
-        if ctx.eager and grad_loss is None:
-            grads = (None, None, None)
-        elif ctx.eager:
+        if ctx.eager:
             # As on one GPU (lfce::forward's autograd rule): each held gradient times grad_loss in fp32,
             # rounded once to its dtype, in place (lfce_scale_gradient), once per forward.
-            held = tuple(g if need else None for g, need in zip(ctx.saved_tensors, wanted))
-            grads = _bridge.scale_held_gradients(ctx, held, grad_loss)
+            grads = _scale_held(ctx.saved_tensors, wanted, grad_loss, ctx)
         else:
             hidden, weight, bias, targets, lse, count = ctx.saved_tensors
-            layout, sequence = ctx.layout, ctx.layout.sequence_parallel
-            none = ctx.options.reduction == "none"
-            if grad_loss is None:  # only the rows got a gradient
-                grad_loss = torch.zeros(layout.local_tokens if none else 1, dtype=torch.float32, device=lse.device)
-            grad_loss = grad_loss.to(torch.float32).reshape(-1)  # [1], or this rank's [N_r] for "none"
-            if none:
-                grad_loss = _gather_tokens(grad_loss, layout)
-            if not _row_outputs(ctx.options) or (grad_rows is None and not sequence):
-                grad_rows = None
-            else:
-                # Sequence parallel gathers them on every rank (zeros where none reached this rank's
-                # rows: the ranks make the same collectives). [k, N_r] -> [k, N], token-major, so each
-                # rank's tokens land in place.
-                k = lse.shape[0] // layout.tokens
-                if grad_rows is None:
-                    grad_rows = torch.zeros(k, layout.local_tokens, dtype=torch.float32, device=lse.device)
-                grad_rows = _gather_tokens(grad_rows.to(torch.float32).t().contiguous(), layout).t().reshape(-1)
-                grad_rows = grad_rows.contiguous()
-            grads = _shard_gradients(layout, ctx.options, wanted, _gather_tokens(hidden, layout), weight, bias,
-                                     _gather_tokens(targets, layout), lse, count, grad_loss, grad_rows,
-                                     ctx.accumulators)
+            grads = _recompute_backward(ctx.layout, ctx.options, wanted, hidden, weight, bias, targets, lse, count,
+                                        grad_loss, grad_rows, ctx.accumulators)
         return tuple(g if need else None for g, need in zip(grads, wanted)) + (None,) * 6
+
+
+# --- the operators: the loss under torch.compile ----------------------------------------------------
+#
+# lfce::vocab_parallel_forward and lfce::vocab_parallel_backward (torch.library custom ops, PyTorch 2.4
+# and later) hold the whole forward and the recompute backward, handshake and collectives included:
+# torch.compile (Dynamo, AOTAutograd) sees two opaque operators whose output shapes come from the fake
+# implementations, so a model ending in this loss compiles without a graph break. Inside, the same
+# functions run as in the autograd.Function (_agree, _forward_math, _recompute_backward): results are
+# identical. The process group travels as its name (ProcessGroup.group_name; "" for the default
+# group), resolved inside the operators (_process_group), as torch's functional collectives pass it.
+# Outside torch.compile the autograd.Function runs (no torch._dynamo import on the first call, as
+# lfce::forward), also on a PyTorch without custom ops.
+#
+#   lfce::vocab_parallel_forward(hidden [N_r, H], weight [V_r, H], bias [V_r]?, targets [N_r],
+#       weight_grad_accumulator?, bias_grad_accumulator?, group_name, vocab_start (-1: None),
+#       sequence_parallel, ignore_index, reduction, loss_mode, chunk_size?, workspace_budget?, softcap?,
+#       temperature, z_loss_scale, outputs (bits of OUTPUT_FLAGS), need_hidden, need_weight, need_bias)
+#     -> (loss, rows [k, N_r], predicted, accuracy, z_loss, lse [k·N], count [1], layout [2] int64 (CPU:
+#         v0, vocab), grad_hidden, grad_weight, grad_bias)
+#   loss_mode: the mode asked for (not "mode": torch.compile's functionalization of the backward's
+#   mutated accumulators takes a keyword of that name). N: the gathered token count (P·N_r in
+#   sequence parallel). loss, rows, predicted, accuracy, z_loss
+#   as the autograd.Function's outputs (fp32 [0] for one not asked for); lse, count and layout are
+#   what the backward reads; the gradients are eager mode's (upstream gradient 1), [0] where not
+#   computed. The accumulators are not touched (they are inputs for the backward).
+#
+#   lfce::vocab_parallel_backward(hidden, weight, bias?, targets, lse, count, layout, grad_loss?,
+#       grad_rows?, weight_grad_accumulator(a!)?, bias_grad_accumulator(b!)?, group_name, ... the
+#       forward's options from sequence_parallel on) -> (grad_hidden, grad_weight, grad_bias), [0]
+#       where not needed or added into its accumulator. Recompute mode only; eager mode's backward
+#       scales the held gradients in the autograd rule (_bridge.scaled_reference).
+
+HAVE_CUSTOM_OPS = _ops.HAVE_CUSTOM_OPS
+
+_OPTION_ARGS = ("sequence_parallel", "ignore_index", "reduction", "loss_mode", "chunk_size", "workspace_budget",
+                "softcap", "temperature", "z_loss_scale", "outputs", "need_hidden", "need_weight", "need_bias")
+_OPTIONS_SCHEMA = ("bool sequence_parallel, int ignore_index, str reduction, str loss_mode, int? chunk_size, "
+                   "int? workspace_budget, float? softcap, float temperature, float z_loss_scale, int outputs, "
+                   "bool need_hidden, bool need_weight, bool need_bias")
+_FORWARD_SCHEMA = ("(Tensor hidden, Tensor weight, Tensor? bias, Tensor targets, Tensor? weight_grad_accumulator, "
+                   "Tensor? bias_grad_accumulator, str group_name, int vocab_start, " + _OPTIONS_SCHEMA +
+                   ") -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
+_BACKWARD_SCHEMA = ("(Tensor hidden, Tensor weight, Tensor? bias, Tensor targets, Tensor lse, Tensor count, "
+                    "Tensor layout, Tensor? grad_loss, Tensor? grad_rows, Tensor(a!)? weight_grad_accumulator, "
+                    "Tensor(b!)? bias_grad_accumulator, str group_name, " + _OPTIONS_SCHEMA +
+                    ") -> (Tensor, Tensor, Tensor)")
+
+
+def _group_name(group):
+    """The name the operators take for ``group`` ("" for the default group): a plain string, which
+    torch.compile reads off a ProcessGroup while tracing."""
+    return "" if group is None else group.group_name
+
+
+def _process_group(name):
+    """The ProcessGroup named ``name`` ("": the default group)."""
+    if not name:
+        return _resolve_group(None)
+    try:
+        return torch._C._distributed_c10d._resolve_process_group(name)
+    except (AttributeError, RuntimeError, ValueError):
+        for group, group_name in dist.distributed_c10d._world.pg_names.items():
+            if group_name == name:
+                return group
+        raise ProcessGroupError(f"lfce.distributed: no process group named {name!r} in this process") from None
+
+
+def _forward_args(hidden, weight, bias, targets, accumulators, group, vocab_start, sequence_parallel, options,
+                  wanted):
+    """lfce::vocab_parallel_forward's arguments for a checked call."""
+    return (hidden, weight, bias, targets, accumulators[0], accumulators[1], _group_name(group),
+            -1 if vocab_start is None else operator.index(vocab_start), sequence_parallel, options.ignore_index, options.reduction,
+            options.mode, options.chunk_size, options.workspace_budget, options.softcap, options.temperature,
+            options.z_loss_scale, _output_bits(options), wanted[0], wanted[1], wanted[2])
+
+
+def _options_from(kwargs):
+    """The LossOptions an operator call carries (its keyword arguments by name)."""
+    flags = {name: bool(kwargs["outputs"] >> i & 1) for i, name in enumerate(OUTPUT_FLAGS)}
+    return LossOptions(ignore_index=kwargs["ignore_index"], reduction=kwargs["reduction"],
+                       mode=kwargs["loss_mode"],
+                       chunk_size=kwargs["chunk_size"], workspace_budget=kwargs["workspace_budget"],
+                       softcap=kwargs["softcap"], temperature=kwargs["temperature"],
+                       z_loss_scale=kwargs["z_loss_scale"], **flags)
+
+
+def _named(names, args):
+    return dict(zip(names, args))
+
+
+_FORWARD_NAMES = ("hidden", "weight", "bias", "targets", "weight_grad_accumulator", "bias_grad_accumulator",
+                  "group_name", "vocab_start") + _OPTION_ARGS
+_BACKWARD_NAMES = ("hidden", "weight", "bias", "targets", "lse", "count", "layout", "grad_loss", "grad_rows",
+                   "weight_grad_accumulator", "bias_grad_accumulator", "group_name") + _OPTION_ARGS
+
+
+def _vocab_parallel_forward_impl(*args):
+    a = _named(_FORWARD_NAMES, args)
+    hidden, weight, bias, targets = a["hidden"], a["weight"], a["bias"], a["targets"]
+    options = _options_from(a)
+    eager = _eager(options)
+    wanted = (a["need_hidden"], a["need_weight"], a["need_bias"])
+    vocab_start = None if a["vocab_start"] < 0 else a["vocab_start"]
+    row = _handshake_row(options, eager, wanted, weight.shape[0], vocab_start, hidden.shape[0], hidden.shape[1],
+                         hidden.dtype, targets.dtype, bias is not None, a["sequence_parallel"])
+    layout = _agree(_process_group(a["group_name"]), row, (hidden, weight, targets), targets, None)
+    loss, rows_out, *detached, lse, count, held = _forward_math(layout, options, eager, wanted, hidden, weight, bias,
+                                                                targets)
+    if not layout.sequence_parallel:
+        rows_out = rows_out.clone()  # an operator's outputs alias nothing: rows_out is lse's storage here
+    where = torch.tensor([layout.v0, layout.vocab], dtype=torch.int64)
+    grads = _ops._or_empty(held if held is not None else (None, None, None), hidden)
+    return (loss, rows_out, *detached, lse, count, where) + tuple(grads)
+
+
+def _vocab_parallel_forward_fake(*args):
+    a = _named(_FORWARD_NAMES, args)
+    hidden, weight, bias = a["hidden"], a["weight"], a["bias"]
+    options = _options_from(a)
+    eager = _eager(options)
+    n = hidden.shape[0]
+    tokens = n * (dist.get_world_size(_process_group(a["group_name"])) if a["sequence_parallel"] else 1)
+    k = 1 + options.return_entropy + options.return_logprob
+    none = options.reduction == "none"
+    f32 = torch.float32
+
+    def reduced(asked):  # accuracy, z_loss: per token for "none", else 0-dim; [0] when not asked for
+        return hidden.new_empty(((n,) if none else ()) if asked else (0,), dtype=f32)
+
+    predicted = hidden.new_empty(n, dtype=torch.int64) if options.return_predicted else hidden.new_empty(0, dtype=f32)
+    grads = tuple(_ops._empty_unless(eager and need, like) if like is not None else hidden.new_empty(0)
+                  for need, like in zip((a["need_hidden"], a["need_weight"], a["need_bias"]), (hidden, weight, bias)))
+    return (hidden.new_empty((n,) if none else (), dtype=f32), hidden.new_empty((k, n), dtype=f32), predicted,
+            reduced(options.return_accuracy), reduced(options.return_z_loss), hidden.new_empty(k * tokens, dtype=f32),
+            hidden.new_empty(1, dtype=f32), torch.empty(2, dtype=torch.int64, device="cpu")) + grads
+
+
+def _vocab_parallel_backward_impl(*args):
+    a = _named(_BACKWARD_NAMES, args)
+    hidden, weight = a["hidden"], a["weight"]
+    options = _options_from(a)
+    group = _process_group(a["group_name"])
+    v0, vocab = a["layout"].tolist()  # a CPU tensor: no device sync
+    layout = Layout(group, dist.get_rank(group), dist.get_world_size(group), "nccl" in str(dist.get_backend(group)),
+                    v0, weight.shape[0], vocab, hidden.shape[0], a["sequence_parallel"])
+    wanted = (a["need_hidden"], a["need_weight"], a["need_bias"])
+    grads = _recompute_backward(layout, options, wanted, hidden, weight, a["bias"], a["targets"], a["lse"],
+                                a["count"], a["grad_loss"], a["grad_rows"],
+                                (a["weight_grad_accumulator"], a["bias_grad_accumulator"]))
+    return _ops._or_empty(grads, hidden)
+
+
+def _vocab_parallel_backward_fake(*args):
+    a = _named(_BACKWARD_NAMES, args)
+    hidden, weight, bias = a["hidden"], a["weight"], a["bias"]
+    need_weight = a["need_weight"] and a["weight_grad_accumulator"] is None
+    need_bias = a["need_bias"] and a["bias_grad_accumulator"] is None
+    grad_bias = _ops._empty_unless(need_bias, bias) if bias is not None else hidden.new_empty(0)
+    return _ops._empty_unless(a["need_hidden"], hidden), _ops._empty_unless(need_weight, weight), grad_bias
+
+
+def _vocab_parallel_setup_context(ctx, inputs, output):
+    a = _named(_FORWARD_NAMES, inputs)
+    ctx.options = {name: a[name] for name in ("group_name",) + _OPTION_ARGS}
+    ctx.eager = _eager(_options_from(a))
+    ctx.computed = (a["need_hidden"], a["need_weight"], a["need_bias"])  # eager mode's held gradients
+    ctx.set_materialize_grads(False)
+    ctx.mark_non_differentiable(*output[2:])
+    lse, count, where, *held = output[5:]
+    if ctx.eager:
+        ctx.save_for_backward(*held)
+    else:
+        ctx.save_for_backward(a["hidden"], a["weight"], a["bias"], a["targets"], lse, count, where,
+                              a["weight_grad_accumulator"], a["bias_grad_accumulator"])
+
+
+def _vocab_parallel_backward_rule(ctx, grad_loss, grad_rows, *unused):
+    wanted = tuple(ctx.needs_input_grad[:3])
+    if ctx.eager:
+        grads = _scale_held(tuple(g if computed else None for g, computed in zip(ctx.saved_tensors, ctx.computed)),
+                            wanted, grad_loss)
+    else:
+        hidden, weight, bias, targets, lse, count, where, weight_acc, bias_acc = ctx.saved_tensors
+        options = dict(ctx.options, need_hidden=wanted[0], need_weight=wanted[1], need_bias=wanted[2] and bias is not None)
+        grads = _vocab_parallel_backward_op(hidden, weight, bias, targets, lse, count, where, grad_loss, grad_rows,
+                                            weight_acc, bias_acc, *(options[name] for name in ("group_name",) +
+                                                                    _OPTION_ARGS))
+        returned = (wanted[0], wanted[1] and weight_acc is None, wanted[2] and bias_acc is None)
+        grads = tuple(g if want else None for g, want in zip(grads, returned))
+    return tuple(g if need else None for g, need in zip(grads, wanted)) + (None,) * (len(_FORWARD_NAMES) - 3)
+
+
+def _register():
+    """Define lfce::vocab_parallel_forward / _backward unless this process already has them."""
+    if not hasattr(torch.ops.lfce, "vocab_parallel_backward"):
+        op = torch.library.custom_op("lfce::vocab_parallel_backward", _vocab_parallel_backward_impl,
+                                     mutates_args=("weight_grad_accumulator", "bias_grad_accumulator"),
+                                     schema=_BACKWARD_SCHEMA)
+        op.register_fake(_vocab_parallel_backward_fake)
+    if not hasattr(torch.ops.lfce, "vocab_parallel_forward"):
+        op = torch.library.custom_op("lfce::vocab_parallel_forward", _vocab_parallel_forward_impl, mutates_args=(),
+                                     schema=_FORWARD_SCHEMA)
+        op.register_fake(_vocab_parallel_forward_fake)
+        op.register_autograd(_vocab_parallel_backward_rule, setup_context=_vocab_parallel_setup_context)
+    return torch.ops.lfce.vocab_parallel_forward.default, torch.ops.lfce.vocab_parallel_backward.default
+
+
+if HAVE_CUSTOM_OPS:
+    _vocab_parallel_forward_op, _vocab_parallel_backward_op = _register()
 
 
 # --- the public entry points ------------------------------------------------------------------------
@@ -748,27 +1001,31 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, bias: 
         batch_shape = targets.shape
         hidden, targets_1d = hidden.reshape(n, h), targets.reshape(n)
         # As on one GPU: eager needs a scalar loss and no gradient through lse, entropy or logprob.
-        eager = options.mode == "eager" and options.reduction != "none" and not _row_outputs(options)
+        eager = _eager(options)
         wanted = tuple(torch.is_grad_enabled() and t is not None and t.requires_grad for t in (hidden, weight, bias))
-        row = {"vocab_shard": shard, "vocab_start": -1 if vocab_start is None else operator.index(vocab_start),
-               "tokens": n, "hidden": h, "dtype": _ops.DTYPES[hidden.dtype],
-               "target_dtype": _ops.INDEX_DTYPES[targets.dtype], "has_bias": int(bias is not None),
-               "ignore_index": options.ignore_index, "softcap": float_bits(options.softcap or 0.0),
-               "temperature": float_bits(options.temperature), "z_loss_scale": float_bits(options.z_loss_scale),
-               "reduction": _lib.REDUCTIONS[options.reduction],
-               "mode": _lib.MODES["eager" if eager else "recompute"], "sequence_parallel": int(sequence_parallel),
-               "need_hidden": int(wanted[0]), "need_weight": int(wanted[1]), "need_bias": int(wanted[2]),
-               "outputs": sum(1 << i for i, name in enumerate(OUTPUT_FLAGS) if getattr(options, name))}
+        if not (HAVE_CUSTOM_OPS and _bridge.compiling()):  # else the operator builds it, at run time
+            row = _handshake_row(options, eager, wanted, shard, vocab_start, n, h, hidden.dtype, targets.dtype,
+                                 bias is not None, sequence_parallel)
     except Exception as error:  # noqa: BLE001 - every failure is told to the peers before it is raised
         failure = error
-    if failure is not None and not (dist.is_available() and dist.is_initialized()):
-        raise failure  # no group to tell
+    if failure is not None and (_bridge.compiling() or not (dist.is_available() and dist.is_initialized())):
+        # No group to tell; or torch.compile is tracing: raised here, on this rank, before any
+        # collective (without fullgraph Dynamo then runs the call uncompiled, whose handshake tells
+        # every rank; the operators' handshake compares the ranks' valid arguments).
+        raise failure
     group = _resolve_group(group)
-    layout = _agree(group, row, (hidden, weight, targets), targets_1d, failure)
-    assert options is not None and targets_1d is not None, "set before the handshake, which raised otherwise"
-    targets = targets_1d
-    loss, rows, predicted, accuracy, z_loss = _VocabParallelLinearCrossEntropy.apply(
-        hidden, weight, bias, targets, layout, options, eager, wanted, accumulators)
+    if HAVE_CUSTOM_OPS and _bridge.compiling():
+        assert options is not None and targets_1d is not None, "set when nothing failed"
+        # The handshake and the collectives run inside lfce::vocab_parallel_forward (no graph break).
+        outputs = _vocab_parallel_forward_op(*_forward_args(hidden, weight, bias, targets_1d, accumulators, group,
+                                                            vocab_start, sequence_parallel, options, wanted))
+        loss, rows = outputs[:2]
+        predicted, accuracy, z_loss = (value.detach() for value in outputs[2:5])
+    else:
+        layout = _agree(group, row, (hidden, weight, targets), targets_1d, failure)
+        assert options is not None and targets_1d is not None, "set before the handshake, which raised otherwise"
+        loss, rows, predicted, accuracy, z_loss = _VocabParallelLinearCrossEntropy.apply(
+            hidden, weight, bias, targets_1d, layout, options, eager, wanted, accumulators)
     none = options.reduction == "none"
     loss = loss.reshape(batch_shape) if none else loss
     z_loss = (z_loss.reshape(batch_shape) if none else z_loss) if options.return_z_loss else None
@@ -786,6 +1043,31 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, bias: 
 def _row_outputs(options):
     """Whether ``options`` asks for an output that is a row of lse (lse, entropy, logprob)."""
     return any(getattr(options, name) for name in ROW_OUTPUTS)
+
+
+def _handshake_row(options, eager, wanted, shard, vocab_start, tokens, hidden_size, dtype, target_dtype, has_bias,
+                   sequence_parallel):
+    """This rank's row of _FIELDS for the handshake (_agree)."""
+    return {"vocab_shard": shard, "vocab_start": -1 if vocab_start is None else operator.index(vocab_start),
+            "tokens": tokens, "hidden": hidden_size, "dtype": _ops.DTYPES[dtype],
+            "target_dtype": _ops.INDEX_DTYPES[target_dtype], "has_bias": int(has_bias),
+            "ignore_index": options.ignore_index, "softcap": float_bits(options.softcap or 0.0),
+            "temperature": float_bits(options.temperature), "z_loss_scale": float_bits(options.z_loss_scale),
+            "reduction": _lib.REDUCTIONS[options.reduction],
+            "mode": _lib.MODES["eager" if eager else "recompute"], "sequence_parallel": int(sequence_parallel),
+            "need_hidden": int(wanted[0]), "need_weight": int(wanted[1]), "need_bias": int(wanted[2]),
+            "outputs": _output_bits(options)}
+
+
+def _output_bits(options):
+    """The outputs ``options`` asks for as the handshake's (and the operators') bits of OUTPUT_FLAGS."""
+    return sum(1 << i for i, name in enumerate(OUTPUT_FLAGS) if getattr(options, name))
+
+
+def _eager(options):
+    """Whether the call runs eager mode: as on one GPU, eager needs a scalar loss and no gradient
+    through lse, entropy or logprob."""
+    return options.mode == "eager" and options.reduction != "none" and not _row_outputs(options)
 
 
 # The LossOptions fields the vocabulary-parallel loss implements; every other one must keep its default.

@@ -6,7 +6,9 @@ tensors with the whole weight (distributed_cases.py: both layouts, both modes, e
 and bf16, uneven shards, targets in one shard, an ignore_index that is a class id, shards in swapped
 order; softcap and temperature alone and together; lse / entropy / logprob, predicted / accuracy and
 z_loss). The same cases run on two GPUs in test_multigpu_distributed.py. Also the argmax's combine
-(best_of, shard_argmax) as pure functions and, over gloo, exact ties between rows of two shards.
+(best_of, shard_argmax) as pure functions and, over gloo, exact ties between rows of two shards, and
+torch.compile(fullgraph=True) of a model ending in the loss: one graph, no break, the uncompiled
+results (PyTorch 2.4+).
 """
 
 import datetime
@@ -704,3 +706,136 @@ def test_targets_checksum_sees_a_changed_and_a_swapped_target_but_not_the_dtype(
     changed[3] = 35
     assert lfce_dist.targets_checksum(swapped).item() != same.item()
     assert lfce_dist.targets_checksum(changed).item() != same.item()
+
+
+# --- torch.compile over gloo: one graph, the same results -------------------------------------------
+#
+# On each of two ranks a tiny model (Linear, then the vocabulary-parallel loss on this rank's shard of
+# the LM head) is traced by torch._dynamo.explain (one graph, no break, the loss as the operator
+# lfce::vocab_parallel_forward in it) and compiled with torch.compile(fullgraph=True,
+# backend="aot_eager"); forward and backward must give the uncompiled call's loss, outputs and
+# gradients (each element within 1e-6; bitwise in practice).
+
+COMPILE_TIMEOUT_S = 420
+COMPILE_TOLERANCE = 1e-6
+# name: (sequence_parallel, keyword options; "accumulate": a weight_grad_accumulator)
+COMPILE_SCENARIOS = {
+    "tensor-recompute": (False, {}),
+    "sequence-recompute": (True, {}),
+    "tensor-eager": (False, {"mode": "eager", "reduction": "sum"}),
+    "sequence-eager": (True, {"mode": "eager"}),
+    "tensor-outputs": (False, {"reduction": "none", "softcap": 5.0, "temperature": 0.7, "z_loss_scale": 0.01,
+                               "return_lse": True, "return_entropy": True, "return_logprob": True,
+                               "return_accuracy": True, "return_predicted": True, "return_z_loss": True}),
+    "sequence-outputs": (True, {"softcap": 5.0, "return_lse": True, "return_entropy": True,
+                                "return_accuracy": True, "return_predicted": True, "return_z_loss": True}),
+    "tensor-accumulate": (False, {"accumulate": True, "reduction": "sum"}),
+}
+
+
+class _CompiledLossModel(torch.nn.Module):
+    """Linear [H, H] (with bias), then lfce.distributed on this rank's shard of the LM head (with bias)."""
+
+    def __init__(self, head, head_bias, sequence, options):
+        super().__init__()
+        self.proj = torch.nn.Linear(H, H)
+        self.head = torch.nn.Parameter(head.clone())
+        self.head_bias = torch.nn.Parameter(head_bias.clone())
+        self.sequence, self.options = sequence, options
+
+    def forward(self, x, y, accumulator=None):
+        return lfce_dist.linear_cross_entropy(self.proj(x), self.head, y, self.head_bias,
+                                              sequence_parallel=self.sequence, weight_grad_accumulator=accumulator,
+                                              **self.options)
+
+
+def _compile_objective(out, y):
+    """A scalar of every differentiable output (fixed weights per token), and the detached outputs."""
+    loss, fields = distributed_cases._fields(out)
+    scale = torch.linspace(0.5, 1.5, y.numel())
+    total = (loss * scale).sum() if loss.dim() else loss
+    rows = [fields[name] for name in distributed_cases.ROWS if fields.get(name) is not None]
+    for i, row in enumerate(rows):
+        total = total + (row * scale.flip(0) * (i + 1)).sum()
+    detached = [fields[name] for name in distributed_cases.DETACHED if fields.get(name) is not None]
+    assert not any(t.requires_grad for t in detached), "an output without a gradient requires one"
+    return total, [loss] + rows + detached
+
+
+def _compile_scenario(rank, sequence, options):
+    """(graph count, graph break count, whether the graph holds the operator, [(name, max |compiled -
+    eager|, bitwise equal)])."""
+    import copy
+
+    options = dict(options)
+    accumulate = options.pop("accumulate", False)
+    x, w, b, y, _ = distributed_cases.make_case("uneven", N, H, V, torch.float32, WORLD_SIZE, "cpu")
+    start, size = lfce_dist.vocab_shard(V, rank, WORLD_SIZE)
+    tokens = slice(rank * (N // WORLD_SIZE), (rank + 1) * (N // WORLD_SIZE)) if sequence else slice(None)
+    x, y = x[tokens].contiguous(), y[tokens].contiguous()
+    torch.manual_seed(7)
+    eager_model = _CompiledLossModel(w[start:start + size], b[start:start + size], sequence, options)
+    compiled_model = copy.deepcopy(eager_model)
+    accumulators = [torch.full((size, H), 0.25) if accumulate else None for _ in range(2)]
+
+    def run(model, accumulator):
+        total, values = _compile_objective(model(x, y, accumulator), y)
+        total.backward()
+        grads = [p.grad for p in model.parameters()]
+        return [t.detach() for t in values] + [g if g is not None else torch.zeros(0) for g in grads] + \
+            ([accumulator] if accumulator is not None else [])
+
+    expected = run(eager_model, accumulators[0])
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(compiled_model)(x, y, accumulators[1])
+    in_graph = any("vocab_parallel_forward" in graph.code for graph in explained.graphs)
+    torch._dynamo.reset()
+    got = run(torch.compile(compiled_model, fullgraph=True, backend="aot_eager"), accumulators[1])
+    compared = []  # the loss, the rows, the detached outputs, the parameters' gradients, the accumulator
+    for i, (a, e) in enumerate(zip(got, expected)):
+        same_shape = a.shape == e.shape and a.dtype == e.dtype
+        diff = float((a.double() - e.double()).abs().max()) if same_shape and a.numel() else 0.0
+        compared.append((f"value {i}", diff if same_shape else float("inf"), same_shape and torch.equal(a, e)))
+    if len(got) != len(expected):
+        compared.append(("value count", float("inf"), False))
+    return explained.graph_count, explained.graph_break_count, in_graph, compared
+
+
+def _compile_worker(rank, port, out_dir):
+    import distributed_model
+
+    distributed_model.install()
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE,
+                            timeout=datetime.timedelta(seconds=120))
+    results = {}
+    path = os.path.join(out_dir, f"compile{rank}.json")
+    for name, (sequence, options) in COMPILE_SCENARIOS.items():
+        try:
+            graphs, breaks, in_graph, compared = _compile_scenario(rank, sequence, options)
+            results[name] = {"graphs": graphs, "breaks": breaks, "in_graph": in_graph, "compared": compared}
+        except Exception as error:  # noqa: BLE001 - recorded, and the next scenario runs
+            results[name] = {"error": f"{type(error).__name__}: {error}"[:4000]}
+        with open(path + ".tmp", "w") as f:
+            json.dump(results, f)
+        os.replace(path + ".tmp", path)
+    os._exit(0)  # as _worker: no teardown
+
+
+@pytest.fixture(scope="module")
+def compile_results(tmp_path_factory):
+    return run_ranks(_compile_worker, WORLD_SIZE, tmp_path_factory.mktemp("gloo-compile"), "compile",
+                     COMPILE_TIMEOUT_S)
+
+
+@pytest.mark.skipif(not lfce_dist.HAVE_CUSTOM_OPS, reason="torch.library.custom_op needs PyTorch 2.4+")
+@pytest.mark.parametrize("name", list(COMPILE_SCENARIOS))
+def test_torch_compile_traces_the_loss_in_one_graph_with_the_uncompiled_results(compile_results, name):
+    results, hung, exits = compile_results
+    for rank, rank_results in enumerate(results):
+        got = rank_results.get(name)
+        assert got is not None, f"rank {rank} recorded nothing (hung: {hung}, exit codes: {exits})"
+        assert "error" not in got, f"rank {rank}: {got['error']}"
+        assert (got["graphs"], got["breaks"]) == (1, 0), f"rank {rank}: {got['graphs']} graphs, {got['breaks']} breaks"
+        assert got["in_graph"], f"rank {rank}: lfce::vocab_parallel_forward is not in the traced graph"
+        off = [(what, diff) for what, diff, _ in got["compared"] if not diff <= COMPILE_TOLERANCE]
+        assert not off, f"rank {rank}: compiled against uncompiled: {off}"
