@@ -118,19 +118,19 @@ TEST(ProblemFromC, EveryLossOptionOfTheTableReachesTheProblemItsKeyAndItsMessage
     c.c_field = -(highest);                                                                                 \
     EXPECT_NE(error_of(c).find("lfce_problem." #c_field " must be " range), std::string::npos) << error_of(c); \
   }
-#define LFCE_PROBLEM_FLAG(member, c_field, option, spec_member, help)                             \
-  {                                                                                              \
-    ++rows;                                                                                      \
-    lfce_problem c = base;                                                                       \
-    c.c_field = 1;                                                                               \
-    const Problem p = problem_from_c(&c);                                                        \
-    EXPECT_TRUE(p.member) << #member;                                                            \
-    EXPECT_NE(problem_text(p), base_text) << #member;                                            \
-    if (bool KernelSpec::*flag = spec_member)                                                    \
-      EXPECT_TRUE(problem_spec(KernelKind::DlogitsBackward, p, Arch::SM90A).*flag) << #member;   \
-    c.c_field = 2;                                                                               \
-    EXPECT_NE(error_of(c).find("lfce_problem." #c_field " must be 0 or 1, got 2"), std::string::npos) \
-        << error_of(c);                                                                          \
+#define LFCE_PROBLEM_FLAG(member, c_field, option, spec_member, help)                                                 \
+  {                                                                                                                   \
+    ++rows;                                                                                                           \
+    lfce_problem c = base;                                                                                            \
+    c.c_field = 1;                                                                                                    \
+    const Problem p = problem_from_c(&c);                                                                             \
+    EXPECT_TRUE(p.member) << #member;                                                                                 \
+    EXPECT_NE(problem_text(p), base_text) << #member;                                                                 \
+    if (bool KernelSpec::* flag = spec_member) {                                                                      \
+      EXPECT_TRUE(problem_spec(KernelKind::DlogitsBackward, p, Arch::SM90A).*flag) << #member;                        \
+    }                                                                                                                 \
+    c.c_field = 2;                                                                                                    \
+    EXPECT_NE(error_of(c).find("lfce_problem." #c_field " must be 0 or 1, got 2"), std::string::npos) << error_of(c); \
   }
 #include "runtime/problem_options.def"
   EXPECT_EQ(rows, 8);  // softcap, temperature, z_loss_scale, label_smoothing and four flags
