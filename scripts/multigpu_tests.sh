@@ -5,6 +5,7 @@
 # Usage: bash scripts/multigpu_tests.sh <results dir> [extra pytest arguments]
 # LFCE_NPROC: processes (default 2). The environment is inherited as it is, by torchrun and each
 # rank: the NCCL settings of the machine (NCCL_NVLS_ENABLE=0 ...) stay in force.
+# LFCE_MULTIGPU_ONE_GPU=1: every process on GPU 0, over gloo (a machine with one GPU; no NCCL).
 # Exits with torchrun's status (non-zero when a rank failed); the results are written either way.
 set -uo pipefail
 if [ $# -lt 1 ]; then

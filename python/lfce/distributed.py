@@ -35,11 +35,17 @@ Options: softcap and temperature map each logit (the shard kernels apply them), 
 added on the global LSE (and return_z_loss reports it from there), lse / entropy / logprob are
 combined in the same all-gather (k rows of [N] fp32), and so are accuracy / predicted: two more
 rows, each rank's best (u, global id), the largest u winning, ties to the lowest id (combine,
-best_of); the gradient accumulators are the shard's; docs/parallel.md derives each combine.
+best_of); the gradient accumulators are the shard's. Label smoothing, class weights (each rank's
+shard) and token scaling run the weighted problem: every counted token scored against a column of
+the shard, two more rows in the all-gather (Σ_v w_v (LSE_r - u_v) and the target's weight), and per
+token gradients that make the shard kernels' dz the global one (_weighted_statistics,
+_weighted_gradients). The causal shift pairs each position with the next target before step 1
+(scored_targets). docs/parallel.md derives each combine.
 
 Held between forward and backward in recompute mode: the global LSE (4·N bytes; 4·k·N with the
-entropy and logprob rows) and the count, besides the inputs. Eager mode runs step 3 inside the forward (upstream gradient 1) and holds the
-gradients, as on one GPU.
+entropy and logprob rows, and the weighted problem's p(target) and target weight rows) and the
+count, besides the inputs. Eager mode runs step 3 inside the forward (upstream gradient 1) and holds
+the gradients, as on one GPU.
 
 torch.compile (PyTorch 2.4+) traces a model ending in this loss without a graph break, fullgraph=True
 included: the argument checks run while tracing, and the handshake, the collectives and the shard
@@ -61,6 +67,7 @@ calls in the same order.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import operator
 import struct
@@ -80,18 +87,22 @@ __all__ = ["VocabParallelLinearCrossEntropyLoss", "linear_cross_entropy", "vocab
 LOCAL_IGNORE = -1   # the user's ignore_index (which may itself be a class id of some shard)
 NOT_IN_SHARD = -2   # a target of another rank's shard, or outside [0, V): its loss comes from elsewhere
 
-# Every rank's local view, all-gathered on every call and checked for consistency.
-_FIELDS = ("vocab_shard", "vocab_start", "tokens", "hidden", "dtype", "target_dtype", "has_bias", "ignore_index",
-           "softcap", "temperature", "z_loss_scale", "reduction", "mode", "sequence_parallel", "need_hidden", "need_weight",
-           "need_bias", "outputs")
-# The per-element maps of the logits (u = softcap · tanh(z / softcap) / temperature) and the z-loss
-# scale: every rank must apply the same, so they travel in the handshake as their float64 bits
-# (softcap None as 0.0).
-_FLOAT_FIELDS = ("softcap", "temperature", "z_loss_scale")
+# Every rank's local view, all-gathered on every call: the fields of _PER_RANK describe the rank's
+# shard (class_weight_sum: the sum W_r of its class weights, as float64 bits, 0 without class
+# weights), every other one must be the same on every rank (checked).
+_PER_RANK = ("vocab_shard", "vocab_start", "class_weight_sum")
+_FIELDS = _PER_RANK + (
+    "tokens", "hidden", "dtype", "target_dtype", "has_bias", "has_class_weight", "ignore_index", "softcap",
+    "temperature", "z_loss_scale", "label_smoothing", "token_scaling", "sequence_length", "reduction", "mode",
+    "sequence_parallel", "need_hidden", "need_weight", "need_bias", "outputs")
+# The per-element maps of the logits (u = softcap · tanh(z / softcap) / temperature), the z-loss
+# scale and the label smoothing: every rank must apply the same, so they travel in the handshake as
+# their float64 bits (softcap None as 0.0).
+_FLOAT_FIELDS = ("softcap", "temperature", "z_loss_scale", "label_smoothing", "class_weight_sum")
 # The outputs asked for, as the handshake's "outputs" bits (in this order): the extra per-token
 # outputs (each changes what the forward's all-gather carries), then return_z_loss.
 OUTPUT_FLAGS = EXTRA_OUTPUTS + ("return_z_loss",)
-_SAME_ON_EVERY_RANK = _FIELDS[2:]
+_SAME_ON_EVERY_RANK = _FIELDS[len(_PER_RANK):]
 _NAMES = {"dtype": {code: str(dtype) for dtype, code in _ops.DTYPES.items()},
           "target_dtype": {code: str(dtype) for dtype, code in _ops.INDEX_DTYPES.items()},
           "reduction": {code: name for name, code in _lib.REDUCTIONS.items()},
@@ -114,14 +125,21 @@ def vocab_shard(vocab: int, rank: int, world_size: int) -> tuple[int, int]:
 
 class Layout:
     """This rank's place in the group: vocabulary rows [v0, v0 + shard) of [0, vocab), and in sequence
-    parallel its tokens [token_start, token_start + local_tokens) of the gathered batch."""
+    parallel its tokens [token_start, token_start + local_tokens) of the gathered batch.
+    sequence_length: the last dimension T of the targets with a causal shift (this rank's piece of
+    each sequence in sequence parallel), else 0. In the forward also every rank's shard size
+    (``sizes``) and, with class weights, the sum of its class weights (``weight_sums``), in group
+    rank order; empty in the backward, which does not read them."""
 
-    def __init__(self, group, rank, world_size, nccl, v0, shard, vocab, local_tokens, sequence_parallel):
+    def __init__(self, group, rank, world_size, nccl, v0, shard, vocab, local_tokens, sequence_parallel,
+                 sequence_length=0, sizes=(), weight_sums=()):
         self.group, self.rank, self.world_size, self.nccl = group, rank, world_size, nccl
         self.v0, self.shard, self.vocab = v0, shard, vocab
         self.local_tokens, self.sequence_parallel = local_tokens, sequence_parallel
         self.tokens = local_tokens * (world_size if sequence_parallel else 1)
         self.token_start = rank * local_tokens if sequence_parallel else 0
+        self.sequence_length = sequence_length
+        self.sizes, self.weight_sums = tuple(sizes), tuple(weight_sums)
 
     def __repr__(self):
         return (f"Layout(rank={self.rank}/{self.world_size}, rows=[{self.v0}, {self.v0 + self.shard}) of "
@@ -161,7 +179,10 @@ def check_layout(rows, rank):
                               "count on every rank, tensor parallel the same batch)",
                     "need_hidden": "whether hidden requires a gradient", "need_weight":
                     "whether the weight shard requires a gradient", "need_bias": "whether the bias requires a gradient",
-                    "has_bias": "whether a bias shard is given", "outputs": "the extra outputs asked for"}.get(field, field)
+                    "has_bias": "whether a bias shard is given", "outputs": "the extra outputs asked for",
+                    "has_class_weight": "whether a class_weight shard is given",
+                    "sequence_length": "the causal shift (shift=True: the targets' last dimension T; 0: no shift)"
+                    }.get(field, field)
             raise InvalidArgumentError(f"lfce.distributed: {what} differs across the ranks of the group ({detail}); "
                                        "every rank must pass the same")
     starts = [row["vocab_start"] for row in rows]
@@ -233,7 +254,7 @@ def _messages(group, nccl, device, failure):
     return out
 
 
-def _agree(group, row, tensors, targets, failure):
+def _agree(group, row, tensors, targets, failure, class_weight=None):
     """This rank's Layout, once every rank's arguments are known to fit together: a call-level
     handshake that every rank makes, whatever its own arguments, so no rank ever runs a collective
     that its peers do not.
@@ -255,6 +276,8 @@ def _agree(group, row, tensors, targets, failure):
     local = torch.tensor(values + [0], dtype=torch.int64, device=device)
     if failure is None and not row["sequence_parallel"]:
         local[-1] = targets_checksum(targets.to(device))
+    if failure is None and class_weight is not None:  # W_r's float64 bits, without a host sync
+        local[1 + _FIELDS.index("class_weight_sum")] = class_weight.to(device, torch.float64).sum().view(torch.int64)
     gathered = _all_gather(local, group, nccl).reshape(world_size, len(values) + 1).tolist()  # the one host sync
     failed = [r for r, values in enumerate(gathered) if values[0]]
     if failed:
@@ -283,8 +306,10 @@ def _agree(group, row, tensors, targets, failure):
                                    f"{', '.join(map(str, differ))} against rank 0); tensor parallel needs the same "
                                    "hidden states and targets on every rank: pass the whole batch's targets on every "
                                    "rank, or sequence_parallel=True where each rank holds its own tokens")
+    weight_sums = [_from_bits(r["class_weight_sum"]) for r in rows] if row["has_class_weight"] else []
     return Layout(group, rank, world_size, nccl, v0, row["vocab_shard"], vocab, row["tokens"],
-                  bool(row["sequence_parallel"]))
+                  bool(row["sequence_parallel"]), row["sequence_length"], [r["vocab_shard"] for r in rows],
+                  weight_sums)
 
 
 def targets_checksum(targets):
@@ -339,6 +364,24 @@ def _gather_tokens(tensor, layout):
     return _all_gather(tensor, layout.group, layout.nccl) if layout.sequence_parallel else tensor
 
 
+def scored_targets(targets, layout, ignore_index):
+    """The gathered batch's targets as each position is scored against them: the targets themselves,
+    or with a causal shift (layout.sequence_length = T > 0) each position's next target in its
+    sequence and ignore_index for a sequence's last position, as on one GPU. Tensor parallel: targets
+    [..., T], sequences of T consecutive tokens. Sequence parallel: every rank's targets [..., T] with
+    the same leading dimensions, rank r holding positions [r·T, (r + 1)·T) of each sequence of P·T
+    (the sequence dimension split over the ranks in rank order): the target after a rank's last
+    position is the first of rank r + 1's, and the last rank's last position has none."""
+    gathered = _gather_tokens(targets, layout)
+    length = layout.sequence_length
+    if not length:
+        return gathered
+    ranks = layout.world_size if layout.sequence_parallel else 1
+    sequences = gathered.reshape(ranks, -1, length).transpose(0, 1).reshape(-1, ranks * length)
+    shifted = torch.cat([sequences[:, 1:], torch.full_like(sequences[:, :1], ignore_index)], dim=1)
+    return shifted.reshape(-1, ranks, length).transpose(0, 1).reshape(-1)
+
+
 # --- the math around the kernels (pure PyTorch) ----------------------------------------------------
 
 def local_targets(targets, v0, shard, ignore_index):
@@ -350,18 +393,36 @@ def local_targets(targets, v0, shard, ignore_index):
     return torch.where(in_shard, targets - v0, codes)
 
 
-def combine(shard_lse, target_logit, group=None, nccl=False, shard_mean_logit=None, shard_best=None):
-    """(global LSE [N], target logit [N], mean logit [N] or None, argmax [N] or None) from each rank's
-    shard LSE_r, its target logits (0 where the target is not in its shard), for the entropy its
-    shard's mean logit S_r = Σ_{v in r} exp(u_v - LSE_r) u_v, and for accuracy / predicted its best
-    candidate ``shard_best`` = (u [N] fp32, global id [N] int64: shard_argmax): one all-gather of
-    [k, N] fp32 (k = 2, +1 with the entropy, +2 with the argmax: the u row and the id row, an int32
-    carried as the bits of an fp32 element, which the all-gather copies untouched), then in rank order
-    on every rank (the same bits everywhere) LSE = logsumexp_r LSE_r, z = Σ_r z_r,
-    S = Σ_r exp(LSE_r - LSE) S_r (the mean logit under the whole softmax) and the argmax (best_of)."""
+def probe_targets(local):
+    """The weighted shard problem's targets (_weighted): ``local`` with every NOT_IN_SHARD replaced by
+    column 0, so that every counted token is scored against a column of the shard; the probe's own
+    terms are taken out again (its one-hot in the backward, its logit in the forward)."""
+    return torch.where(local == NOT_IN_SHARD, torch.zeros_like(local), local)
+
+
+Combined = collections.namedtuple("Combined", "lse target_logit mean_logit predicted target_weight smoothing")
+
+
+def combine(shard_lse, target_logit, group=None, nccl=False, shard_mean_logit=None, shard_best=None,
+            target_weight=None, smoothing=None):
+    """The global per-token statistics (a Combined, None in each field not asked for) from each rank's:
+    shard LSE_r; its target logits (0 where the target is not in its shard); for the entropy its
+    shard's mean logit S_r = Σ_{v in r} exp(u_v - LSE_r) u_v; for accuracy / predicted its best
+    candidate ``shard_best`` = (u [N] fp32, global id [N] int64: shard_argmax); with class weights
+    the target's weight ``target_weight`` (0 where the target is not in its shard); with label
+    smoothing ``smoothing`` = (R_r [N], the ranks' W_r in rank order), R_r = Σ_{v in r} w_v
+    (LSE_r - u_v) and W_r = Σ_{v in r} w_v (w = 1 without class weights: W_r = V_r).
+
+    One all-gather of [k, N] fp32 (k = 2, +1 for each of the entropy, the target weight and the
+    smoothing, +2 with the argmax: the u row and the id row, an int32 carried as the bits of an fp32
+    element, which the all-gather copies untouched), then in rank order on every rank (the same bits
+    everywhere): LSE = logsumexp_r LSE_r, z_y = Σ_r z_r, S = Σ_r exp(LSE_r - LSE) S_r (the mean logit
+    under the whole softmax), the argmax (best_of), w_y = Σ_r w_r, and Σ_v w_v (LSE - u_v) =
+    Σ_r R_r + W_r (LSE - LSE_r), a sum of terms >= 0 for weights >= 0."""
     rows = [shard_lse, target_logit]
-    if shard_mean_logit is not None:
-        rows.append(shard_mean_logit)
+    for row in (shard_mean_logit, target_weight, None if smoothing is None else smoothing[0]):
+        if row is not None:
+            rows.append(row)
     if shard_best is not None:
         value, ids = shard_best
         rows += [value.to(torch.float32), ids.to(torch.int32).view(torch.float32)]
@@ -370,12 +431,18 @@ def combine(shard_lse, target_logit, group=None, nccl=False, shard_mean_logit=No
         parts = _all_gather(parts, group, nccl)
     parts = parts.reshape(-1, len(rows), shard_lse.shape[0])
     lse = torch.logsumexp(parts[:, 0], dim=0)
-    mean_logit = predicted = None
+    row = iter(range(2, len(rows)))
+    mean_logit = predicted = weight = smoothed = None
     if shard_mean_logit is not None:
-        mean_logit = (torch.exp(parts[:, 0] - lse) * parts[:, 2]).sum(dim=0)
+        mean_logit = (torch.exp(parts[:, 0] - lse) * parts[:, next(row)]).sum(dim=0)
+    if target_weight is not None:
+        weight = parts[:, next(row)].sum(dim=0)
+    if smoothing is not None:
+        sums = torch.tensor(smoothing[1], dtype=parts.dtype).to(parts.device)[:, None]
+        smoothed = (parts[:, next(row)] + sums * (lse - parts[:, 0])).sum(dim=0)
     if shard_best is not None:
         predicted = best_of(parts[:, -2], parts[:, -1].contiguous().view(torch.int32).to(torch.int64))
-    return lse, parts[:, 1].sum(dim=0), mean_logit, predicted
+    return Combined(lse, parts[:, 1].sum(dim=0), mean_logit, predicted, weight, smoothed)
 
 
 def best_of(values, ids):
@@ -437,17 +504,49 @@ def mapped_logits(z, softcap, temperature, cpu):
     return t * (f32(softcap) if temperature == 1.0 else f32(softcap) * inverse_t)
 
 
-def token_losses(lse, target_logit, targets, vocab, ignore_index, z_loss_scale=0.0):
-    """(loss_i = LSE_i - z_{i,y_i} + s·LSE_i²: 0 where ignored, NaN for a target outside [0, vocab),
-    count [1]); s the z-loss scale (its term on the global LSE, as one GPU's)."""
+LossTerms = collections.namedtuple("LossTerms", "cross_entropy z_loss scale count")
+
+
+def loss_terms(lse, target_logit, targets, vocab, ignore_index, z_loss_scale=0.0, label_smoothing=0.0,
+               target_weight=None, smoothing=None, weight_total=0.0, token_scaling=False):
+    """Each token's terms of the loss (a LossTerms), as one GPU's (docs/options.md):
+
+    cross_entropy = (1 - eps)·w_y·(LSE - z_y) + eps·Σ_v w_v (LSE - u_v) / V (``smoothing``: that sum,
+    combine's; w = 1 without class weights, ``target_weight`` w_y otherwise), z_loss = s·LSE², both 0
+    where ignored and the cross-entropy NaN for a target outside [0, vocab); with token scaling both
+    times scale = p(target) = exp(z_y - LSE) (0 where ignored; None without). count: [the counted
+    tokens], with class weights [count, Σ w_y over them, W = ``weight_total`` (0 without smoothing)]."""
     valid = targets != ignore_index
     bad = valid & ((targets < 0) | (targets >= vocab))
-    per_token = lse - target_logit
-    if z_loss_scale:
-        per_token = per_token + z_loss_scale * lse * lse
-    loss = torch.where(valid, per_token, torch.zeros_like(lse))
-    loss = torch.where(bad, torch.full_like(lse, float("nan")), loss)
-    return loss, valid.sum(dtype=torch.float32).reshape(1)
+    zero = torch.zeros_like(lse)
+    cross_entropy = lse - target_logit
+    if target_weight is not None:
+        cross_entropy = target_weight * cross_entropy
+    if label_smoothing:
+        cross_entropy = (1 - label_smoothing) * cross_entropy + label_smoothing * smoothing / vocab
+    cross_entropy = torch.where(valid, cross_entropy, zero)
+    cross_entropy = torch.where(bad, torch.full_like(lse, float("nan")), cross_entropy)
+    z_loss = torch.where(valid, z_loss_scale * lse * lse, zero)
+    scale = None
+    if token_scaling:  # p(target), no gradient through it (as on one GPU)
+        scale = torch.where(valid, torch.exp(target_logit - lse), zero)
+        cross_entropy, z_loss = cross_entropy * scale, z_loss * scale
+    count = valid.sum(dtype=torch.float32).reshape(1)
+    if target_weight is not None:
+        count = torch.stack([count[0], torch.where(valid, target_weight, zero).sum(),
+                             torch.tensor(float(weight_total), dtype=torch.float32).to(lse.device)])
+    return LossTerms(cross_entropy, z_loss, scale, count)
+
+
+def reduced(terms, reduction):
+    """The loss of LossTerms: per token, summed, or the mean as on one GPU (the cross-entropy over
+    the count, Σ w_y with class weights; the z-loss over the count)."""
+    if reduction == "none":
+        return terms.cross_entropy + terms.z_loss
+    if reduction == "sum":
+        return (terms.cross_entropy + terms.z_loss).sum()
+    weights = terms.count[1] if terms.count.numel() == 3 else terms.count[0]
+    return terms.cross_entropy.sum() / weights + terms.z_loss.sum() / terms.count[0]
 
 
 # The extra outputs that are rows of lfce's lse (options.EXTRA_OUTPUTS' first three): differentiable,
@@ -457,12 +556,13 @@ ROW_OUTPUTS = EXTRA_OUTPUTS[:3]
 ARGMAX_OUTPUTS = ("return_accuracy", "return_predicted")
 
 
-def detached_outputs(options, lse, predicted, targets, count, ignore_index, reduction):
+def detached_outputs(options, lse, predicted, targets, count, ignore_index, reduction, scale=None):
     """(predicted, accuracy, z_loss), each None unless asked for, over all N tokens, as one GPU's
     (functional._extra_outputs, functional._z_loss): predicted the global argmax id, -1 for an
     ignored token (int64); accuracy 1.0 where it equals the target, 0.0 elsewhere and for ignored
     tokens, per token for "none", else its sum over the global count (mean and sum alike); z_loss
-    s·LSE² of the counted tokens (0 for ignored ones), reduced as the loss. No gradient."""
+    s·LSE² of the counted tokens (0 for ignored ones; times p(target), ``scale``, with token
+    scaling), reduced as the loss (mean: over the count). No gradient."""
     valid = targets != ignore_index
     accuracy = z_loss = None
     if predicted is not None:
@@ -472,6 +572,8 @@ def detached_outputs(options, lse, predicted, targets, count, ignore_index, redu
         accuracy = correct if reduction == "none" else correct.sum() / count[0]
     if options.return_z_loss:
         term = torch.where(valid, options.z_loss_scale * lse * lse, torch.zeros_like(lse))
+        if scale is not None:
+            term = term * scale
         z_loss = term if reduction == "none" else term.sum() / count[0] if reduction == "mean" else term.sum()
     return predicted if options.return_predicted else None, accuracy, z_loss
 
@@ -509,6 +611,17 @@ def output_rows(options, lse, target_logit, mean_logit, targets, vocab, ignore_i
     return torch.stack(rows)
 
 
+def _row_count(options):
+    """k: the rows of lse the caller asked for (LSE always, the entropy, the logprob)."""
+    return 1 + options.return_entropy + options.return_logprob
+
+
+def _weighted(options, class_weight):
+    """Whether the call weights its tokens' terms (label smoothing, class weights, token scaling):
+    the shard kernels then run the weighted problem (_weighted_statistics, _weighted_gradients)."""
+    return bool(options.label_smoothing) or options.token_scaling or class_weight is not None
+
+
 # --- the kernels on this rank's shard (replaced by a CPU model in the CPU tests) -------------------
 
 def shard_options(options, reduction, forward=False):
@@ -518,9 +631,10 @@ def shard_options(options, reduction, forward=False):
     for the shard entropy alone (its S_r), the logprob coming from the combined LSE, the shard's
     argmax for accuracy / predicted (OUTPUT_PREDICTED), and no z-loss. The backward's z-loss term
     2·s·LSE·p_v / count reads the global LSE and count it is given. The detached outputs are the
-    Python layer's, never the shard problem's (return_z_loss; the backward needs no argmax)."""
+    Python layer's, never the shard problem's (return_z_loss; the backward needs no argmax). Never a
+    shift: the targets it is given are already each position's (scored_targets)."""
     shard = dataclasses.replace(options, ignore_index=LOCAL_IGNORE, reduction=reduction, mode="recompute",
-                                return_z_loss=False)
+                                return_z_loss=False, shift=False)
     if forward:  # the z-loss is added on the global LSE: the shard's token loss stays LSE_r - u_y
         shard = dataclasses.replace(shard, return_lse=False, return_logprob=False, z_loss_scale=0.0)
     else:
@@ -528,84 +642,199 @@ def shard_options(options, reduction, forward=False):
     return shard
 
 
-def local_forward(hidden, weight, bias, targets, options):
-    """(shard LSE [N], token loss [N], argmax [N]) from lfce's forward on the shard (``options``:
-    shard_options): the LSE of the mapped logits u = softcap(z) / T over the shard's columns, the
-    token loss LSE - u_target where the target is in the shard, 0 for LOCAL_IGNORE, NaN for
-    NOT_IN_SHARD, and with OUTPUT_PREDICTED each token's argmax of u as an index into the shard's
-    rows (the lowest among equal maxima; -1 for LOCAL_IGNORE), else an empty tensor. CUDA tensors
-    run lfce's kernels, CPU tensors lfce's CPU implementation (_cpu.py)."""
+def local_forward(hidden, weight, bias, targets, options, class_weight=None):
+    """(shard LSE [N] and the other rows of lse, token loss [N], argmax [N]) from lfce's forward on
+    the shard (``options``: shard_options): the LSE of the mapped logits u = softcap(z) / T over the
+    shard's columns, the token loss (LSE - u_target where the target is in the shard, 0 for
+    LOCAL_IGNORE, NaN for NOT_IN_SHARD, without smoothing), and with OUTPUT_PREDICTED each token's
+    argmax of u as an index into the shard's rows (the lowest among equal maxima; -1 for
+    LOCAL_IGNORE), else an empty tensor. CUDA tensors run lfce's kernels, CPU tensors lfce's CPU
+    implementation (_cpu.py)."""
     if hidden.device.type == "cpu":
-        out = _cpu.forward(*_ops.forward_inputs(hidden, weight, bias, targets, options))
+        out = _cpu.forward(*_ops.forward_inputs(hidden, weight, bias, targets, options, class_weight=class_weight))
         return out[1], out[0], out[6]
-    out = _bridge.forward(hidden, weight, bias, targets, options)
+    out = _bridge.forward(hidden, weight, bias, targets, options, class_weight=class_weight)
     return out.lse, out.loss, out.predicted
 
 
 def local_backward(hidden, weight, bias, targets, options, lse, valid_count, grad_loss, wanted, grad_lse=None,
-                   accumulators=(None, None)):
+                   accumulators=(None, None), class_weight=None):
     """The shard's (grad_hidden partial, grad_weight, grad_bias), None where not wanted, from lfce's
     backward on the shard with the global rows of lse (LSE, entropy, logprob), their gradients
     ``grad_lse`` (or None) and the global count; a gradient with an accumulator (fp32, the shard's
     shape) is added into it and given as None."""
     if hidden.device.type == "cpu":
-        inputs = _ops.forward_inputs(hidden, weight, bias, targets, options, wanted=wanted,
+        inputs = _ops.forward_inputs(hidden, weight, bias, targets, options, wanted=wanted, class_weight=class_weight,
                                      weight_grad_accumulator=accumulators[0], bias_grad_accumulator=accumulators[1])
         grads = _cpu.backward(*_ops._backward_inputs(inputs, lse=lse, valid_count=valid_count, grad_loss=grad_loss,
                                                      grad_lse=grad_lse))
         return tuple(g if want and g.numel() else None for g, want in zip(grads, wanted))
     return _bridge.backward(hidden, weight, bias, targets, options, lse=lse, valid_count=valid_count,
-                            grad_loss=grad_loss, wanted=wanted, grad_lse=grad_lse,
+                            grad_loss=grad_loss, wanted=wanted, grad_lse=grad_lse, class_weight=class_weight,
                             weight_grad_accumulator=accumulators[0], bias_grad_accumulator=accumulators[1])
+
+
+# --- the weighted problem: label smoothing, class weights, token scaling ----------------------------
+#
+# The shard kernels know their own columns only: their smoothing divides by V_r and sums W_r, their
+# target weight is read at a column of the shard, their token scale would be the shard's p. The
+# weighted problem therefore runs every counted token against a column of the shard (probe_targets)
+# and takes the terms apart (docs/parallel.md, "Label smoothing, class weights, token scaling"):
+# the forward runs the shard with label smoothing 1 (its token loss is then R_r / V_r) and the
+# logprob row (u_t - LSE_r at the token's column); the backward gives the shard kernels, per token,
+# an upstream gradient g' and gradients q and r of the lse and logprob rows such that their
+# dz = (P' p_v - T' [v = t] - U' w_v) du/dz is the global problem's on the shard's columns.
+
+def _weighted_statistics(layout, options, hidden, weight, bias, local, class_weight):
+    """(shard LSE, target logit, shard mean logit or None, shard argmax or None, target weight or
+    None, (R_r, W_r of every rank) or None) of the weighted problem on this shard, for combine."""
+    n, eps = local.shape[0], options.label_smoothing
+    smoothing_weights = class_weight if eps else None
+    shard = dataclasses.replace(shard_options(options, "none", True), label_smoothing=1.0 if eps else 0.0,
+                                token_scaling=False, return_logprob=True)
+    rows, loss, predicted = local_forward(hidden, weight, bias, probe_targets(local), shard, smoothing_weights)
+    shard_lse, zero = rows[:n], torch.zeros(n, dtype=torch.float32, device=rows.device)
+    own = torch.where(local >= 0, rows[-n:] + shard_lse, zero)  # u_y = logprob + LSE_r at the target
+    mean = shard_lse - rows[n:2 * n] if options.return_entropy else None
+    best = shard_argmax(hidden, weight, bias, predicted, layout.v0, options) \
+        if any(getattr(options, name) for name in ARGMAX_OUTPUTS) else None
+    target_weight = None
+    if class_weight is not None:
+        target_weight = torch.where(local >= 0, class_weight[local.clamp(min=0).long()].to(torch.float32), zero)
+    smoothing = None
+    if eps:  # label smoothing 1: the token loss is R_r / V_r (0 where ignored)
+        smoothing = (loss * layout.shard, layout.weight_sums if class_weight is not None else layout.sizes)
+    return shard_lse, own, mean, best, target_weight, smoothing
+
+
+def _weighted_gradients(layout, options, wanted, hidden, weight, bias, targets, class_weight, held, count, grad_loss,
+                        grad_rows, accumulators):
+    """The shard's (grad_hidden partial, grad_weight, grad_bias) of the weighted problem. held: the
+    forward's rows [LSE, entropy?, logprob?, scale?, w_y?] (flat), count: [count] or [count, Σ w_y,
+    W]; grad_rows: the caller's gradients of the first k rows, or None.
+
+    Global dz on a column v of the shard (one GPU's, _cpu._gradients): (P p_v - T [v = y] - U w_v) du/dz,
+    P = A ((1 - eps) w_y + eps W / V) + B 2 s LSE + λ - ρ, T = A (1 - eps) w_y - ρ (y in the shard),
+    U = A eps / V, with A, B the upstream gradient of the cross-entropy and z-loss terms (times
+    p(target) with token scaling, over Σ w_y and the count for "mean"), λ, ρ the gradients of the
+    LSE and logprob rows. The shard kernels, run per token (reduction "none") with gradient g',
+    label smoothing eps, the shard's class weights, no z-loss and the rows' gradients q (LSE), r
+    (logprob), against the column t (the target, or the probe), form (P' p_v - T' [v = t] - U' w_v)
+    du/dz with P' = g' ((1 - eps) w_t + eps W_r / V_r) + q - r, T' = g' (1 - eps) w_t - r, U' = g'
+    eps / V_r: g' = A V_r / V gives U' = U; r = g' (1 - eps) w_t - T gives T' = T (0 at a probe); q
+    = P - T - g' eps W_r / V_r gives P' = P."""
+    n, eps, vocab = targets.shape[0], options.label_smoothing, layout.vocab
+    k = _row_count(options)
+    rows = held.reshape(-1, n)
+    lse, extra = rows[0], iter(rows[k:])
+    scale = next(extra) if options.token_scaling else None
+    target_weight = next(extra) if class_weight is not None else None
+    valid = targets != options.ignore_index
+    local = local_targets(targets, layout.v0, layout.shard, options.ignore_index)
+    zero = torch.zeros_like(lse)
+    a = torch.where(valid, grad_loss.to(torch.float32).reshape(-1).expand(n), zero)
+    if scale is not None:
+        a = a * scale
+    b = a
+    if options.reduction == "mean":
+        a, b = a / count[1 if target_weight is not None else 0], b / count[0]
+    w_y = 1.0 if target_weight is None else target_weight
+    upstream = None if grad_rows is None else grad_rows.to(torch.float32).reshape(k, n)
+    lse_grad = zero if upstream is None else upstream[0]
+    logprob_grad = torch.where(valid, upstream[-1], zero) if upstream is not None and options.return_logprob \
+        else zero
+    uniform = eps * (count[2] / vocab if target_weight is not None else 1.0)
+    big_p = a * ((1 - eps) * w_y + uniform) + b * (2 * options.z_loss_scale) * lse + lse_grad - logprob_grad
+    one_hot = torch.where(local >= 0, a * (1 - eps) * w_y - logprob_grad, zero)
+    g = a * (layout.shard / vocab) if eps else a
+    smoothing_weights = class_weight if eps else None
+    if smoothing_weights is not None:
+        own_sum = smoothing_weights.to(torch.float32).sum()
+        shard_uniform = eps * own_sum / layout.shard
+        w_t = smoothing_weights[probe_targets(local).clamp(min=0).long()].to(torch.float32)
+        shard_count = torch.stack([count[0], count[1], own_sum])
+    else:
+        shard_uniform, w_t, shard_count = eps, 1.0, count[:1]
+    r = torch.where(valid, g * (1 - eps) * w_t - one_hot, zero)
+    q = big_p - one_hot - g * shard_uniform
+    entropy = [rows[1]] if options.return_entropy else []
+    entropy_grad = [upstream[1] if upstream is not None else zero] if options.return_entropy else []
+    shard_rows = torch.cat([lse[None]] + [e[None] for e in entropy] + [zero[None]]).reshape(-1)
+    shard_grads = torch.cat([q[None]] + [e[None] for e in entropy_grad] + [r[None]]).reshape(-1)
+    shard = dataclasses.replace(shard_options(options, "none"), label_smoothing=eps, token_scaling=False,
+                                z_loss_scale=0.0, return_logprob=True)
+    return local_backward(hidden, weight, bias, probe_targets(local), shard, shard_rows, shard_count, g, wanted,
+                          shard_grads, accumulators, smoothing_weights)
 
 
 # --- autograd -------------------------------------------------------------------------------------
 
 def _shard_gradients(layout, options, wanted, hidden, weight, bias, targets, lse, count, grad_loss, grad_rows=None,
-                     accumulators=(None, None)):
-    """Run the shard's backward on the gathered tokens; grad_hidden summed over the ranks. ``lse``:
-    the global rows [k·N] (LSE, entropy, logprob as asked for); ``grad_rows``: their gradients, or None."""
-    local = local_targets(targets, layout.v0, layout.shard, options.ignore_index)
-    grad_rows = shard_row_gradients(options, grad_rows, local, targets, layout.vocab)
-    grads = local_backward(hidden, weight, bias, local, shard_options(options, options.reduction), lse, count,
-                           grad_loss, wanted, grad_rows, accumulators)
+                     accumulators=(None, None), class_weight=None):
+    """Run the shard's backward on the gathered tokens (``targets``: scored_targets'); grad_hidden
+    summed over the ranks. ``lse``: the forward's rows [k·N] (LSE, entropy, logprob as asked for;
+    the weighted problem's scale and target weight after them); ``grad_rows``: the gradients of the
+    first k, or None."""
+    if _weighted(options, class_weight):
+        grads = _weighted_gradients(layout, options, wanted, hidden, weight, bias, targets, class_weight, lse, count,
+                                    grad_loss, grad_rows, accumulators)
+    else:
+        local = local_targets(targets, layout.v0, layout.shard, options.ignore_index)
+        grad_rows = shard_row_gradients(options, grad_rows, local, targets, layout.vocab)
+        grads = local_backward(hidden, weight, bias, local, shard_options(options, options.reduction), lse, count,
+                               grad_loss, wanted, grad_rows, accumulators)
     if grads[0] is not None:
         grads = (_sum_hidden_grad(grads[0], layout),) + tuple(grads[1:])
     return grads
 
 
-def _forward_math(layout, options, eager, wanted, hidden, weight, bias, targets):
+def _forward_math(layout, options, eager, wanted, hidden, weight, bias, targets, class_weight=None):
     """The forward on this rank (its collectives included), after the handshake: (loss, rows_out,
     predicted, accuracy, z_loss, lse, count, held). rows_out: this rank's tokens of the global rows
     [k, N_r]; predicted / accuracy / z_loss: this rank's part, an empty fp32 tensor where not asked
-    for; lse [k·N], count [1]: what a recompute backward reads; held: eager mode's gradients for an
-    upstream gradient of 1 (None where not wanted), else None."""
+    for; lse [k·N] (the weighted problem's scale and target weight rows after the k), count [1] or
+    [3]: what a recompute backward reads; held: eager mode's gradients for an upstream gradient of 1
+    (None where not wanted), else None."""
     ignore_index, reduction = options.ignore_index, options.reduction
-    all_hidden, all_targets = _gather_tokens(hidden, layout), _gather_tokens(targets, layout)
+    all_hidden = _gather_tokens(hidden, layout)
+    all_targets = scored_targets(targets, layout, ignore_index)
     local = local_targets(all_targets, layout.v0, layout.shard, ignore_index)
-    shard_rows, shard_loss, shard_predicted = local_forward(all_hidden, weight, bias, local,
-                                                            shard_options(options, "none", True))
     n = local.shape[0]
-    shard_lse = shard_rows[:n]
-    own = torch.where(local >= 0, shard_lse - shard_loss, torch.zeros_like(shard_lse))
-    # The shard's mean logit S_r = LSE_r - H_r (its entropy row).
-    shard_mean = shard_lse - shard_rows[n:2 * n] if options.return_entropy else None
-    # The shard's best candidate for the argmax: (u, global id) of its own argmax column.
-    best = shard_argmax(all_hidden, weight, bias, shard_predicted, layout.v0, options) \
-        if any(getattr(options, name) for name in ARGMAX_OUTPUTS) else None
-    del local, shard_loss, shard_rows, shard_predicted
-    lse, target_logit, mean_logit, predicted = combine(shard_lse, own, layout.group, layout.nccl, shard_mean,
-                                                       best)
-    token_loss, count = token_losses(lse, target_logit, all_targets, layout.vocab, ignore_index,
-                                     options.z_loss_scale)
-    detached = detached_outputs(options, lse, predicted, all_targets, count, ignore_index, reduction)
-    rows = output_rows(options, lse, target_logit, mean_logit, all_targets, layout.vocab, ignore_index)
-    lse = rows.reshape(-1)  # what the backward reads: the global rows, in the shard problem's layout
+    if _weighted(options, class_weight):
+        shard_lse, own, shard_mean, best, target_weight, smoothing = _weighted_statistics(
+            layout, options, all_hidden, weight, bias, local, class_weight)
+    else:
+        shard_rows, shard_loss, shard_predicted = local_forward(all_hidden, weight, bias, local,
+                                                                shard_options(options, "none", True))
+        shard_lse = shard_rows[:n]
+        own = torch.where(local >= 0, shard_lse - shard_loss, torch.zeros_like(shard_lse))
+        # The shard's mean logit S_r = LSE_r - H_r (its entropy row).
+        shard_mean = shard_lse - shard_rows[n:2 * n] if options.return_entropy else None
+        # The shard's best candidate for the argmax: (u, global id) of its own argmax column.
+        best = shard_argmax(all_hidden, weight, bias, shard_predicted, layout.v0, options) \
+            if any(getattr(options, name) for name in ARGMAX_OUTPUTS) else None
+        target_weight = smoothing = None
+        del shard_loss, shard_rows, shard_predicted
+    del local
+    combined = combine(shard_lse, own, layout.group, layout.nccl, shard_mean, best, target_weight, smoothing)
+    eps = options.label_smoothing
+    terms = loss_terms(combined.lse, combined.target_logit, all_targets, layout.vocab, ignore_index,
+                       options.z_loss_scale, eps, combined.target_weight, combined.smoothing,
+                       sum(layout.weight_sums) if eps and class_weight is not None else 0.0, options.token_scaling)
+    count = terms.count
+    detached = detached_outputs(options, combined.lse, combined.predicted, all_targets, count, ignore_index, reduction,
+                                terms.scale)
+    rows = output_rows(options, combined.lse, combined.target_logit, combined.mean_logit, all_targets, layout.vocab,
+                       ignore_index)
+    # What the backward reads: the global rows, then the weighted problem's per-token factors.
+    extra = [row[None] for row in (terms.scale, combined.target_weight) if row is not None]
+    lse = (torch.cat([rows] + extra) if extra else rows).reshape(-1)
+    token_loss = reduced(terms, "none")
     if reduction == "none":
         loss = token_loss.narrow(0, layout.token_start, layout.local_tokens).clone() if layout.sequence_parallel \
             else token_loss
     else:
-        loss = token_loss.sum() if reduction == "sum" else token_loss.sum() / count[0]
+        loss = reduced(terms, reduction)
     rows_out = rows.narrow(1, layout.token_start, layout.local_tokens).clone() if layout.sequence_parallel \
         else rows
     # predicted, accuracy, z_loss: this rank's tokens of the per-token ones (predicted always,
@@ -618,7 +847,8 @@ def _forward_math(layout, options, eager, wanted, hidden, weight, bias, targets)
     held = None
     if eager:  # the gradients for an upstream gradient of 1, held until the backward scales them
         ones = torch.ones(1, dtype=torch.float32, device=hidden.device)
-        held = _shard_gradients(layout, options, wanted, all_hidden, weight, bias, all_targets, lse, count, ones)
+        held = _shard_gradients(layout, options, wanted, all_hidden, weight, bias, all_targets, lse, count, ones,
+                                accumulators=(None, None), class_weight=class_weight)
     return (loss, rows_out) + detached + (lse, count, held)
 
 
@@ -635,7 +865,7 @@ def _scale_held(held, wanted, grad_loss, ctx=None):
 
 
 def _recompute_backward(layout, options, wanted, hidden, weight, bias, targets, lse, count, grad_loss, grad_rows,
-                        accumulators):
+                        accumulators, class_weight=None):
     """Recompute mode's backward on this rank (its collectives included): (grad_hidden, grad_weight,
     grad_bias), None where not wanted or added into its accumulator. grad_loss / grad_rows: the
     upstream gradients of the loss and of this rank's rows (either None where none reached it)."""
@@ -652,13 +882,13 @@ def _recompute_backward(layout, options, wanted, hidden, weight, bias, targets, 
         # Sequence parallel gathers them on every rank (zeros where none reached this rank's
         # rows: the ranks make the same collectives). [k, N_r] -> [k, N], token-major, so each
         # rank's tokens land in place.
-        k = lse.shape[0] // layout.tokens
         if grad_rows is None:
-            grad_rows = torch.zeros(k, layout.local_tokens, dtype=torch.float32, device=lse.device)
+            grad_rows = torch.zeros(_row_count(options), layout.local_tokens, dtype=torch.float32, device=lse.device)
         grad_rows = _gather_tokens(grad_rows.to(torch.float32).t().contiguous(), layout).t().reshape(-1)
         grad_rows = grad_rows.contiguous()
     return _shard_gradients(layout, options, wanted, _gather_tokens(hidden, layout), weight, bias,
-                            _gather_tokens(targets, layout), lse, count, grad_loss, grad_rows, accumulators)
+                            scored_targets(targets, layout, options.ignore_index), lse, count, grad_loss, grad_rows,
+                            accumulators, class_weight)
 
 
 class _VocabParallelLinearCrossEntropy(torch.autograd.Function):
@@ -666,9 +896,9 @@ class _VocabParallelLinearCrossEntropy(torch.autograd.Function):
     handshake: the same forward and backward as the operators below, without them."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, layout, options, eager, wanted, accumulators):
+    def forward(ctx, hidden, weight, bias, targets, layout, options, eager, wanted, accumulators, class_weight):
         loss, rows_out, *detached, lse, count, held = _forward_math(layout, options, eager, wanted, hidden, weight,
-                                                                    bias, targets)
+                                                                    bias, targets, class_weight)
         ctx.layout, ctx.options, ctx.eager, ctx.accumulators = layout, options, eager, accumulators
         # None (not zeros) for an output no gradient reached: the rows' gradients are then not passed
         # to the kernels (whose plan without them is the faster one), as on one GPU.
@@ -677,7 +907,7 @@ class _VocabParallelLinearCrossEntropy(torch.autograd.Function):
         if eager:
             ctx.save_for_backward(*held)
         else:
-            ctx.save_for_backward(hidden, weight, bias, targets, lse, count)
+            ctx.save_for_backward(hidden, weight, bias, targets, lse, count, class_weight)
         return (loss, rows_out) + tuple(detached)
 
     @staticmethod
@@ -689,10 +919,10 @@ class _VocabParallelLinearCrossEntropy(torch.autograd.Function):
             # rounded once to its dtype, in place (lfce_scale_gradient), once per forward.
             grads = _scale_held(ctx.saved_tensors, wanted, grad_loss, ctx)
         else:
-            hidden, weight, bias, targets, lse, count = ctx.saved_tensors
+            hidden, weight, bias, targets, lse, count, class_weight = ctx.saved_tensors
             grads = _recompute_backward(ctx.layout, ctx.options, wanted, hidden, weight, bias, targets, lse, count,
-                                        grad_loss, grad_rows, ctx.accumulators)
-        return tuple(g if need else None for g, need in zip(grads, wanted)) + (None,) * 6
+                                        grad_loss, grad_rows, ctx.accumulators, class_weight)
+        return tuple(g if need else None for g, need in zip(grads, wanted)) + (None,) * 7
 
 
 # --- the operators: the loss under torch.compile ----------------------------------------------------
@@ -708,19 +938,22 @@ class _VocabParallelLinearCrossEntropy(torch.autograd.Function):
 # lfce::forward), also on a PyTorch without custom ops.
 #
 #   lfce::vocab_parallel_forward(hidden [N_r, H], weight [V_r, H], bias [V_r]?, targets [N_r],
-#       weight_grad_accumulator?, bias_grad_accumulator?, group_name, vocab_start (-1: None),
-#       sequence_parallel, ignore_index, reduction, loss_mode, chunk_size?, workspace_budget?, softcap?,
-#       temperature, z_loss_scale, outputs (bits of OUTPUT_FLAGS), need_hidden, need_weight, need_bias)
-#     -> (loss, rows [k, N_r], predicted, accuracy, z_loss, lse [k·N], count [1], layout [2] int64 (CPU:
-#         v0, vocab), grad_hidden, grad_weight, grad_bias)
+#       class_weight [V_r]?, weight_grad_accumulator?, bias_grad_accumulator?, group_name, vocab_start
+#       (-1: None), sequence_parallel, ignore_index, reduction, loss_mode, chunk_size?,
+#       workspace_budget?, softcap?, temperature, z_loss_scale, label_smoothing, token_scaling,
+#       sequence_length (T with a causal shift, else 0), outputs (bits of OUTPUT_FLAGS), need_hidden,
+#       need_weight, need_bias)
+#     -> (loss, rows [k, N_r], predicted, accuracy, z_loss, lse [k'·N], count [1] or [3], layout [2]
+#         int64 (CPU: v0, vocab), grad_hidden, grad_weight, grad_bias)
 #   loss_mode: the mode asked for (not "mode": torch.compile's functionalization of the backward's
 #   mutated accumulators takes a keyword of that name). N: the gathered token count (P·N_r in
-#   sequence parallel). loss, rows, predicted, accuracy, z_loss
+#   sequence parallel); k' = k + 1 with token scaling, + 1 with class weights (_forward_math's lse).
+#   loss, rows, predicted, accuracy, z_loss
 #   as the autograd.Function's outputs (fp32 [0] for one not asked for); lse, count and layout are
 #   what the backward reads; the gradients are eager mode's (upstream gradient 1), [0] where not
 #   computed. The accumulators are not touched (they are inputs for the backward).
 #
-#   lfce::vocab_parallel_backward(hidden, weight, bias?, targets, lse, count, layout, grad_loss?,
+#   lfce::vocab_parallel_backward(hidden, weight, bias?, targets, class_weight?, lse, count, layout, grad_loss?,
 #       grad_rows?, weight_grad_accumulator(a!)?, bias_grad_accumulator(b!)?, group_name, ... the
 #       forward's options from sequence_parallel on) -> (grad_hidden, grad_weight, grad_bias), [0]
 #       where not needed or added into its accumulator. Recompute mode only; eager mode's backward
@@ -729,14 +962,18 @@ class _VocabParallelLinearCrossEntropy(torch.autograd.Function):
 HAVE_CUSTOM_OPS = _ops.HAVE_CUSTOM_OPS
 
 _OPTION_ARGS = ("sequence_parallel", "ignore_index", "reduction", "loss_mode", "chunk_size", "workspace_budget",
-                "softcap", "temperature", "z_loss_scale", "outputs", "need_hidden", "need_weight", "need_bias")
+                "softcap", "temperature", "z_loss_scale", "label_smoothing", "token_scaling", "sequence_length",
+                "outputs", "need_hidden", "need_weight", "need_bias")
 _OPTIONS_SCHEMA = ("bool sequence_parallel, int ignore_index, str reduction, str loss_mode, int? chunk_size, "
-                   "int? workspace_budget, float? softcap, float temperature, float z_loss_scale, int outputs, "
+                   "int? workspace_budget, float? softcap, float temperature, float z_loss_scale, "
+                   "float label_smoothing, bool token_scaling, int sequence_length, int outputs, "
                    "bool need_hidden, bool need_weight, bool need_bias")
-_FORWARD_SCHEMA = ("(Tensor hidden, Tensor weight, Tensor? bias, Tensor targets, Tensor? weight_grad_accumulator, "
-                   "Tensor? bias_grad_accumulator, str group_name, int vocab_start, " + _OPTIONS_SCHEMA +
+_FORWARD_SCHEMA = ("(Tensor hidden, Tensor weight, Tensor? bias, Tensor targets, Tensor? class_weight, "
+                   "Tensor? weight_grad_accumulator, Tensor? bias_grad_accumulator, str group_name, int vocab_start, "
+                   + _OPTIONS_SCHEMA +
                    ") -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
-_BACKWARD_SCHEMA = ("(Tensor hidden, Tensor weight, Tensor? bias, Tensor targets, Tensor lse, Tensor count, "
+_BACKWARD_SCHEMA = ("(Tensor hidden, Tensor weight, Tensor? bias, Tensor targets, Tensor? class_weight, "
+                    "Tensor lse, Tensor count, "
                     "Tensor layout, Tensor? grad_loss, Tensor? grad_rows, Tensor(a!)? weight_grad_accumulator, "
                     "Tensor(b!)? bias_grad_accumulator, str group_name, " + _OPTIONS_SCHEMA +
                     ") -> (Tensor, Tensor, Tensor)")
@@ -761,49 +998,61 @@ def _process_group(name):
         raise ProcessGroupError(f"lfce.distributed: no process group named {name!r} in this process") from None
 
 
-def _forward_args(hidden, weight, bias, targets, accumulators, group, vocab_start, sequence_parallel, options,
-                  wanted):
-    """lfce::vocab_parallel_forward's arguments for a checked call."""
-    return (hidden, weight, bias, targets, accumulators[0], accumulators[1], _group_name(group),
-            -1 if vocab_start is None else operator.index(vocab_start), sequence_parallel, options.ignore_index, options.reduction,
-            options.mode, options.chunk_size, options.workspace_budget, options.softcap, options.temperature,
-            options.z_loss_scale, _output_bits(options), wanted[0], wanted[1], wanted[2])
+def _forward_args(hidden, weight, bias, targets, class_weight, accumulators, group, vocab_start, sequence_parallel,
+                  sequence_length, options, wanted):
+    """lfce::vocab_parallel_forward's arguments for a checked call, in _FORWARD_NAMES' order."""
+    given = {"hidden": hidden, "weight": weight, "bias": bias, "targets": targets, "class_weight": class_weight,
+             "weight_grad_accumulator": accumulators[0], "bias_grad_accumulator": accumulators[1],
+             "group_name": _group_name(group), "vocab_start": -1 if vocab_start is None else operator.index(vocab_start),
+             "sequence_parallel": sequence_parallel, "loss_mode": options.mode, "sequence_length": sequence_length,
+             "outputs": _output_bits(options), "need_hidden": wanted[0], "need_weight": wanted[1],
+             "need_bias": wanted[2]}
+    for name in ("ignore_index", "reduction", "chunk_size", "workspace_budget", "softcap", "temperature",
+                 "z_loss_scale", "label_smoothing", "token_scaling"):
+        given[name] = getattr(options, name)
+    return tuple(given[name] for name in _FORWARD_NAMES)
 
 
 def _options_from(kwargs):
     """The LossOptions an operator call carries (its keyword arguments by name)."""
     flags = {name: bool(kwargs["outputs"] >> i & 1) for i, name in enumerate(OUTPUT_FLAGS)}
-    return LossOptions(ignore_index=kwargs["ignore_index"], reduction=kwargs["reduction"],
-                       mode=kwargs["loss_mode"],
-                       chunk_size=kwargs["chunk_size"], workspace_budget=kwargs["workspace_budget"],
-                       softcap=kwargs["softcap"], temperature=kwargs["temperature"],
-                       z_loss_scale=kwargs["z_loss_scale"], **flags)
+    same = ("ignore_index", "reduction", "chunk_size", "workspace_budget", "softcap", "temperature", "z_loss_scale",
+            "label_smoothing", "token_scaling")
+    return LossOptions(mode=kwargs["loss_mode"], shift=kwargs["sequence_length"] > 0,
+                       **{name: kwargs[name] for name in same}, **flags)
 
 
 def _named(names, args):
     return dict(zip(names, args))
 
 
-_FORWARD_NAMES = ("hidden", "weight", "bias", "targets", "weight_grad_accumulator", "bias_grad_accumulator",
-                  "group_name", "vocab_start") + _OPTION_ARGS
-_BACKWARD_NAMES = ("hidden", "weight", "bias", "targets", "lse", "count", "layout", "grad_loss", "grad_rows",
-                   "weight_grad_accumulator", "bias_grad_accumulator", "group_name") + _OPTION_ARGS
+_FORWARD_NAMES = ("hidden", "weight", "bias", "targets", "class_weight", "weight_grad_accumulator",
+                  "bias_grad_accumulator", "group_name", "vocab_start") + _OPTION_ARGS
+_BACKWARD_NAMES = ("hidden", "weight", "bias", "targets", "class_weight", "lse", "count", "layout", "grad_loss",
+                   "grad_rows", "weight_grad_accumulator", "bias_grad_accumulator", "group_name") + _OPTION_ARGS
+
+
+def _held_rows(options, has_class_weight):
+    """k': the rows of the forward's lse (the k asked for, then the scale with token scaling and the
+    target weight with class weights)."""
+    return _row_count(options) + options.token_scaling + has_class_weight
 
 
 def _vocab_parallel_forward_impl(*args):
     a = _named(_FORWARD_NAMES, args)
-    hidden, weight, bias, targets = a["hidden"], a["weight"], a["bias"], a["targets"]
+    hidden, weight, bias, targets, class_weight = a["hidden"], a["weight"], a["bias"], a["targets"], a["class_weight"]
     options = _options_from(a)
     eager = _eager(options)
     wanted = (a["need_hidden"], a["need_weight"], a["need_bias"])
     vocab_start = None if a["vocab_start"] < 0 else a["vocab_start"]
     row = _handshake_row(options, eager, wanted, weight.shape[0], vocab_start, hidden.shape[0], hidden.shape[1],
-                         hidden.dtype, targets.dtype, bias is not None, a["sequence_parallel"])
-    layout = _agree(_process_group(a["group_name"]), row, (hidden, weight, targets), targets, None)
+                         hidden.dtype, targets.dtype, bias is not None, a["sequence_parallel"], class_weight is not None,
+                         a["sequence_length"])
+    layout = _agree(_process_group(a["group_name"]), row, (hidden, weight, targets), targets, None, class_weight)
     loss, rows_out, *detached, lse, count, held = _forward_math(layout, options, eager, wanted, hidden, weight, bias,
-                                                                targets)
+                                                                targets, class_weight)
     if not layout.sequence_parallel:
-        rows_out = rows_out.clone()  # an operator's outputs alias nothing: rows_out is lse's storage here
+        rows_out = rows_out.clone()  # an operator's outputs alias nothing: rows_out may be lse's storage here
     where = torch.tensor([layout.v0, layout.vocab], dtype=torch.int64)
     grads = _ops._or_empty(held if held is not None else (None, None, None), hidden)
     return (loss, rows_out, *detached, lse, count, where) + tuple(grads)
@@ -816,7 +1065,8 @@ def _vocab_parallel_forward_fake(*args):
     eager = _eager(options)
     n = hidden.shape[0]
     tokens = n * (dist.get_world_size(_process_group(a["group_name"])) if a["sequence_parallel"] else 1)
-    k = 1 + options.return_entropy + options.return_logprob
+    k = _row_count(options)
+    held_rows = _held_rows(options, a["class_weight"] is not None)
     none = options.reduction == "none"
     f32 = torch.float32
 
@@ -827,8 +1077,10 @@ def _vocab_parallel_forward_fake(*args):
     grads = tuple(_ops._empty_unless(eager and need, like) if like is not None else hidden.new_empty(0)
                   for need, like in zip((a["need_hidden"], a["need_weight"], a["need_bias"]), (hidden, weight, bias)))
     return (hidden.new_empty((n,) if none else (), dtype=f32), hidden.new_empty((k, n), dtype=f32), predicted,
-            reduced(options.return_accuracy), reduced(options.return_z_loss), hidden.new_empty(k * tokens, dtype=f32),
-            hidden.new_empty(1, dtype=f32), torch.empty(2, dtype=torch.int64, device="cpu")) + grads
+            reduced(options.return_accuracy), reduced(options.return_z_loss),
+            hidden.new_empty(held_rows * tokens, dtype=f32),
+            hidden.new_empty(1 if a["class_weight"] is None else 3, dtype=f32),
+            torch.empty(2, dtype=torch.int64, device="cpu")) + grads
 
 
 def _vocab_parallel_backward_impl(*args):
@@ -838,11 +1090,11 @@ def _vocab_parallel_backward_impl(*args):
     group = _process_group(a["group_name"])
     v0, vocab = a["layout"].tolist()  # a CPU tensor: no device sync
     layout = Layout(group, dist.get_rank(group), dist.get_world_size(group), "nccl" in str(dist.get_backend(group)),
-                    v0, weight.shape[0], vocab, hidden.shape[0], a["sequence_parallel"])
+                    v0, weight.shape[0], vocab, hidden.shape[0], a["sequence_parallel"], a["sequence_length"])
     wanted = (a["need_hidden"], a["need_weight"], a["need_bias"])
     grads = _recompute_backward(layout, options, wanted, hidden, weight, a["bias"], a["targets"], a["lse"],
                                 a["count"], a["grad_loss"], a["grad_rows"],
-                                (a["weight_grad_accumulator"], a["bias_grad_accumulator"]))
+                                (a["weight_grad_accumulator"], a["bias_grad_accumulator"]), a["class_weight"])
     return _ops._or_empty(grads, hidden)
 
 
@@ -866,7 +1118,7 @@ def _vocab_parallel_setup_context(ctx, inputs, output):
     if ctx.eager:
         ctx.save_for_backward(*held)
     else:
-        ctx.save_for_backward(a["hidden"], a["weight"], a["bias"], a["targets"], lse, count, where,
+        ctx.save_for_backward(a["hidden"], a["weight"], a["bias"], a["targets"], a["class_weight"], lse, count, where,
                               a["weight_grad_accumulator"], a["bias_grad_accumulator"])
 
 
@@ -876,11 +1128,11 @@ def _vocab_parallel_backward_rule(ctx, grad_loss, grad_rows, *unused):
         grads = _scale_held(tuple(g if computed else None for g, computed in zip(ctx.saved_tensors, ctx.computed)),
                             wanted, grad_loss)
     else:
-        hidden, weight, bias, targets, lse, count, where, weight_acc, bias_acc = ctx.saved_tensors
+        hidden, weight, bias, targets, class_weight, lse, count, where, weight_acc, bias_acc = ctx.saved_tensors
         options = dict(ctx.options, need_hidden=wanted[0], need_weight=wanted[1], need_bias=wanted[2] and bias is not None)
-        grads = _vocab_parallel_backward_op(hidden, weight, bias, targets, lse, count, where, grad_loss, grad_rows,
-                                            weight_acc, bias_acc, *(options[name] for name in ("group_name",) +
-                                                                    _OPTION_ARGS))
+        grads = _vocab_parallel_backward_op(hidden, weight, bias, targets, class_weight, lse, count, where, grad_loss,
+                                            grad_rows, weight_acc, bias_acc,
+                                            *(options[name] for name in ("group_name",) + _OPTION_ARGS))
         returned = (wanted[0], wanted[1] and weight_acc is None, wanted[2] and bias_acc is None)
         grads = tuple(g if want else None for g, want in zip(grads, returned))
     return tuple(g if need else None for g, need in zip(grads, wanted)) + (None,) * (len(_FORWARD_NAMES) - 3)
@@ -912,10 +1164,11 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, bias: 
                          sequence_parallel: bool = False, ignore_index: int = -100, reduction: Reduction = "mean",
                          mode: Mode = "recompute", chunk_size: int | None = None, workspace_budget: int | None = None,
                          softcap: float | None = None, temperature: float | None = None,
-                         z_loss_scale: float | None = None, weight_grad_accumulator: Tensor | None = None,
-                         bias_grad_accumulator: Tensor | None = None, return_z_loss: bool = False,
-                         return_lse: bool = False, return_entropy: bool = False, return_logprob: bool = False,
-                         return_accuracy: bool = False, return_predicted: bool = False,
+                         z_loss_scale: float | None = None, label_smoothing: float | None = None,
+                         class_weight: Tensor | None = None, token_scaling: bool = False, shift: bool = False,
+                         weight_grad_accumulator: Tensor | None = None, bias_grad_accumulator: Tensor | None = None,
+                         return_z_loss: bool = False, return_lse: bool = False, return_entropy: bool = False,
+                         return_logprob: bool = False, return_accuracy: bool = False, return_predicted: bool = False,
                          options: LossOptions | None = None) -> Tensor | tuple[Tensor, Tensor] | functional.LossOutput:
     """Cross-entropy of ``hidden @ W.T + b`` against ``targets`` with W, b sharded by vocabulary rows.
 
@@ -930,16 +1183,27 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, bias: 
             one another in group rank order. Given on every rank, the shards may be in any order
             but must tile [0, V).
         sequence_parallel: the input layout (see the module docstring).
-        ignore_index, reduction, mode, chunk_size, workspace_budget, softcap, temperature, z_loss_scale:
-            as lfce.linear_cross_entropy; mean and sum cover every token of the batch, on every rank;
-            softcap, temperature and z_loss_scale must be the same on every rank (checked).
+        ignore_index, reduction, mode, chunk_size, workspace_budget, softcap, temperature, z_loss_scale,
+        label_smoothing, token_scaling: as lfce.linear_cross_entropy, over the whole vocabulary V (the
+            smoothing's uniform share eps / V, token scaling's p(target) under the whole softmax);
+            mean and sum cover every token of the batch, on every rank; each must be the same on
+            every rank (checked). With label_smoothing, class_weight or token_scaling the shard
+            kernels take the gradients of lse's rows (docs/parallel.md), which have no fp16 path:
+            bf16 or fp32 inputs.
+        class_weight: this rank's shard [V_r] of the class weights (as bias), on every rank or on none;
+            as lfce.linear_cross_entropy's (weights the cross-entropy, "mean" divides by the sum of
+            the counted tokens' weights over the whole batch; no gradient).
+        shift: as lfce.linear_cross_entropy: position t scored against target t + 1 of its sequence,
+            the last position of a sequence against none. Tensor parallel: targets [..., T] (hidden
+            [..., T, H]), sequences of T tokens. Sequence parallel: each rank's targets [..., T_r], the
+            same shape on every rank, rank r holding positions [r·T_r, (r + 1)·T_r) of each sequence of
+            P·T_r (the sequence dimension split over the ranks in rank order, as context parallelism
+            without load balancing splits it); a rank's last position is scored against rank r + 1's
+            first. Every per-token output belongs to its position.
         weight_grad_accumulator, bias_grad_accumulator: fp32 tensors shaped like this rank's weight
             and bias shards (recompute mode), into which the backward adds the shard's gradients
             instead of returning them, as lfce.linear_cross_entropy does with the whole weight; not
             in the module's forward.
-        Not supported here yet: label_smoothing, class_weight, token_scaling, shift (this function
-            has no such arguments: a TypeError names the one passed; in ``options`` a ValueError
-            names the one set).
         return_z_loss: as lfce.linear_cross_entropy: the z-loss term s·LSE² alone (0 for ignored
             tokens), from the global LSE, reduced as the loss (mean over every counted token of the
             batch; "none": this rank's tokens), fp32, no gradient; ``(loss, z_loss)``, or the
@@ -961,8 +1225,8 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, bias: 
             recomputed ones, whose accumulation order can differ from the kernels' in the last
             bits, so where two shards' best logits lie within a few fp32 ulps the winner can differ
             from one GPU's on the whole weight (the same on every rank, always).
-        options: all of ignore_index ... return_predicted as one lfce.LossOptions instead (the
-            keyword options then left at their defaults).
+        options: all of ignore_index ... return_predicted (but class_weight, a tensor) as one
+            lfce.LossOptions instead (the keyword options then left at their defaults).
 
     Returns:
         The fp32 loss, equal on every rank for mean / sum; for "none" the losses of this rank's
@@ -980,24 +1244,28 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, bias: 
     # Arguments are checked on each rank first, then compared across the ranks in one handshake
     # that every rank makes even when its own arguments are bad (_agree): an invalid argument on one
     # rank is the same error on every rank, never one rank raising while its peers wait.
-    failure, row, targets_1d = None, None, None
+    failure, row, targets_1d, sequence_length = None, None, None, 0
     try:
-        options = _supported(resolve(
+        options = resolve(
             options, ignore_index=ignore_index, reduction=reduction, mode=mode, chunk_size=chunk_size,
             workspace_budget=workspace_budget, softcap=softcap, temperature=temperature, z_loss_scale=z_loss_scale,
-            return_z_loss=return_z_loss, return_lse=return_lse,
-            return_entropy=return_entropy, return_logprob=return_logprob, return_accuracy=return_accuracy,
-            return_predicted=return_predicted))
+            label_smoothing=label_smoothing, token_scaling=token_scaling, shift=shift, return_z_loss=return_z_loss,
+            return_lse=return_lse, return_entropy=return_entropy, return_logprob=return_logprob,
+            return_accuracy=return_accuracy, return_predicted=return_predicted)
         _check.flag("sequence_parallel", sequence_parallel)
         _check.integer("vocab_start", vocab_start, minimum=0, allow_none=True)
         hidden, weight, bias = functional._autocast((hidden, weight, bias))
         accumulators = (weight_grad_accumulator, bias_grad_accumulator)
         functional._check_accumulator_mode(options.mode, accumulators)
-        n, h, shard = functional._validate_tensors(hidden, weight, targets, bias, accumulators=accumulators)
-        if options.z_loss_scale != 0.0 and hidden.dtype == torch.float16:
-            raise InvalidArgumentError(f"z_loss_scale={options.z_loss_scale!r} is not supported with torch.float16 "
-                                       "inputs (as lfce.linear_cross_entropy: fp16's gradient scaling bounds |p - "
-                                       "onehot| by 1); use torch.bfloat16 or torch.float32")
+        n, h, shard = functional._validate_tensors(hidden, weight, targets, bias, class_weight,
+                                                   accumulators=accumulators)
+        _check_dtype_options(options, class_weight, hidden.dtype)
+        class_weight = functional._fp32_class_weight(class_weight)
+        if options.shift:
+            if targets.dim() == 0:
+                raise InvalidArgumentError("shift=True needs a sequence dimension: hidden [..., T, H] and targets "
+                                           f"[..., T], got hidden of shape {tuple(hidden.shape)}")
+            sequence_length = targets.shape[-1]
         batch_shape = targets.shape
         hidden, targets_1d = hidden.reshape(n, h), targets.reshape(n)
         # As on one GPU: eager needs a scalar loss and no gradient through lse, entropy or logprob.
@@ -1005,7 +1273,7 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, bias: 
         wanted = tuple(torch.is_grad_enabled() and t is not None and t.requires_grad for t in (hidden, weight, bias))
         if not (HAVE_CUSTOM_OPS and _bridge.compiling()):  # else the operator builds it, at run time
             row = _handshake_row(options, eager, wanted, shard, vocab_start, n, h, hidden.dtype, targets.dtype,
-                                 bias is not None, sequence_parallel)
+                                 bias is not None, sequence_parallel, class_weight is not None, sequence_length)
     except Exception as error:  # noqa: BLE001 - every failure is told to the peers before it is raised
         failure = error
     if failure is not None and (_bridge.compiling() or not (dist.is_available() and dist.is_initialized())):
@@ -1017,15 +1285,16 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, bias: 
     if HAVE_CUSTOM_OPS and _bridge.compiling():
         assert options is not None and targets_1d is not None, "set when nothing failed"
         # The handshake and the collectives run inside lfce::vocab_parallel_forward (no graph break).
-        outputs = _vocab_parallel_forward_op(*_forward_args(hidden, weight, bias, targets_1d, accumulators, group,
-                                                            vocab_start, sequence_parallel, options, wanted))
+        outputs = _vocab_parallel_forward_op(*_forward_args(hidden, weight, bias, targets_1d, class_weight,
+                                                            accumulators, group, vocab_start, sequence_parallel,
+                                                            sequence_length, options, wanted))
         loss, rows = outputs[:2]
         predicted, accuracy, z_loss = (value.detach() for value in outputs[2:5])
     else:
-        layout = _agree(group, row, (hidden, weight, targets), targets_1d, failure)
+        layout = _agree(group, row, (hidden, weight, targets), targets_1d, failure, class_weight)
         assert options is not None and targets_1d is not None, "set before the handshake, which raised otherwise"
         loss, rows, predicted, accuracy, z_loss = _VocabParallelLinearCrossEntropy.apply(
-            hidden, weight, bias, targets_1d, layout, options, eager, wanted, accumulators)
+            hidden, weight, bias, targets_1d, layout, options, eager, wanted, accumulators, class_weight)
     none = options.reduction == "none"
     loss = loss.reshape(batch_shape) if none else loss
     z_loss = (z_loss.reshape(batch_shape) if none else z_loss) if options.return_z_loss else None
@@ -1046,13 +1315,15 @@ def _row_outputs(options):
 
 
 def _handshake_row(options, eager, wanted, shard, vocab_start, tokens, hidden_size, dtype, target_dtype, has_bias,
-                   sequence_parallel):
-    """This rank's row of _FIELDS for the handshake (_agree)."""
+                   sequence_parallel, has_class_weight=False, sequence_length=0):
+    """This rank's row of _FIELDS for the handshake (_agree; class_weight_sum is filled in there)."""
     return {"vocab_shard": shard, "vocab_start": -1 if vocab_start is None else operator.index(vocab_start),
-            "tokens": tokens, "hidden": hidden_size, "dtype": _ops.DTYPES[dtype],
+            "class_weight_sum": 0, "tokens": tokens, "hidden": hidden_size, "dtype": _ops.DTYPES[dtype],
             "target_dtype": _ops.INDEX_DTYPES[target_dtype], "has_bias": int(has_bias),
-            "ignore_index": options.ignore_index, "softcap": float_bits(options.softcap or 0.0),
-            "temperature": float_bits(options.temperature), "z_loss_scale": float_bits(options.z_loss_scale),
+            "has_class_weight": int(has_class_weight), "ignore_index": options.ignore_index,
+            "softcap": float_bits(options.softcap or 0.0), "temperature": float_bits(options.temperature),
+            "z_loss_scale": float_bits(options.z_loss_scale), "label_smoothing": float_bits(options.label_smoothing),
+            "token_scaling": int(options.token_scaling), "sequence_length": sequence_length,
             "reduction": _lib.REDUCTIONS[options.reduction],
             "mode": _lib.MODES["eager" if eager else "recompute"], "sequence_parallel": int(sequence_parallel),
             "need_hidden": int(wanted[0]), "need_weight": int(wanted[1]), "need_bias": int(wanted[2]),
@@ -1070,23 +1341,22 @@ def _eager(options):
     return options.mode == "eager" and options.reduction != "none" and not _row_outputs(options)
 
 
-# The LossOptions fields the vocabulary-parallel loss implements; every other one must keep its default.
-_SUPPORTED = ("ignore_index", "reduction", "mode", "chunk_size", "workspace_budget", "softcap", "temperature",
-              "z_loss_scale", "return_z_loss", *EXTRA_OUTPUTS)
-_DEFAULTS = LossOptions()
-
-
-def _supported(options: LossOptions) -> LossOptions:
-    """``options`` if it asks for nothing but _SUPPORTED (ValueError naming the first other option set:
-    label_smoothing, token_scaling, shift)."""
-    for name in OPTION_NAMES:
-        if name not in _SUPPORTED and getattr(options, name) != getattr(_DEFAULTS, name):
-            raise InvalidArgumentError(f"lfce.distributed: {name}={getattr(options, name)!r} is not supported on a "
-                                       "vocabulary-sharded weight yet (the shard kernels run without the loss "
-                                       f"options); leave {name} at its default ({getattr(_DEFAULTS, name)!r}), or use "
-                                       "lfce.linear_cross_entropy with the whole weight for it")
-    return options
-
+def _check_dtype_options(options, class_weight, dtype):
+    """The options the shard kernels cannot run with fp16 inputs: the z-loss (as on one GPU), and the
+    weighted problem's (label smoothing, class weights, token scaling), whose terms reach the shard
+    kernels as gradients of lse's rows (no fp16 path)."""
+    if dtype != torch.float16:
+        return
+    if options.z_loss_scale != 0.0:
+        raise InvalidArgumentError(f"z_loss_scale={options.z_loss_scale!r} is not supported with torch.float16 "
+                                   "inputs (as lfce.linear_cross_entropy: fp16's gradient scaling bounds |p - "
+                                   "onehot| by 1); use torch.bfloat16 or torch.float32")
+    for name, value in (("label_smoothing", options.label_smoothing), ("token_scaling", options.token_scaling)):
+        if value:
+            raise InvalidArgumentError(f"lfce.distributed: {name}={value!r} is not supported with torch.float16 "
+                                       "inputs on a vocabulary-sharded weight (its terms reach the shard kernels as "
+                                       "gradients of the lse rows, which have no fp16 path); use torch.bfloat16 or "
+                                       "torch.float32")
 
 
 class VocabParallelLinearCrossEntropyLoss(torch.nn.Module):
@@ -1096,32 +1366,45 @@ class VocabParallelLinearCrossEntropyLoss(torch.nn.Module):
         loss = loss_fn(hidden_shard, lm_head.weight, labels_shard)   # lm_head holds this rank's rows
     """
 
+    class_weight: Tensor | None
+    options: LossOptions
+
     def __init__(self, *, group: dist.ProcessGroup | None = None, vocab_start: int | None = None,
                  sequence_parallel: bool = False, ignore_index: int = -100, reduction: Reduction = "mean",
                  mode: Mode = "recompute", chunk_size: int | None = None, workspace_budget: int | None = None,
                  softcap: float | None = None, temperature: float | None = None, z_loss_scale: float | None = None,
-                 return_z_loss: bool = False, return_lse: bool = False, return_entropy: bool = False,
-                 return_logprob: bool = False, return_accuracy: bool = False, return_predicted: bool = False,
+                 label_smoothing: float | None = None, class_weight: Tensor | None = None,
+                 token_scaling: bool = False, shift: bool = False, return_z_loss: bool = False,
+                 return_lse: bool = False, return_entropy: bool = False, return_logprob: bool = False,
+                 return_accuracy: bool = False, return_predicted: bool = False,
                  options: LossOptions | None = None) -> None:
         super().__init__()
-        self.options = _supported(resolve(
+        self.options = resolve(
             options, ignore_index=ignore_index, reduction=reduction, mode=mode, chunk_size=chunk_size,
             workspace_budget=workspace_budget, softcap=softcap, temperature=temperature, z_loss_scale=z_loss_scale,
-            return_z_loss=return_z_loss, return_lse=return_lse,
-            return_entropy=return_entropy, return_logprob=return_logprob, return_accuracy=return_accuracy,
-            return_predicted=return_predicted))
+            label_smoothing=label_smoothing, token_scaling=token_scaling, shift=shift, return_z_loss=return_z_loss,
+            return_lse=return_lse, return_entropy=return_entropy, return_logprob=return_logprob,
+            return_accuracy=return_accuracy, return_predicted=return_predicted)
         _check.flag("sequence_parallel", sequence_parallel)
         _check.integer("vocab_start", vocab_start, minimum=0, allow_none=True)
+        functional.check_class_weight(class_weight)
+        # This rank's shard of the class weights: a buffer, as torch.nn.CrossEntropyLoss's weight.
+        self.register_buffer("class_weight", class_weight)
         self.layout: dict[str, Any] = {"group": group, "vocab_start": vocab_start,
                                        "sequence_parallel": sequence_parallel}
 
     def forward(self, hidden: Tensor, weight: Tensor, targets: Tensor, bias: Tensor | None = None
                 ) -> Tensor | tuple[Tensor, Tensor] | functional.LossOutput:
-        """The loss of this rank's weight (and bias) shard; see linear_cross_entropy."""
-        return linear_cross_entropy(hidden, weight, targets, bias, options=self.options, **self.layout)
+        """The loss of this rank's weight (and bias, class weight) shard; see linear_cross_entropy."""
+        return linear_cross_entropy(hidden, weight, targets, bias, class_weight=self.class_weight,
+                                    options=self.options, **self.layout)
 
     def extra_repr(self) -> str:
+        defaults = LossOptions()
         shown = {**{k: v for k, v in self.layout.items() if k != "group"},
-                 **{name: getattr(self.options, name) for name in _SUPPORTED}}
-        return ", ".join(f"{k}={v!r}" for k, v in shown.items() if v is not None)
+                 **{name: getattr(self.options, name) for name in OPTION_NAMES
+                    if getattr(self.options, name) != getattr(defaults, name) or name in ("ignore_index", "reduction")}}
+        if self.class_weight is not None:
+            shown["class_weight"] = f"[{self.class_weight.shape[0]}]"
+        return ", ".join(f"{k}={v if k == 'class_weight' else repr(v)}" for k, v in shown.items() if v is not None)
 

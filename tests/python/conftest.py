@@ -60,10 +60,17 @@ def _gpu_expected():
     return os.path.exists("/dev/nvidia0") or os.environ.get("LFCE_REQUIRE_GPU") == "1"
 
 
+def one_gpu_world():
+    """LFCE_MULTIGPU_ONE_GPU=1: the multi-GPU tests' processes share GPU 0 and talk over gloo (CUDA
+    tensors; lfce.distributed's gloo path), so that a machine with one GPU runs the shard kernels of
+    every rank. NCCL needs a GPU a process: its own path is not run then."""
+    return os.environ.get("LFCE_MULTIGPU_ONE_GPU") == "1"
+
+
 def _multigpu_setup():
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if gpus >= 2 and world >= 2:
+    if (gpus >= 2 or one_gpu_world() and gpus >= 1) and world >= 2:
         return
     expected = os.path.exists("/dev/nvidia1") or gpus >= 2 or os.environ.get("LFCE_REQUIRE_MULTIGPU") == "1"
     if not expected:

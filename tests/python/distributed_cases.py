@@ -11,10 +11,14 @@ the last rows).
 Loss options and outputs (OPTION_SETS): none ("plain"), softcap, temperature, both, the z-loss, the
 per-token outputs lse / entropy / logprob (each with its own upstream gradient), the outputs without a
 gradient predicted / accuracy (alone, and with both logit maps) and z_loss, all of them together, and
-the gradient accumulators (recompute only);
-"plain", both maps and all together run over every variant, each alone over "uneven". predicted
-and accuracy must equal lfce's on the whole weight exactly (and predicted the fp64 reference's
-argmax), z_loss within the rows' tolerance.
+the gradient accumulators (recompute only); label smoothing, class weights (each rank passing its
+shard of fixed weights in [0.5, 1.5]), both, token scaling, the causal shift (targets [2, T]: two
+sequences; in sequence parallel each rank holds its T / P positions of both), every option and
+output together ("weighted"), that with the shift, and label smoothing with class weights into
+accumulators;
+"plain", both maps, all outputs together and "weighted" run over every variant, each other over
+"uneven". predicted and accuracy must equal lfce's on the whole weight exactly (and predicted the
+fp64 reference's argmax), z_loss within the rows' tolerance.
 """
 
 import itertools
@@ -54,8 +58,18 @@ OPTION_SETS = {"plain": {}, "softcap": {"softcap": 5.0}, "temperature": {"temper
                "accumulate": {"accumulate": True},
                "outputs": {"softcap": 5.0, "temperature": 0.7, "z_loss_scale": 0.01, "return_lse": True,
                            "return_entropy": True, "return_logprob": True, "return_z_loss": True,
-                           "return_accuracy": True, "return_predicted": True}}
-EVERY_VARIANT = ("plain", "softcap_temperature", "outputs")
+                           "return_accuracy": True, "return_predicted": True},
+               "label_smoothing": {"label_smoothing": 0.1}, "class_weight": {"class_weight": True},
+               "smoothing_class_weight": {"label_smoothing": 0.1, "class_weight": True},
+               "token_scaling": {"token_scaling": True}, "shift": {"shift": True}}
+# Every option and output at once (the single-GPU suite's "everything" combination).
+OPTION_SETS["weighted"] = {**OPTION_SETS["outputs"], "label_smoothing": 0.1, "class_weight": True,
+                           "token_scaling": True}
+OPTION_SETS["shift_weighted"] = {**OPTION_SETS["weighted"], "shift": True}
+OPTION_SETS["accumulate_weighted"] = {"accumulate": True, "label_smoothing": 0.1, "class_weight": True}
+EVERY_VARIANT = ("plain", "softcap_temperature", "outputs", "weighted")
+# The causal shift's sequences: targets [SEQUENCES, N / SEQUENCES].
+SEQUENCES = 2
 
 # P ranks against one GPU on the whole weight: fp32 reassociation (the LSE's logsumexp over the
 # shards, the grad_hidden partials summed) for fp32 and for the loss; for bf16 gradients the
@@ -83,8 +97,20 @@ def case_ids(selected=None):
 
 def cases():
     return [case + (options,) for options in OPTION_SETS
-            for case in itertools.product(LAYOUTS, MODES if options != "accumulate" else ("recompute",), REDUCTIONS,
-                                          DTYPES, VARIANTS if options in EVERY_VARIANT else ("uneven",))]
+            for case in itertools.product(LAYOUTS, MODES if "accumulate" not in options else ("recompute",),
+                                          REDUCTIONS, DTYPES, VARIANTS if options in EVERY_VARIANT else ("uneven",))]
+
+
+def class_weights(v, device):
+    """Fixed class weights [V] in [0.5, 1.5] (fp32), the same on every rank."""
+    return torch.rand(v, generator=torch.Generator().manual_seed(7)).add_(0.5).to(device)
+
+
+def shifted(y, ignore_index, sequences):
+    """The targets each position is scored against under a causal shift: targets [sequences, T]
+    (flattened), each position the next one's, a sequence's last position ignore_index."""
+    rows = y.reshape(sequences, -1)
+    return torch.cat([rows[:, 1:], torch.full_like(rows[:, :1], ignore_index)], dim=1).reshape(-1)
 
 
 def _accumulators(w, b, accumulate):
@@ -106,26 +132,36 @@ def _added(leaf, accumulator, before):
 
 
 def reference(x, w, b, y, reduction, grad, ignore_index=-100, softcap=None, temperature=1.0, z_loss_scale=0.0,
-              rows=(), row_grads=(), detached=()):
+              rows=(), row_grads=(), detached=(), label_smoothing=0.0, class_weight=None, token_scaling=False):
     """fp64 (loss, grad_hidden, grad_weight, grad_bias, [rows], {detached}) through autograd of
-    F.cross_entropy(u, y), u the logits mapped as lfce maps them (softcap * tanh(z / softcap) /
-    temperature), and of the per-token ``rows`` (names of ROWS: LSE, entropy, logprob: 0 where
-    ignored), each with its upstream gradient in ``row_grads``; plus the z-loss s·LSE² of the counted
-    tokens, reduced as the loss (mean: over the same count). ``detached`` (names of DETACHED): the
-    argmax of u (-1 where ignored), the accuracy (per token for "none", else over the counted tokens)
-    and the z-loss term alone."""
+    F.cross_entropy(u, y, weight=class_weight, label_smoothing=label_smoothing) per token, u the logits
+    mapped as lfce maps them (softcap * tanh(z / softcap) / temperature), and of the per-token
+    ``rows`` (names of ROWS: LSE, entropy, logprob: 0 where ignored), each with its upstream gradient
+    in ``row_grads``; plus the z-loss s·LSE² of the counted tokens; with token scaling both terms
+    times p(target) (no gradient through it); reduced as the loss (mean: the cross-entropy over the
+    counted tokens' class weights, the z-loss over their count). ``detached`` (names of DETACHED):
+    the argmax of u (-1 where ignored), the accuracy (per token for "none", else over the counted
+    tokens) and the z-loss term alone."""
     x64, w64 = (t.detach().double().requires_grad_() for t in (x, w))
     b64 = None if b is None else b.detach().double().requires_grad_()
     logits = F.linear(x64, w64, b64)
     if softcap is not None:
         logits = softcap * torch.tanh(logits / softcap)
     u = logits / temperature
-    loss = F.cross_entropy(u, y.long(), ignore_index=ignore_index, reduction=reduction)
+    weight = None if class_weight is None else class_weight.double()
+    cross_entropy = F.cross_entropy(u, y.long(), weight=weight, ignore_index=ignore_index,
+                                    label_smoothing=label_smoothing, reduction="none")
     lse = u.logsumexp(-1)
     valid = y != ignore_index
     z_loss = torch.where(valid, z_loss_scale * lse * lse, torch.zeros_like(lse))
-    loss = loss + {"none": z_loss, "sum": z_loss.sum(), "mean": z_loss.sum() / valid.sum()}[reduction]
     log_p = u - lse[:, None]
+    target = torch.where(valid, y, 0).long()
+    if token_scaling:
+        scale = torch.where(valid, log_p.gather(1, target[:, None])[:, 0].exp(), torch.zeros_like(lse)).detach()
+        cross_entropy, z_loss = cross_entropy * scale, z_loss * scale
+    weights = valid.double() if weight is None else torch.where(valid, weight[target], torch.zeros_like(lse))
+    loss = {"none": lambda: cross_entropy + z_loss, "sum": lambda: cross_entropy.sum() + z_loss.sum(),
+            "mean": lambda: cross_entropy.sum() / weights.sum() + z_loss.sum() / valid.sum()}[reduction]()
     values = {"lse": lse, "entropy": -(log_p.exp() * log_p).sum(-1),
               "logprob": torch.where(valid, log_p.gather(1, torch.where(valid, y, 0).long()[:, None])[:, 0],
                                      torch.zeros_like(lse))}
@@ -166,8 +202,17 @@ def _backward(out, rows, grad, row_grads, detached=()):
     for name, value in extra.items():
         assert value is not None and not value.requires_grad, f"{name}: {value!r}"
     assert all(fields.get(name) is None for name in DETACHED if name not in detached), f"unasked outputs: {fields}"
-    torch.autograd.backward([loss] + values, [grad] + list(row_grads))
-    return loss.detach(), [value.detach() for value in values], extra
+    # Per-token upstream gradients come flat; the outputs are shaped like the targets ([sequences, T]
+    # with a shift) and are given back flat.
+    torch.autograd.backward([loss] + values, [grad.reshape(loss.shape)] +
+                            [g.reshape(value.shape) for g, value in zip(row_grads, values)])
+    return (loss.detach().reshape(-1) if loss.dim() else loss.detach(), [value.detach().reshape(-1) for value in values],
+            {name: value.reshape(-1) if value.dim() else value for name, value in extra.items()})
+
+
+def _sequences(t, shift):
+    """t ([N] or [N, H]) as the call takes it: [SEQUENCES, T(, H)] with a shift, else as it is."""
+    return t.reshape((SEQUENCES, -1) + tuple(t.shape[1:])) if shift else t
 
 
 def run_whole(x, w, b, y, reduction, grad, mode, ignore_index, rows=(), row_grads=(), accumulate=False, detached=(),
@@ -176,15 +221,16 @@ def run_whole(x, w, b, y, reduction, grad, mode, ignore_index, rows=(), row_grad
     CPU): (loss, grad_hidden, grad_weight, grad_bias, [rows], {detached})."""
     import lfce
 
-    leaves = [None if t is None else t.detach().clone().requires_grad_() for t in (x, w, b)]
+    shift = options.get("shift", False)
+    leaves = [None if t is None else t.detach().clone().requires_grad_() for t in (_sequences(x, shift), w, b)]
     before = _accumulators(w, b, accumulate)
     accumulators = tuple(None if t is None else t.clone() for t in before)
-    out = lfce.linear_cross_entropy(leaves[0], leaves[1], y, leaves[2], ignore_index=ignore_index,
+    out = lfce.linear_cross_entropy(leaves[0], leaves[1], _sequences(y, shift), leaves[2], ignore_index=ignore_index,
                                     reduction=reduction, mode=mode, weight_grad_accumulator=accumulators[0],
                                     bias_grad_accumulator=accumulators[1], **options,
                                     **{f"return_{r}": True for r in rows + tuple(detached)})
     loss, values, extra = _backward(out, rows, grad, row_grads, detached)
-    return (loss, leaves[0].grad, _added(leaves[1], accumulators[0], before[0]),
+    return (loss, leaves[0].grad.reshape(x.shape), _added(leaves[1], accumulators[0], before[0]),
             _added(leaves[2], accumulators[1], before[1]), values, extra)
 
 
@@ -211,42 +257,52 @@ def shard_of(variant, v, rank, world_size):
     return start, size, None
 
 
-def _tokens(layout, n, rank, world_size):
-    """This rank's tokens of the batch: all in tensor parallel, its N / P in sequence parallel."""
+def _tokens(layout, n, rank, world_size, shift=False):
+    """This rank's tokens of the batch (flat indices): all in tensor parallel, its N / P in sequence
+    parallel; with a shift its T / P positions of each of the SEQUENCES sequences of T = N / SEQUENCES."""
     if layout != "sequence":
         return slice(None)
+    if shift:
+        length = n // SEQUENCES
+        per_rank = length // world_size
+        return torch.tensor([s * length + t for s in range(SEQUENCES)
+                             for t in range(rank * per_rank, (rank + 1) * per_rank)])
     per_rank = n // world_size
     return slice(rank * per_rank, (rank + 1) * per_rank)
 
 
 def run_distributed(x, w, b, y, grad, rank, world_size, layout, mode, reduction, variant, ignore_index, rows=(),
-                    row_grads=(), accumulate=False, detached=(), **options):
+                    row_grads=(), accumulate=False, detached=(), class_weight=None, **options):
     """(loss, grad_hidden, grad_weight shard, grad_bias shard, [rows], {detached}) of lfce.distributed on
-    this rank."""
+    this rank (``class_weight``: the whole vocabulary's; the call gets its shard)."""
     start, size, vocab_start = shard_of(variant, w.shape[0], rank, world_size)
     sequence = layout == "sequence"
-    tokens = _tokens(layout, x.shape[0], rank, world_size)
-    xr = x[tokens].detach().clone().requires_grad_()
+    shift = options.get("shift", False)
+    tokens = _tokens(layout, x.shape[0], rank, world_size, shift)
+    xr = _sequences(x[tokens], shift).detach().clone().requires_grad_()
     wr = w[start:start + size].detach().clone().requires_grad_()
     br = None if b is None else b[start:start + size].detach().clone().requires_grad_()
+    if class_weight is not None:
+        options["class_weight"] = class_weight[start:start + size]
     before = tuple(None if t is None else t[start:start + size].clone() for t in _accumulators(w, b, accumulate))
     accumulators = tuple(None if t is None else t.clone() for t in before)
-    out = lfce_dist.linear_cross_entropy(xr, wr, y[tokens], br, vocab_start=vocab_start, sequence_parallel=sequence,
+    out = lfce_dist.linear_cross_entropy(xr, wr, _sequences(y[tokens], shift), br, vocab_start=vocab_start,
+                                         sequence_parallel=sequence,
                                          ignore_index=ignore_index, reduction=reduction, mode=mode,
                                          weight_grad_accumulator=accumulators[0],
                                          bias_grad_accumulator=accumulators[1], **options,
                                          **{f"return_{r}": True for r in rows + tuple(detached)})
     loss, values, extra = _backward(out, rows, grad[tokens] if reduction == "none" else grad,
                                     [g[tokens] for g in row_grads], detached)
-    return (loss, xr.grad, _added(wr, accumulators[0], before[0]), _added(br, accumulators[1], before[1]), values,
-            extra)
+    return (loss, xr.grad.reshape(-1, x.shape[1]), _added(wr, accumulators[0], before[0]),
+            _added(br, accumulators[1], before[1]), values, extra)
 
 
-def expected_part(full, rank, world_size, layout, variant, reduction):
+def expected_part(full, rank, world_size, layout, variant, reduction, shift=False):
     """This rank's part of the full-problem (loss, grad_hidden, grad_weight, grad_bias, [rows], {detached})."""
     loss, gx, gw, gb, values, extra = full
     start, size, _ = shard_of(variant, gw.shape[0], rank, world_size)
-    tokens = _tokens(layout, gx.shape[0], rank, world_size)
+    tokens = _tokens(layout, gx.shape[0], rank, world_size, shift)
     if reduction == "none":
         loss = loss[tokens]
     rows = slice(start, start + size)
@@ -267,17 +323,23 @@ def check_case(case, rank, world_size, n, h, v, device, record=None, whole=False
     x, w, b, y, ignore_index = make_case(variant, n, h, v, dtype, world_size, device)
     if "accuracy" in detached and variant != "one_shard":
         y = _half_right(x, w, b, y, ignore_index)
+    shift = options.get("shift", False)
+    class_weight = class_weights(v, device) if options.pop("class_weight", False) else None
     grad = upstream(reduction, y.shape, dtype, device=device)
     row_grads = [upstream("none", y.shape, torch.float32, seed=2 + i, device=device) for i in range(len(rows))]
     ours = run_distributed(x, w, b, y, grad, rank, world_size, layout, mode, reduction, variant, ignore_index, rows,
-                           row_grads, detached=detached, **options)
-    maps = {name: options[name] for name in ("softcap", "temperature", "z_loss_scale") if name in options}
-    ref = expected_part(reference(x, w, b, y, reduction, grad, ignore_index, rows=rows, row_grads=row_grads,
-                                  detached=detached, **maps), rank, world_size, layout, variant, reduction)
+                           row_grads, detached=detached, class_weight=class_weight, **options)
+    maps = {name: options[name] for name in ("softcap", "temperature", "z_loss_scale", "label_smoothing",
+                                             "token_scaling") if name in options}
+    scored = shifted(y, ignore_index, SEQUENCES) if shift else y
+    ref = expected_part(reference(x, w, b, scored, reduction, grad, ignore_index, rows=rows, row_grads=row_grads,
+                                  detached=detached, class_weight=class_weight, **maps),
+                        rank, world_size, layout, variant, reduction, shift)
     single = None
     if whole:
         single = expected_part(run_whole(x, w, b, y, reduction, grad, mode, ignore_index, rows, row_grads,
-                                         detached=detached, **options), rank, world_size, layout, variant, reduction)
+                                         detached=detached, class_weight=class_weight, **options),
+                               rank, world_size, layout, variant, reduction, shift)
     names = (f"loss ({reduction})", "grad_hidden", "grad_weight", "grad_bias") + tuple(rows)
     tols = (LOSS[dtype], GRAD_HIDDEN[dtype], GRAD[dtype], GRAD[dtype]) + (ROW,) * len(rows)
     try:

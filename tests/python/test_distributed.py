@@ -70,14 +70,47 @@ def test_combined_shard_lse_equals_the_lse_of_the_whole_row(monkeypatch):
         parts.append(torch.stack((z.logsumexp(1), torch.where(local >= 0, picked, torch.zeros_like(picked)))))
     # What the all-gather of the two ranks' [2, N] parts gives.
     monkeypatch.setattr(lfce_dist, "_all_gather", lambda tensor, group, nccl: torch.cat(parts))
-    lse, target_logit, _, predicted = lfce_dist.combine(parts[0][0], parts[0][1], group="two ranks")
-    assert predicted is None
-    torch.testing.assert_close(lse, logits.logsumexp(1))
+    combined = lfce_dist.combine(parts[0][0], parts[0][1], group="two ranks")
+    assert combined.predicted is None and combined.smoothing is None and combined.target_weight is None
+    torch.testing.assert_close(combined.lse, logits.logsumexp(1))
     expected = logits.gather(1, targets.clamp(min=0)[:, None])[:, 0]
-    torch.testing.assert_close(target_logit[targets >= 0], expected[targets >= 0])
-    loss, count = lfce_dist.token_losses(lse, target_logit, targets, 37, -100)
-    torch.testing.assert_close(loss, F.cross_entropy(logits, targets, reduction="none"))
-    assert count.tolist() == [5.0]
+    torch.testing.assert_close(combined.target_logit[targets >= 0], expected[targets >= 0])
+    terms = lfce_dist.loss_terms(combined.lse, combined.target_logit, targets, 37, -100)
+    torch.testing.assert_close(lfce_dist.reduced(terms, "none"), F.cross_entropy(logits, targets, reduction="none"))
+    assert terms.count.tolist() == [5.0] and terms.scale is None
+
+
+def test_combined_smoothing_and_class_weight_rows_give_one_processes_weighted_loss(monkeypatch):
+    """Each shard's R_r = Σ_{v in r} w_v (LSE_r - u_v) and its target's class weight, through the
+    all-gather, give the smoothed, class-weighted, token-scaled loss of the whole row (PyTorch's
+    cross_entropy with weight and label_smoothing, times p(target)); mean divides by Σ w_y."""
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(6, 37, generator=g, dtype=torch.float64) * 4
+    weights = torch.rand(37, generator=g, dtype=torch.float64) + 0.5
+    targets = torch.tensor([0, 17, 18, 36, -100, 5])
+    parts, sums = [], []
+    for start, size in (lfce_dist.vocab_shard(37, r, 2) for r in range(2)):
+        local = lfce_dist.local_targets(targets, start, size, -100)
+        z, w = logits[:, start:start + size], weights[start:start + size]
+        lse_r = z.logsumexp(1)
+        picked = torch.where(local >= 0, z.gather(1, local.clamp(min=0)[:, None])[:, 0], torch.zeros_like(lse_r))
+        own_weight = torch.where(local >= 0, w[local.clamp(min=0)], torch.zeros_like(lse_r))
+        parts.append(torch.stack((lse_r, picked, own_weight, ((lse_r[:, None] - z) * w).sum(1))))
+        sums.append(float(w.sum()))
+    monkeypatch.setattr(lfce_dist, "_all_gather", lambda tensor, group, nccl: torch.cat(parts))
+    combined = lfce_dist.combine(parts[0][0], parts[0][1], group="two ranks", target_weight=parts[0][2],
+                                 smoothing=(parts[0][3], sums))
+    terms = lfce_dist.loss_terms(combined.lse, combined.target_logit, targets, 37, -100, label_smoothing=0.1,
+                                 target_weight=combined.target_weight, smoothing=combined.smoothing,
+                                 weight_total=sum(sums), token_scaling=True)
+    expected = F.cross_entropy(logits, targets, weight=weights, label_smoothing=0.1, reduction="none")
+    scale = torch.where(targets >= 0, logits.log_softmax(1).gather(1, targets.clamp(min=0)[:, None])[:, 0].exp(),
+                        torch.zeros(6, dtype=torch.float64))
+    torch.testing.assert_close(lfce_dist.reduced(terms, "none"), expected * scale)
+    counted = weights[targets.clamp(min=0)][targets >= 0].sum()
+    torch.testing.assert_close(terms.count, torch.stack([torch.tensor(5.0, dtype=torch.float64), counted,
+                                                         weights.sum()]).float(), check_dtype=False)
+    torch.testing.assert_close(lfce_dist.reduced(terms, "mean"), (expected * scale).sum() / counted)
 
 
 def test_the_argmax_across_the_shards_takes_the_largest_logit_and_the_lowest_id_among_equal_ones():
@@ -105,7 +138,7 @@ def test_combined_shard_argmaxes_equal_the_argmax_of_the_whole_row(monkeypatch, 
         best = (z.max(1).values, z.argmax(1) + start)
         lfce_dist.combine(torch.zeros(8), torch.zeros(8), group="two ranks", shard_best=best)
     monkeypatch.setattr(lfce_dist, "_all_gather", lambda tensor, group, nccl: torch.cat(sent))
-    _, _, _, predicted = lfce_dist.combine(torch.zeros(8), torch.zeros(8), group="two ranks", shard_best=best)
+    predicted = lfce_dist.combine(torch.zeros(8), torch.zeros(8), group="two ranks", shard_best=best).predicted
     assert predicted.dtype == torch.int64
     assert predicted.tolist() == logits.argmax(1).tolist()
     assert predicted[:5].tolist() == [2, 2, 2, 0, 0]
@@ -154,15 +187,35 @@ def test_the_logprob_gradient_of_a_target_on_another_shard_moves_to_the_lse_row(
 
 def test_a_target_outside_the_vocabulary_gives_a_nan_loss_like_one_gpu():
     lse = torch.zeros(4)
-    loss, count = lfce_dist.token_losses(lse, torch.zeros(4), torch.tensor([0, 37, -5, -100]), 37, -100)
+    terms = lfce_dist.loss_terms(lse, torch.zeros(4), torch.tensor([0, 37, -5, -100]), 37, -100)
+    loss = lfce_dist.reduced(terms, "none")
     assert loss[0] == 0 and math.isnan(loss[1]) and math.isnan(loss[2]) and loss[3] == 0
-    assert count.tolist() == [3.0]
+    assert terms.count.tolist() == [3.0]
+
+
+def test_a_causal_shift_scores_each_position_against_the_next_across_the_ranks():
+    """Tensor parallel: sequences of T consecutive targets. Sequence parallel: rank r holds positions
+    [r T_r, (r + 1) T_r) of each sequence, so a rank's last position takes the next rank's first."""
+    tensor = lfce_dist.Layout(None, 0, 2, False, 0, 5, 10, 6, False, sequence_length=3)
+    targets = torch.tensor([1, 2, 3, 4, 5, 6])
+    assert lfce_dist.scored_targets(targets, tensor, -100).tolist() == [2, 3, -100, 5, 6, -100]
+    # Two ranks, two sequences of 4: rank 0 holds positions 0-1 of both, rank 1 positions 2-3.
+    gathered = torch.tensor([10, 11, 20, 21, 12, 13, 22, 23])  # rank 0's [2, 2], then rank 1's
+    sequence = lfce_dist.Layout(None, 0, 2, False, 0, 5, 10, 4, True, sequence_length=2)
+    sequence.world_size = 2
+    original = lfce_dist._gather_tokens
+    lfce_dist._gather_tokens = lambda tensor, layout: gathered
+    try:
+        assert lfce_dist.scored_targets(gathered[:4], sequence, -1).tolist() == [11, 12, 21, 22, 13, -1, 23, -1]
+    finally:
+        lfce_dist._gather_tokens = original
 
 
 def rows(**changes):
     base = {"vocab_shard": 18, "vocab_start": -1, "tokens": 12, "hidden": 16, "dtype": 0, "target_dtype": 0,
             "has_bias": 0, "ignore_index": -100, "softcap": 0, "temperature": lfce_dist.float_bits(1.0),
-            "z_loss_scale": 0, "reduction": 0, "mode": 0, "sequence_parallel": 0,
+            "z_loss_scale": 0, "reduction": 0, "mode": 0, "sequence_parallel": 0, "class_weight_sum": 0,
+            "has_class_weight": 0, "label_smoothing": 0, "token_scaling": 0, "sequence_length": 0,
             "need_hidden": 1, "need_weight": 1, "need_bias": 0, "outputs": 0}
     second = dict(base, vocab_shard=19)
     for key, value in changes.items():
@@ -217,6 +270,10 @@ def test_check_layout_rejects_a_vocab_start_given_on_some_ranks_only():
     ("z_loss_scale", lfce_dist.float_bits(1e-4), "rank 0: 0.0, rank 1: 0.0001"),
     ("outputs", 5, "rank 0: none, rank 1: return_lse\\+return_logprob"),
     ("outputs", 1 << 3 | 1 << 5, "rank 0: none, rank 1: return_accuracy\\+return_z_loss"),
+    ("label_smoothing", lfce_dist.float_bits(0.1), "rank 0: 0.0, rank 1: 0.1"),
+    ("token_scaling", 1, "rank 0: 0, rank 1: 1"),
+    ("has_class_weight", 1, "rank 0: 0, rank 1: 1"),
+    ("sequence_length", 6, "rank 0: 0, rank 1: 6"),
 ])
 def test_check_layout_names_the_ranks_that_disagree(field, value, shown):
     with pytest.raises(ValueError, match=r"differs across the ranks of the group \(" + shown + r"\)"):
@@ -256,13 +313,27 @@ def test_a_bad_reduction_is_named():
         lfce_dist.linear_cross_entropy(*args(), reduction="avg")
 
 
-@pytest.mark.parametrize("option, value", [("label_smoothing", 0.1), ("class_weight", torch.ones(5)),
-                                           ("token_scaling", True), ("shift", True)])
-def test_loss_options_not_supported_yet_are_named(option, value):
-    with pytest.raises(TypeError, match=f"unexpected keyword argument '{option}'"):
-        lfce_dist.linear_cross_entropy(*args(), **{option: value})
-    with pytest.raises(TypeError, match=f"unexpected keyword argument '{option}'"):
-        lfce_dist.VocabParallelLinearCrossEntropyLoss(**{option: value})
+@pytest.mark.parametrize("option, value", [("label_smoothing", 0.1), ("token_scaling", True)])
+def test_weighted_options_with_fp16_are_refused_naming_the_option(monkeypatch, option, value):
+    monkeypatch.setattr(lfce_dist.functional, "_DEVICE_TYPE", "cpu")
+    x, w, y = args()
+    with pytest.raises(ValueError, match=f"{option}={value!r} is not supported with torch.float16 inputs on a "
+                                         "vocabulary-sharded weight"):
+        lfce_dist.linear_cross_entropy(x.half(), w.half(), y, **{option: value})
+
+
+def test_class_weight_must_be_this_ranks_shard(monkeypatch):
+    monkeypatch.setattr(lfce_dist.functional, "_DEVICE_TYPE", "cpu")
+    with pytest.raises(ValueError, match=r"class_weight must have shape \[V\] = \(5,\) with V from weight, got "
+                                         r"shape \(37,\)"):
+        lfce_dist.linear_cross_entropy(*args(), class_weight=torch.ones(37))
+
+
+def test_shift_needs_a_sequence_dimension(monkeypatch):
+    monkeypatch.setattr(lfce_dist.functional, "_DEVICE_TYPE", "cpu")
+    with pytest.raises(ValueError, match="shift=True needs a sequence dimension"):
+        lfce_dist.linear_cross_entropy(torch.zeros(16), torch.zeros(5, 16), torch.zeros((), dtype=torch.int64),
+                                       shift=True)
 
 
 @pytest.mark.parametrize("option, value", [("weight_grad_accumulator", torch.zeros(5, 16)),
@@ -278,15 +349,6 @@ def test_gradient_accumulators_need_recompute_mode_as_on_one_gpu(monkeypatch):
         lfce_dist.linear_cross_entropy(*args(), mode="eager", weight_grad_accumulator=torch.zeros(5, 16))
 
 
-@pytest.mark.parametrize("option, value", [("label_smoothing", 0.1), ("token_scaling", True), ("shift", True)])
-def test_loss_options_given_as_lfce_loss_options_are_refused_naming_the_option(option, value):
-    options = lfce.LossOptions(**{option: value})
-    with pytest.raises(ValueError, match=f"{option}={value!r} is not supported on a vocabulary-sharded weight yet"):
-        lfce_dist.linear_cross_entropy(*args(), options=options)
-    with pytest.raises(ValueError, match=f"{option}={value!r} is not supported on a vocabulary-sharded weight yet"):
-        lfce_dist.VocabParallelLinearCrossEntropyLoss(options=options)
-
-
 def test_supported_options_travel_as_lfce_loss_options():
     options = lfce.LossOptions(reduction="sum", chunk_size=64, softcap=30.0, temperature=0.5)
     module = lfce_dist.VocabParallelLinearCrossEntropyLoss(options=options)
@@ -299,6 +361,13 @@ def test_supported_options_travel_as_lfce_loss_options():
                                                 return_z_loss=True, return_accuracy=True, return_predicted=True)
     with pytest.raises(lfce.UsageError, match="keyword options mode='eager'"):
         lfce_dist.VocabParallelLinearCrossEntropyLoss(options=lfce.LossOptions(), mode="eager")
+    weighted = lfce_dist.VocabParallelLinearCrossEntropyLoss(label_smoothing=0.1, token_scaling=True, shift=True,
+                                                              class_weight=torch.ones(5))
+    assert weighted.options == lfce.LossOptions(label_smoothing=0.1, token_scaling=True, shift=True)
+    assert "class_weight" in dict(weighted.named_buffers())
+    assert "label_smoothing=0.1" in repr(weighted) and "class_weight=[5]" in repr(weighted)
+    with pytest.raises(TypeError, match="class_weight must be None or a torch.Tensor of shape \\[V\\], got list"):
+        lfce_dist.VocabParallelLinearCrossEntropyLoss(class_weight=[1.0, 2.0])
 
 
 def test_eager_backward_scales_the_held_gradients_as_one_gpu_does(monkeypatch):
@@ -327,7 +396,7 @@ def test_eager_backward_scales_the_held_gradients_as_one_gpu_does(monkeypatch):
 
     context = Context()
     grads = lfce_dist._VocabParallelLinearCrossEntropy.backward(context, grad_loss, None)
-    assert len(grads) == 9 and grads[2:] == (None,) * 7
+    assert len(grads) == 10 and grads[2:] == (None,) * 8
     for name, got, want in zip(("grad_hidden", "grad_weight"), grads, expected):
         assert got.dtype == torch.bfloat16, f"{name}: {got.dtype}"
         differ = (got.view(torch.int16) != want.view(torch.int16)).flatten().nonzero()
@@ -461,6 +530,9 @@ def _scenarios(rank):
         ("reduction", lambda: _call(rank, N, reduction="mean" if rank == 0 else "sum")),
         ("softcap", lambda: _call(rank, N, softcap=[None, 30.0][rank])),
         ("temperature", lambda: _call(rank, N, temperature=[0.5, 0.5000001][rank])),
+        ("label_smoothing", lambda: _call(rank, N, label_smoothing=[0.1, 0.0][rank])),
+        ("class_weight-on-rank-0", lambda: _call(rank, N, class_weight=torch.ones(18) if rank == 0 else None)),
+        ("shift-on-rank-1", lambda: _call(rank, N, shift=rank == 1)),
         ("vocab_start", lambda: _call(rank, N, vocab_start=[0, 20][rank])),
         # Both ranks see N = 8 and N = 16 first, then call with different N: no rank may reuse what
         # it saw alone.
@@ -610,6 +682,16 @@ def test_ranks_that_disagree_on_softcap_or_temperature_all_get_the_error(misuse_
                            "(rank 0: 0.5, rank 1: 0.5000001)")
 
 
+def test_ranks_that_disagree_on_a_weighting_option_or_the_shift_all_get_the_error(misuse_results):
+    _same_error_everywhere(misuse_results, "label_smoothing", "ValueError: lfce.distributed: label_smoothing differs "
+                           "across the ranks of the group (rank 0: 0.1, rank 1: 0.0)")
+    _same_error_everywhere(misuse_results, "class_weight-on-rank-0", "ValueError: lfce.distributed: whether a "
+                           "class_weight shard is given differs across the ranks of the group (rank 0: 1, rank 1: 0)")
+    _same_error_everywhere(misuse_results, "shift-on-rank-1", "ValueError: lfce.distributed: the causal shift "
+                           "(shift=True: the targets' last dimension T; 0: no shift) differs across the ranks of the "
+                           "group (rank 0: 0, rank 1: 12)")
+
+
 def test_shards_that_overlap_are_an_error_on_every_rank(misuse_results):
     _same_error_everywhere(misuse_results, "vocab_start",
                            "rank 1's shard starts at vocab_start=20 but the shards before it end at 18")
@@ -730,29 +812,35 @@ COMPILE_SCENARIOS = {
     "sequence-outputs": (True, {"softcap": 5.0, "return_lse": True, "return_entropy": True,
                                 "return_accuracy": True, "return_predicted": True, "return_z_loss": True}),
     "tensor-accumulate": (False, {"accumulate": True, "reduction": "sum"}),
+    "tensor-weighted": (False, {"label_smoothing": 0.1, "class_weight": True, "token_scaling": True, "shift": True,
+                                "return_logprob": True, "return_entropy": True}),
+    "sequence-weighted": (True, {"reduction": "none", "label_smoothing": 0.1, "class_weight": True, "shift": True,
+                                 "z_loss_scale": 0.01, "return_lse": True, "return_z_loss": True}),
+    "sequence-eager-smoothing": (True, {"mode": "eager", "label_smoothing": 0.1, "token_scaling": True}),
 }
 
 
 class _CompiledLossModel(torch.nn.Module):
     """Linear [H, H] (with bias), then lfce.distributed on this rank's shard of the LM head (with bias)."""
 
-    def __init__(self, head, head_bias, sequence, options):
+    def __init__(self, head, head_bias, sequence, options, class_weight=None):
         super().__init__()
         self.proj = torch.nn.Linear(H, H)
         self.head = torch.nn.Parameter(head.clone())
         self.head_bias = torch.nn.Parameter(head_bias.clone())
+        self.register_buffer("class_weight", class_weight)
         self.sequence, self.options = sequence, options
 
     def forward(self, x, y, accumulator=None):
         return lfce_dist.linear_cross_entropy(self.proj(x), self.head, y, self.head_bias,
                                               sequence_parallel=self.sequence, weight_grad_accumulator=accumulator,
-                                              **self.options)
+                                              class_weight=self.class_weight, **self.options)
 
 
 def _compile_objective(out, y):
     """A scalar of every differentiable output (fixed weights per token), and the detached outputs."""
     loss, fields = distributed_cases._fields(out)
-    scale = torch.linspace(0.5, 1.5, y.numel())
+    scale = torch.linspace(0.5, 1.5, y.numel()).reshape(y.shape)
     total = (loss * scale).sum() if loss.dim() else loss
     rows = [fields[name] for name in distributed_cases.ROWS if fields.get(name) is not None]
     for i, row in enumerate(rows):
@@ -771,10 +859,13 @@ def _compile_scenario(rank, sequence, options):
     accumulate = options.pop("accumulate", False)
     x, w, b, y, _ = distributed_cases.make_case("uneven", N, H, V, torch.float32, WORLD_SIZE, "cpu")
     start, size = lfce_dist.vocab_shard(V, rank, WORLD_SIZE)
-    tokens = slice(rank * (N // WORLD_SIZE), (rank + 1) * (N // WORLD_SIZE)) if sequence else slice(None)
-    x, y = x[tokens].contiguous(), y[tokens].contiguous()
+    shift = options.get("shift", False)
+    tokens = distributed_cases._tokens("sequence" if sequence else "tensor", N, rank, WORLD_SIZE, shift)
+    x, y = (distributed_cases._sequences(t[tokens], shift).contiguous() for t in (x, y))
+    class_weight = distributed_cases.class_weights(V, "cpu")[start:start + size] \
+        if options.pop("class_weight", False) else None
     torch.manual_seed(7)
-    eager_model = _CompiledLossModel(w[start:start + size], b[start:start + size], sequence, options)
+    eager_model = _CompiledLossModel(w[start:start + size], b[start:start + size], sequence, options, class_weight)
     compiled_model = copy.deepcopy(eager_model)
     accumulators = [torch.full((size, H), 0.25) if accumulate else None for _ in range(2)]
 

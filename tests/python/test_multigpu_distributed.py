@@ -4,7 +4,8 @@ GPU, every rank running these tests in the same order; each writes its own JUnit
 * Every case of distributed_cases (tensor- and sequence-parallel layouts, recompute and eager,
   mean / sum / none, fp32 and bf16; V = 151937 split 75968 / 75969; targets all in rank 0's shard;
   an ignore_index that is a class id; shards in swapped order; every fifth target ignored; softcap,
-  temperature, the lse / entropy / logprob outputs with their gradients) against
+  temperature, the z-loss, the lse / entropy / logprob outputs with their gradients, predicted /
+  accuracy, label smoothing, class weights, token scaling, the causal shift, accumulators) against
   the fp64 reference (the suite's tolerances, checks.GRAD / LOSS) and against lfce on one GPU with
   the whole weight (fp32 reassociation; distributed_cases.SAME_AS_ONE_GPU); the loss is the same
   bits on both ranks.
@@ -14,11 +15,14 @@ GPU, every rank running these tests in the same order; each writes its own JUnit
 * Ranks that disagree on an option: the same ValueError on both.
 
 A failed check is asserted only after the case's last collective, so the other rank never waits.
+With LFCE_MULTIGPU_ONE_GPU=1 the ranks share GPU 0 and talk over gloo (conftest.one_gpu_world): the
+same checks of the shard kernels on a machine with one GPU, without NCCL.
 """
 
 import datetime
 import os
 
+import conftest
 import distributed_cases
 import pytest
 import torch
@@ -35,8 +39,9 @@ MIB = 1 << 20
 @pytest.fixture(scope="module")
 def group():
     if not dist.is_initialized():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group("nccl", timeout=datetime.timedelta(minutes=5))
+        one_gpu = conftest.one_gpu_world()  # every rank on GPU 0, over gloo
+        torch.cuda.set_device(0 if one_gpu else int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group("gloo" if one_gpu else "nccl", timeout=datetime.timedelta(minutes=5))
     yield dist.group.WORLD
     dist.barrier()
     dist.destroy_process_group()
