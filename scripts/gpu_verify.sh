@@ -9,7 +9,10 @@
 #   3. the portable mma.sync kernels on the Hopper GPU: the Python GPU suite again under
 #      LFCE_DEVICE_ARCH=sm_80 (-k selects a subset: $LFCE_SM80_SUBSET, default the numerics files);
 #   4. compute-sanitizer memcheck on every kernel kind and option (scripts/sanitize_gpu.py) and
-#      racecheck on a small shape.
+#      racecheck on a small shape;
+#   and on request (not a default step) "distributed": lfce.distributed's multi-GPU tests with two
+#      ranks sharing this GPU over gloo (LFCE_MULTIGPU_ONE_GPU=1; -k $LFCE_DISTRIBUTED_SUBSET where
+#      set): the shard kernels of every rank, on a machine with one GPU (NCCL needs a GPU a rank).
 # LFCE_GPU_JOBS=N runs the Python steps as N pytest processes (scripts/gpu_tests.sh): 4 fit an 80 GB
 # GPU (the largest tests hold about 14 GB each), 8 a 141 GB one.
 # Writes each step's log and junit XML under <results dir> and a summary line per step to
@@ -17,7 +20,7 @@
 # Usage: bash scripts/gpu_verify.sh <results dir> [steps, default "python cpp sm80 sanitize"]
 set -uo pipefail
 if [ $# -lt 1 ]; then
-  echo "usage: bash scripts/gpu_verify.sh <results dir> [python] [cpp] [sm80] [sanitize]" >&2
+  echo "usage: bash scripts/gpu_verify.sh <results dir> [python] [cpp] [sm80] [sanitize] [distributed]" >&2
   exit 2
 fi
 out=$(mkdir -p "$1" && cd "$1" && pwd) || exit 2
@@ -56,8 +59,12 @@ for step in $steps; do
       "$SANITIZER" --tool racecheck --error-exitcode 1 "$PYTHON" scripts/sanitize_gpu.py --small \
         >"$out/racecheck.log" 2>&1
       record "compute-sanitizer racecheck (small shape)" $? ;;
+    distributed)
+      LFCE_MULTIGPU_ONE_GPU=1 LFCE_NPROC=2 bash scripts/multigpu_tests.sh "$out/distributed" \
+        ${LFCE_DISTRIBUTED_SUBSET:+-k "$LFCE_DISTRIBUTED_SUBSET"} >"$out/distributed.log" 2>&1
+      record "lfce.distributed: 2 ranks sharing this GPU over gloo" $? ;;
     *)
-      echo "unknown step '$step': the steps are python, cpp, sm80 and sanitize" >&2
+      echo "unknown step '$step': the steps are python, cpp, sm80, sanitize and distributed" >&2
       exit 2 ;;
   esac
 done
