@@ -198,7 +198,13 @@ int lfce_forward_backward(const lfce_problem* problem, const lfce_forward_args* 
     require_out(args, "args");
     const lfce::runtime::ForwardBackwardArgs a{lfce::api::forward_args_from_c(*args), grad_hidden, grad_weight,
                                                grad_bias};
-    lfce::runtime::forward_backward(lfce::api::problem_from_c(problem), a, session_plan);
+    const lfce::runtime::Problem p = lfce::api::problem_from_c(problem);
+    // (The runtime refuses it too, in its own names.)
+    if (p.mode != lfce::Mode::Eager)
+      throw lfce::SpecError(
+          "lfce_forward_backward needs lfce_problem.mode = LFCE_MODE_EAGER (it computes the gradients for an "
+          "upstream gradient of 1), got LFCE_MODE_RECOMPUTE");
+    lfce::runtime::forward_backward(p, a, session_plan);
   });
 }
 

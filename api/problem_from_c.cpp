@@ -37,6 +37,22 @@ bool checked_flag(int32_t value, const char* field) {
   return value == 1;
 }
 
+// runtime::check_problem's messages in the C API's names: lfce_problem's fields and constants.
+const runtime::ProblemNames& c_names() {
+  static const runtime::ProblemNames names = [] {
+    runtime::ProblemNames n;
+    n.field_prefix = "lfce_problem.";
+    n.bias = "has_bias";
+    n.class_weight = "has_class_weight";
+    n.recompute_mode = "LFCE_MODE_RECOMPUTE";
+    n.outputs = "outputs";
+    n.drop_outputs = "LFCE_OUTPUT_ENTROPY and LFCE_OUTPUT_LOGPROB from outputs";
+    n.lse_gradient = "lfce_backward_args.grad_lse";
+    return n;
+  }();
+  return names;
+}
+
 }  // namespace
 
 Problem problem_from_c(const lfce_problem* c) {
@@ -71,7 +87,7 @@ Problem problem_from_c(const lfce_problem* c) {
   // for the vocabulary chunk of the recompute backward.)
   p.workspace_budget = c->workspace_budget || p.mode == Mode::Eager ? c->workspace_budget : kDefaultWorkspaceBudget;
   p.sequence_length = c->sequence_length;
-  check_problem(p);
+  check_problem(p, c_names());
   return p;
 }
 

@@ -8,7 +8,7 @@
 namespace lfce::api {
 
 // Converts and validates the C struct; throws SpecError naming the first bad field as
-// lfce_problem.<field>. Runs runtime::check_problem on the result.
+// lfce_problem.<field>. Runs runtime::check_problem on the result, its messages in the C struct's names.
 runtime::Problem problem_from_c(const lfce_problem* problem);
 
 }  // namespace lfce::api

@@ -58,7 +58,7 @@ void check_shared_inputs(const Problem& problem, const Args& a) {
   require_aligned(a.targets, "targets", target_bytes(problem));
   require_f32(a.lse, "lse");
   require_f32(a.valid_count, "valid_count");
-  if (problem.class_weight) require_aligned(a.class_weight, "class_weight (the problem has has_class_weight = 1)", 4);
+  if (problem.class_weight) require_aligned(a.class_weight, "class_weight (the problem has class weights)", 4);
 }
 
 }  // namespace
@@ -68,7 +68,7 @@ void check_forward_args(const Problem& problem, const ForwardArgs& a) {
   check_shared_inputs(problem, a);
   require_f32(a.token_loss, "token_loss");
   if (problem.reduction != Reduction::None || a.loss) require_f32(a.loss, "loss");
-  if (problem.predicted) require_aligned(a.predicted, "predicted (the problem's outputs has LFCE_OUTPUT_PREDICTED)", 8);
+  if (problem.predicted) require_aligned(a.predicted, "predicted (the problem asks for the predicted ids)", 8);
 }
 
 // The backward's arguments (lfce_backward), each named where it is wrong.
@@ -100,8 +100,8 @@ void check_backward_args(const Problem& problem, const BackwardArgs& a) {
 void check_forward_backward_args(const Problem& problem, const ForwardBackwardArgs& args) {
   if (problem.mode != Mode::Eager)
     throw SpecError(
-        "lfce_forward_backward needs lfce_problem.mode = LFCE_MODE_EAGER (it computes the gradients for an "
-        "upstream gradient of 1), got LFCE_MODE_RECOMPUTE");
+        "forward_backward needs mode eager (it computes the gradients for an upstream gradient of 1), got "
+        "recompute");
   const ForwardArgs& a = args.forward;
   check_forward_args(problem, a);
   if (args.grad_hidden)
@@ -109,10 +109,9 @@ void check_forward_backward_args(const Problem& problem, const ForwardBackwardAr
   if (args.grad_weight)
     require_aligned(args.grad_weight, "grad_weight", gradient_align(problem, dtype_bytes(problem.dtype)));
   if (problem.bias && args.grad_bias) require_aligned(args.grad_bias, "grad_bias", dtype_bytes(problem.dtype));
-  // The workspace's size does not depend on the tuning or the device (Plan::eager_layout): checked
-  // before the driver is touched.
-  require_workspace(a.workspace, a.workspace_bytes, Plan(problem, Arch::SM90A).eager_layout().bytes,
-                    "lfce_forward_backward");
+  // The workspace's size does not depend on the tuning or the device (eager_workspace_bytes):
+  // checked before the driver is touched.
+  require_workspace(a.workspace, a.workspace_bytes, eager_workspace_bytes(problem), "lfce_forward_backward");
 }
 
 void check_scale_gradient_args(const void* src, const void* dst, int64_t count, const float* scale) {

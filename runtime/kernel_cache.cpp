@@ -1,5 +1,6 @@
 #include "runtime/kernel_cache.h"
 
+#include <llvm/IR/LLVMContext.h>
 #include <spdlog/spdlog.h>
 
 #include <chrono>
@@ -8,6 +9,7 @@
 #include <optional>
 #include <utility>
 
+#include "compiler/nvptx_backend.h"
 #include "runtime/driver.h"
 #include "templates/templates.h"
 
@@ -39,6 +41,42 @@ StatsLog& stats_log() {
   return *log;
 }
 
+// The parameters the template of `spec` declares: its builder's signature, from the IR alone (no
+// optimisation, no emission; under 2 ms for the largest template), once per spec and process.
+const KernelSignature& template_params(const KernelSpec& spec) {
+  static std::mutex mutex;
+  static auto* signatures = new std::map<KernelSpec, KernelSignature>();  // leaked, as the kernels
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = signatures->find(spec);
+  if (it == signatures->end()) {
+    llvm::LLVMContext context;
+    const std::unique_ptr<llvm::Module> module = new_module(context, spec.text(), spec.arch);
+    it = signatures->emplace(spec, build_kernel(*module, spec).params).first;
+  }
+  return it->second;
+}
+
+std::string params_text(const KernelSignature& params) {
+  std::string text;
+  for (const KernelParam& p : params) text += (text.empty() ? "" : ", ") + p.name + ": " + param_type_name(p.type);
+  return text;
+}
+
+// Whether the cached `entry` of `spec` declares the parameters its template declares now: the
+// runtime binds arguments by the entry's list, so an entry from a build whose template differed
+// under the same generator version would bind them wrong. Otherwise the entry is removed (logged),
+// to be generated again.
+bool declares_template_params(const Entry& entry, const KernelSpec& spec, DiskCache& cache) {
+  const KernelSignature& expected = template_params(spec);
+  if (entry.record.params == expected) return true;
+  spdlog::warn(
+      "kernel cache: the cached {} declares the parameters ({}), its template ({}); removing it and "
+      "compiling it again",
+      entry.record.key, params_text(entry.record.params), params_text(expected));
+  cache.remove(entry.record.key);
+  return false;
+}
+
 struct PtxLookup {
   Entry entry;
   bool hit = false;
@@ -52,7 +90,7 @@ PtxLookup lookup_ptx(DiskCache& cache, const KernelSpec& spec) {
   const PtxKeyInputs inputs = PtxKeyInputs::current(spec);
   const std::string key = ptx_key(inputs);
   double llvm_ms = 0;
-  DiskCache::Lookup found = cache.get_or_create(key, [&] {
+  auto produce = [&] {
     GeneratedKernel kernel = generate_kernel(spec);
     llvm_ms = kernel.compile_ms;
     spdlog::info("compiled {} in {:.1f} ms ({} bytes of PTX)", inputs.spec, kernel.compile_ms, kernel.ptx.size());
@@ -72,7 +110,14 @@ PtxLookup lookup_ptx(DiskCache& cache, const KernelSpec& spec) {
     r.compile_ms = kernel.compile_ms;
     entry.payload = std::move(kernel.ptx);
     return entry;
-  });
+  };
+  DiskCache::Lookup found = cache.get_or_create(key, produce);
+  // A stale entry is removed by the check: the second lookup generates the kernel, unless another
+  // process stored one meanwhile, which is checked in turn.
+  if (found.hit && !declares_template_params(found.entry, spec, cache)) found = cache.get_or_create(key, produce);
+  if (found.hit && !declares_template_params(found.entry, spec, cache))
+    throw CacheError("kernel cache: the PTX entry " + key +
+                     " that another process stored declares other parameters than its template");
   return {std::move(found.entry), found.hit, llvm_ms};
 }
 
@@ -83,9 +128,12 @@ std::unique_ptr<Kernel> load_cubin(int device, const Entry& cubin) {
       r.threads, r.params, r.spec});
 }
 
-// A cubin from the cache, loaded; any failure to load it (a rejected image, an entry name or
-// launch shape the module does not have) removes the entry, to be rebuilt: nullptr then.
-std::unique_ptr<Kernel> load_cached_cubin(int device, const Entry& cubin, DiskCache& cache, KernelLoadStats& stats) {
+// A cubin of `spec` from the cache, loaded; any failure to load it (parameters other than its
+// template's, a rejected image, an entry name or launch shape the module does not have) removes
+// the entry, to be rebuilt: nullptr then.
+std::unique_ptr<Kernel> load_cached_cubin(int device, const KernelSpec& spec, const Entry& cubin, DiskCache& cache,
+                                          KernelLoadStats& stats) {
+  if (!declares_template_params(cubin, spec, cache)) return nullptr;
   try {
     const Clock::time_point load_start = Clock::now();
     std::unique_ptr<Kernel> kernel = load_cubin(device, cubin);
@@ -138,10 +186,10 @@ std::unique_ptr<Kernel> load_kernel(int device, const KernelSpec& spec, const Cu
   if (compiled_whole(spec)) return load_whole(device, spec, *cache, stats);
   const std::string key = cubin_key(ptx_key(spec), target);
 
-  // The warm path: this GPU's cubin, verified and loaded, with neither LLVM nor the JIT.
+  // The warm path: this GPU's cubin, verified and loaded, with neither code generation nor the JIT.
   if (std::optional<Entry> cubin = cache->load(key)) {
     stats.disk_ms = ms_since(start);
-    if (std::unique_ptr<Kernel> kernel = load_cached_cubin(device, *cubin, *cache, stats)) return kernel;
+    if (std::unique_ptr<Kernel> kernel = load_cached_cubin(device, spec, *cubin, *cache, stats)) return kernel;
   }
 
   std::unique_ptr<Kernel> kernel;
@@ -204,7 +252,7 @@ std::unique_ptr<Kernel> load_kernel(int device, const KernelSpec& spec, const Cu
   }
   // Another process stored the cubin while this one waited for the lock; should it not load,
   // it is gone now and this process compiles its own.
-  if (!kernel) kernel = load_cached_cubin(device, cubin.entry, *cache, stats);
+  if (!kernel) kernel = load_cached_cubin(device, spec, cubin.entry, *cache, stats);
   if (!kernel && retry) return load_kernel(device, spec, target, stats, /*retry=*/false);
   if (!kernel) throw CacheError("kernel cache: the cubin " + key + " that another process stored does not load");
   return kernel;

@@ -13,6 +13,7 @@
 #include "runtime/gemm_launch.h"
 #include "runtime/kernel_args.h"
 #include "runtime/kernel_cache.h"
+#include "templates/gemm/tile_scheduler.h"
 
 namespace lfce::runtime {
 namespace {
@@ -250,9 +251,9 @@ void run_three_gemm(const Problem& problem, const Plan& plan, const ForwardArgs&
     launch_gemm(logits_kernel, logits, gemm_grid(plan, logits, rows, v, "eager_logits"), stream, chunk,
                 Operand{x, h, rows, h}, Operand{a.weight, h, v, h});
     combine_kernel.launch({grid_dim(rows, 256, 'x'), 1, 1}, stream, chunk);
-    // eager_operand: each CTA's 8 row groups store 8 tiles' constants.
-    const unsigned dz_tiles = grid_dim(dz_spec.eager_operand ? ceil_div(tiles, int64_t{8}) : tiles, 1, 'y');
-    dz_kernel.launch({grid_dim(ld, 256, 'x'), dz_tiles, 1}, stream, chunk);
+    // eager_operand: each CTA's row groups store the constants of as many tiles.
+    const auto [dz_x, dz_y] = EagerDzGrid(dz_spec.eager_operand).grid(ld, tiles);
+    dz_kernel.launch({grid_dim(dz_x, 1, 'x'), grid_dim(dz_y, 1, 'y'), 1}, stream, chunk);
     if (gw_kernel) {  // A = dzᵀ [V, ld] K-major; B = the chunk's x [rows, H] MN-major
       if (gw_kernel->declares("ready")) zero_f32(pmax, 1 + ceil_div(v, int64_t{gw.tile.bm}), stream);
       launch_gemm(*gw_kernel, gw, gemm_grid(plan, gw, v, h, "grad_weight"), stream, chunk, Operand{dz, ld, v, ld},

@@ -120,7 +120,6 @@ class Plan {
   Arch arch_;
   Tuning tuning_;
   DeviceLimits limits_;
-  int64_t budget_chunk_ = 1, max_splits_ = 1;
   int64_t splits_ = 1, row_groups_ = 1, chunk_ = 1, ld_ = 8;
   bool three_gemm_ = false;
   int64_t token_chunk_ = 1;
@@ -132,5 +131,10 @@ class Plan {
   // Throws InternalError for a spec over limits_' shared memory (with a device's limits).
   void check_fit(const std::vector<KernelSpec>& specs) const;
 };
+
+// eager_layout().bytes without a Plan: the workspace sizes depend on the problem alone, not on the
+// arch, the tuning or the device limits. Throws SpecError as Plan does for a problem
+// check_problem() rejects or sizes that overflow int64.
+size_t eager_workspace_bytes(const Problem& problem);
 
 }  // namespace lfce::runtime

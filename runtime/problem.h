@@ -24,12 +24,12 @@ struct Problem {
 #define LFCE_PROBLEM_FLOAT(member, c_field, option, none, ...) float member = none;
 #define LFCE_PROBLEM_FLAG(member, ...) bool member = false;
 #include "runtime/problem_options.def"
-  // The extra per-token outputs (lfce_problem.outputs), and whether the backward adds the lse rows'
-  // gradients (lfce_backward_args.grad_lse not NULL: set by lfce_backward, never by the C struct).
+  // The extra per-token outputs; and whether the backward adds the lse rows' gradients (set by a
+  // backward call that passes them, never by the problem as its caller describes it).
   bool entropy = false, logprob = false, predicted = false;
   bool lse_grad = false;
   // Causal shift: sequences of this many tokens, each position scored against the next one's
-  // target (lfce_problem.sequence_length); 0 = none.
+  // target; 0 = none.
   int64_t sequence_length = 0;
 };
 
@@ -50,9 +50,23 @@ KernelSpec problem_spec(KernelKind kind, const Problem& problem, Arch arch);
 // and tuning (a field missing here would hand one problem another's kernels).
 std::string problem_text(const Problem& problem);
 
+// The names check_problem's messages give the problem's fields and the values they mention: the
+// Problem's own by default; a caller that takes the problem through an interface of its own
+// passes that interface's names (api::problem_from_c, the C struct's), so that each message names
+// what that caller's user set.
+struct ProblemNames {
+  std::string field_prefix;   // before each field's name
+  std::string bias = "bias";  // the bias flag
+  std::string class_weight = "class_weight";
+  std::string recompute_mode = "recompute";  // the mode that takes gradient accumulation
+  std::string outputs = "outputs";           // the field that asks for the entropy and logprob outputs
+  std::string drop_outputs = "the entropy and logprob outputs";  // how to ask for neither
+  std::string lse_gradient = "lse_grad";                         // the backward through the lse rows
+};
+
 // Throws SpecError naming the first size of `problem` outside its range (N, H, V, chunk,
-// workspace budget; any H >= 1 is accepted) or the first option its dtype or mode cannot take.
-// api::problem_from_c() (the C struct's conversion) and Plan run it.
-void check_problem(const Problem& problem);
+// workspace budget; any H >= 1 is accepted) or the first option its dtype or mode cannot take,
+// in `names`. api::problem_from_c() (the C struct's conversion) and Plan run it.
+void check_problem(const Problem& problem, const ProblemNames& names = {});
 
 }  // namespace lfce::runtime

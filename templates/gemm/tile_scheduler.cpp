@@ -126,4 +126,53 @@ void TileScheduler::walk(KernelBuilder& kb, Value* grid_m, Value* grid_n,
   });
 }
 
+SplitForwardGrid SplitForwardGrid::for_ctas(int64_t ctas, int64_t tokens, int64_t vocab, int64_t bm, int64_t bn,
+                                            int64_t min_splits) {
+  const int64_t row_blocks = ceil_div(tokens, bm);
+  SplitForwardGrid g;
+  g.splits = std::clamp<int64_t>(std::max(ceil_div(ctas, row_blocks), min_splits), 1,
+                                 std::min(ceil_div(vocab, bn), kMaxSplits));
+  g.row_groups = std::clamp<int64_t>(ctas / g.splits, 1, row_blocks);
+  return g;
+}
+
+void SplitForwardGrid::walk_row_blocks(KernelBuilder& kb, Value* row_blocks, const std::function<void(Value*)>& visit) {
+  kb.for_range(kb.ctaid(0), row_blocks, kb.nctaid(0), visit);
+}
+
+SplitForwardGrid::Share SplitForwardGrid::share(KernelBuilder& kb, int64_t tiles) {
+  auto& ir = kb.ir();
+  // Split s's share ends at s · tiles / S. In 64 bits: s · tiles can pass 2^31 for the largest
+  // vocabularies.
+  auto share_end = [&](Value* s) {
+    Value* end =
+        ir.CreateUDiv(ir.CreateMul(ir.CreateZExt(s, kb.i64()), kb.c64(tiles)), ir.CreateZExt(kb.nctaid(1), kb.i64()));
+    return ir.CreateTrunc(end, kb.i32());
+  };
+  Share share;
+  share.split = kb.ctaid(1);
+  share.tile_begin = share_end(share.split);
+  share.tile_end = share_end(ir.CreateAdd(share.split, kb.c32(1)));
+  return share;
+}
+
+std::pair<int64_t, int64_t> EagerDzGrid::grid(int64_t ld, int64_t tiles) const {
+  return {ceil_div(ld, int64_t{kTokensPerCta}), coef_only_ ? ceil_div(tiles, int64_t{kRowGroups}) : tiles};
+}
+
+Value* EagerDzGrid::first_token(KernelBuilder& kb, Value* tid) const {
+  auto& ir = kb.ir();
+  return ir.CreateMul(ir.CreateAdd(ir.CreateMul(ir.CreateZExt(kb.ctaid(0), kb.i64()), kb.c64(32)),
+                                   ir.CreateZExt(ir.CreateAnd(tid, kb.c32(31)), kb.i64())),
+                      kb.c64(kTokens));
+}
+
+Value* EagerDzGrid::tile(KernelBuilder& kb, Value* tid) const {
+  auto& ir = kb.ir();
+  Value* tile = ir.CreateZExt(kb.ctaid(1), kb.i64());
+  if (coef_only_)
+    tile = ir.CreateAdd(ir.CreateMul(tile, kb.c64(kRowGroups)), ir.CreateZExt(ir.CreateLShr(tid, kb.c32(5)), kb.i64()));
+  return tile;
+}
+
 }  // namespace lfce

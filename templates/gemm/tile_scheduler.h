@@ -1,9 +1,11 @@
 // The order in which a GEMM kernel's CTAs take its output tiles, owned in one place for both sides
 // of the launch (as CUTLASS's persistent tile scheduler owns its grid shape and its next-tile walk):
 // the host asks grid() for the launch's grid, the generated code walks the same tiles in the same
-// grouped order with origin() / walk(). And the TMA boxes through which the sm_90a pipeline loads
-// each operand tile (tma_box()): the runtime's tensor maps and the pipeline's shared-memory ring
-// are both built from them.
+// grouped order with origin() / walk(). The same for the two grids that are not one CTA per
+// output tile: lse_forward's row groups by vocabulary splits (SplitForwardGrid) and eager_dz's
+// token groups by vocabulary tiles (EagerDzGrid). And the TMA boxes through which the sm_90a
+// pipeline loads each operand tile (tma_box()): the runtime's tensor maps and the pipeline's
+// shared-memory ring are both built from them.
 #pragma once
 
 #include <cstdint>
@@ -71,6 +73,56 @@ class TileScheduler {
 
  private:
   TileConfig tile_;
+};
+
+// lse_forward's grid (templates/kernels/lse_forward.cpp): G row groups along x by S vocabulary
+// splits along y. CTA (g, s) walks the row blocks g, g + G, g + 2G, ... and takes, in each, the
+// s-th of S contiguous shares of the vocabulary tiles.
+struct SplitForwardGrid {
+  // CUDA's limit on grid y: the most splits.
+  static constexpr int64_t kMaxSplits = 65535;
+
+  int64_t row_groups = 1, splits = 1;
+
+  // Host: the grid of about `ctas` CTAs for `tokens` rows and `vocab` columns in bm x bn tiles: as
+  // many splits as the row blocks need to fill `ctas`, at least `min_splits`, at most one per
+  // vocabulary tile and kMaxSplits; then as many row groups as fill the rest, at least one, at
+  // most one per row block.
+  static SplitForwardGrid for_ctas(int64_t ctas, int64_t tokens, int64_t vocab, int64_t bm, int64_t bn,
+                                   int64_t min_splits);
+
+  // Device: calls `visit(block)` (i32) for each of the calling CTA's row blocks, of `row_blocks` (i32).
+  static void walk_row_blocks(KernelBuilder& kb, llvm::Value* row_blocks,
+                              const std::function<void(llvm::Value* block)>& visit);
+  // The calling CTA's split and its share [tile_begin, tile_end) of the `tiles` vocabulary tiles (i32 each).
+  struct Share {
+    llvm::Value *split, *tile_begin, *tile_end;
+  };
+  static Share share(KernelBuilder& kb, int64_t tiles);
+};
+
+// eager_dz's grid (templates/kernels/eager_dz.cpp): CTAs of kThreads threads, 32 token groups (a
+// warp's lanes) of kTokens tokens by kRowGroups row groups (its warps). Along x the tokens,
+// kTokensPerCta a CTA; along y the vocabulary tiles, one a CTA, or with `coef_only` (eager_dz
+// storing only its constants) one a row group, kRowGroups consecutive tiles a CTA.
+class EagerDzGrid {
+ public:
+  static constexpr int kThreads = 256, kTokens = 8, kRowGroups = kThreads / 32;
+  static constexpr int kTokensPerCta = 32 * kTokens;
+
+  explicit EagerDzGrid(bool coef_only) : coef_only_(coef_only) {}
+
+  // Host: the grid (x, y) for a token stride `ld` and `tiles` vocabulary tiles (counts the caller
+  // checks against CUDA's grid limits).
+  std::pair<int64_t, int64_t> grid(int64_t ld, int64_t tiles) const;
+
+  // Device: the first of the calling thread's kTokens tokens (i64), from its thread index `tid` (i32).
+  llvm::Value* first_token(KernelBuilder& kb, llvm::Value* tid) const;
+  // The vocabulary tile (i64) the calling thread's row group takes.
+  llvm::Value* tile(KernelBuilder& kb, llvm::Value* tid) const;
+
+ private:
+  bool coef_only_;
 };
 
 }  // namespace lfce

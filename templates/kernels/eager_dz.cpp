@@ -14,7 +14,8 @@
 // C_m·p̃ with one per-row constant C_m, one multiplication. Each element is stored once.
 //
 // One CTA per 256 tokens and vocabulary tile: grid (ceil(ld / 256), tiles), 256 threads (32 token
-// groups x 8 row groups). Each thread forms its 8 tokens' row constants once (the tile's M among
+// groups x 8 row groups; EagerDzGrid in templates/gemm/tile_scheduler.h, which the runtime sizes
+// the grid with). Each thread forms its 8 tokens' row constants once (the tile's M among
 // them) and then walks the tile's rows, 8 at a time (4 for fp32), one vector of 8 tokens a row.
 //
 // With spec.eager_operand (the GEMMs turn p̃ into dz themselves, templates/gemm/eager_operand.h)
@@ -24,6 +25,7 @@
 // dtype; the residuals as above. Grid (ceil(ld / 256), ceil(tiles / 8)): the 8 row groups of a CTA
 // take 8 consecutive tiles.
 #include "templates/epilogue/dz_math.h"
+#include "templates/gemm/tile_scheduler.h"
 #include "templates/template_util.h"
 #include "templates/templates.h"
 
@@ -35,7 +37,7 @@ KernelShape build_eager_dz(llvm::Module& module, const KernelSpec& normalised) {
   // The mode is not part of the spec (always eager: upstream gradient 1, no grad_loss).
   KernelSpec spec = normalised;
   spec.mode = Mode::Eager;
-  constexpr int kThreads = 256, kTokens = 8, kRowGroups = kThreads / 32;
+  constexpr int kThreads = EagerDzGrid::kThreads, kTokens = EagerDzGrid::kTokens, kRowGroups = EagerDzGrid::kRowGroups;
   // Rows a thread loads before it stores them: 128 bytes of p̃ in flight (fp32's are twice as wide).
   const int kRows = spec.dtype == DType::FP32 ? 4 : 8;
   std::vector<Param> params = {{"dz", ParamType::GlobalPtr},           {"partial_max", ParamType::GlobalPtr},
@@ -60,13 +62,10 @@ KernelShape build_eager_dz(llvm::Module& module, const KernelSpec& normalised) {
   Value* vocab = kb.arg("vocab");
   Value* tile_n = kb.arg("tile_n");
   Value* tid = kb.tid();
-  Value* m0 = ir.CreateMul(ir.CreateAdd(ir.CreateMul(ir.CreateZExt(kb.ctaid(0), kb.i64()), kb.c64(32)),
-                                        ir.CreateZExt(ir.CreateAnd(tid, kb.c32(31)), kb.i64())),
-                           kb.c64(kTokens));
   const bool coef_only = spec.eager_operand;
-  Value* tile = ir.CreateZExt(kb.ctaid(1), kb.i64());
-  if (coef_only)
-    tile = ir.CreateAdd(ir.CreateMul(tile, kb.c64(kRowGroups)), ir.CreateZExt(ir.CreateLShr(tid, kb.c32(5)), kb.i64()));
+  const EagerDzGrid grid(coef_only);
+  Value* m0 = grid.first_token(kb, tid);
+  Value* tile = grid.tile(kb, tid);
   Value* tile_begin = ir.CreateMul(tile, tile_n);
   Value* tile_end = ir.CreateSelect(ir.CreateICmpSLT(ir.CreateAdd(tile_begin, tile_n), vocab),
                                     ir.CreateAdd(tile_begin, tile_n), vocab);

@@ -2,7 +2,8 @@
 // temperature T, that / T: template_util.h's capped_logit), reduced in the epilogue to each
 // row's running (max, Σ exp) and the target logit. The logits never reach global memory.
 //
-// Grid (row groups G, splits S): CTA (g, s) takes the row blocks g, g + G, g + 2G, ... in turn
+// Grid (row groups G, splits S; SplitForwardGrid in templates/gemm/tile_scheduler.h, which the
+// runtime sizes it with): CTA (g, s) takes the row blocks g, g + G, g + 2G, ... in turn
 // and, for each, the s-th contiguous share of the vocabulary tiles: the grid fills the GPU
 // even when N/BM is small, and when it is large only G row blocks of x (not all of x) are
 // being read at once, so that they stay in L2 while the S shares of W stream past them.
@@ -16,6 +17,7 @@
 #include "templates/epilogue/fragment_epilogue.h"
 #include "templates/epilogue/row_slots.h"
 #include "templates/gemm/gemm_skeleton.h"
+#include "templates/gemm/tile_scheduler.h"
 #include "templates/template_util.h"
 #include "templates/templates.h"
 
@@ -60,7 +62,7 @@ void lse_forward_specialised(KernelBuilder& kb, const KernelSpec& spec, GemmSkel
     FragmentPosition pos{};
     if (consumer) pos = gemm.fragment_position();
     auto row_of = [&](Value* m0, int h) { return ir.CreateAdd(m0, ir.CreateZExt(pos.row[h], kb.i64())); };
-    kb.for_range(kb.ctaid(0), row_blocks, kb.nctaid(0), [&](Value* block) {
+    SplitForwardGrid::walk_row_blocks(kb, row_blocks, [&](Value* block) {
       Value* m0 = ir.CreateMul(ir.CreateZExt(block, kb.i64()), kb.c64(t.bm));
       if (consumer) {
         for (int h = 0; h < 2; ++h) {
@@ -221,16 +223,10 @@ CtaWork split_grid(KernelBuilder& kb, const KernelSpec& spec, GemmSkeleton& gemm
   CtaWork work;
   work.row_blocks = ir.CreateTrunc(ir.CreateUDiv(ir.CreateAdd(n, kb.c64(t.bm - 1)), kb.c64(t.bm)), kb.i32());
   const int n_tiles = static_cast<int>((spec.vocab + t.bn - 1) / t.bn);
-  // CTA (g, s)'s share of the vocabulary tiles, [share_end(s), share_end(s + 1)). In 64 bits:
-  // split · n_tiles can pass 2^31 for the largest vocabularies.
-  auto share_end = [&](Value* s) {
-    Value* end = ir.CreateUDiv(ir.CreateMul(ir.CreateZExt(s, kb.i64()), kb.c64(n_tiles)),
-                               ir.CreateZExt(kb.nctaid(1), kb.i64()));
-    return ir.CreateTrunc(end, kb.i32());
-  };
-  Value* split = work.split = kb.ctaid(1);
-  work.tile_begin = share_end(split);
-  work.tile_end = share_end(ir.CreateAdd(split, kb.c32(1)));
+  const SplitForwardGrid::Share share = SplitForwardGrid::share(kb, n_tiles);
+  Value* split = work.split = share.split;
+  work.tile_begin = share.tile_begin;
+  work.tile_end = share.tile_end;
   work.k_tiles = gemm.k_tiles_for(kb.c64(spec.hidden));
   work.partial_index = [&kb, split, n](Value* m) {
     auto& ir = kb.ir();
@@ -278,7 +274,7 @@ struct StagedForward {
   void run() {
     const TileConfig& t = spec.tile;
     auto& ir = kb.ir();
-    kb.for_range(kb.ctaid(0), work.row_blocks, kb.nctaid(0), [&](Value* block) {
+    SplitForwardGrid::walk_row_blocks(kb, work.row_blocks, [&](Value* block) {
       Value* m0 = ir.CreateMul(ir.CreateZExt(block, kb.i64()), kb.c64(t.bm));
       kb.barrier();  // the previous row block's statistics have been written out
       Value* rows = ir.CreateTrunc(

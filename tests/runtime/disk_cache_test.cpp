@@ -1,45 +1,45 @@
 // The on-disk kernel cache, without a GPU: key derivation, atomic entries and their recovery,
 // read-only and unusable directories, management, and many processes asking for one spec.
 #include "runtime/disk_cache.h"
-#include "tests/log_capture.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <spdlog/sinks/ostream_sink.h>
 #include <spdlog/spdlog.h>
-#include <fcntl.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
-#include <sys/stat.h>
 #include <utime.h>
 
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
-#include <mutex>
-#include <thread>
-#include <tuple>
 #include <csignal>
-#include <functional>
-#include <limits>
-
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <limits>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
+#include <tuple>
 #include <vector>
 
 #include "compiler/errors.h"
 #include "compiler/nvptx_backend.h"
 #include "runtime/cache_files.h"
-#include "runtime/options.h"
 #include "runtime/kernel_cache.h"
+#include "runtime/options.h"
 #include "runtime/sha256.h"
 #include "templates/templates.h"
+#include "tests/log_capture.h"
 #include "tests/runtime/helper_process.h"
+#include "tests/temp_dir.h"
 
 namespace lfce::runtime {
 namespace {
@@ -49,35 +49,9 @@ using nlohmann::json;
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-void write_text(const std::string& path, const std::string& text) {
-  std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
-}
-
-// A fresh directory under /tmp, removed (made writable first) at the end of the test.
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/lfce_disk_cache_XXXXXX";
-    path_ = mkdtemp(tmpl);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::permissions(path_, fs::perms::owner_all, fs::perm_options::add, ec);
-    for (auto it = fs::recursive_directory_iterator(path_, ec); !ec && it != fs::recursive_directory_iterator();
-         it.increment(ec))
-      fs::permissions(it->path(), fs::perms::owner_all, fs::perm_options::add, ec);
-    fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using testing_files::read_text;
+using testing_files::TempDir;
+using testing_files::write_text;
 
 using LogCapture = testing_log::WarningCapture;
 
