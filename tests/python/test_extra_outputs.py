@@ -11,7 +11,7 @@ written here from the definitions (u = softcap-capped logits / T):
 differentiated by autograd: the gradients of loss * g + sum(w1 * lse + w2 * entropy + w3 * logprob)
 with random per-token weights w, elementwise. Also: the named tuple, argument checks with their
 messages, the fallback of mode "eager", shift, ties in the argmax, opcheck of the new schemas and
-what the distributed module still refuses. The GPU side is test_gpu_extra_outputs.py.
+that the distributed module takes every option. The GPU side is test_gpu_extra_outputs.py.
 """
 
 import logging
@@ -514,15 +514,10 @@ def test_accuracy_and_predicted_work_with_float16():
 
 
 @pytest.mark.parametrize("name, value", [("label_smoothing", 0.1), ("token_scaling", True), ("shift", True)])
-def test_distributed_refuses_each_option_it_has_no_combine_for_naming_it(name, value):
-    """Every extra output (lse, entropy, logprob, accuracy, predicted) and return_z_loss is combined
-    across the ranks (test_distributed.py); what is still refused is named."""
-    x, w, _, y = inputs(4)
+def test_distributed_takes_every_loss_option(name, value):
+    """Every loss option is combined across the ranks (test_distributed.py runs each over gloo)."""
     options = lfce.LossOptions(**{name: value})
-    with raises(ValueError, f"lfce.distributed: {name}={value!r} is not supported on a vocabulary-sharded weight yet"):
-        lfce.distributed.linear_cross_entropy(x, w, y, options=options)
-    with raises(ValueError, f"lfce.distributed: {name}={value!r} is not supported"):
-        lfce.distributed.VocabParallelLinearCrossEntropyLoss(options=options)
+    assert lfce.distributed.VocabParallelLinearCrossEntropyLoss(options=options).options == options
 
 
 @pytest.mark.parametrize("name", [*functional.EXTRA_OUTPUTS, "return_z_loss"])
