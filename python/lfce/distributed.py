@@ -394,9 +394,10 @@ def local_targets(targets, v0, shard, ignore_index):
 
 
 def probe_targets(local):
-    """The weighted shard problem's targets (_weighted): ``local`` with every NOT_IN_SHARD replaced by
-    column 0, so that every counted token is scored against a column of the shard; the probe's own
-    terms are taken out again (its one-hot in the backward, its logit in the forward)."""
+    """The weighted problem's forward targets (_weighted_statistics): ``local`` with every NOT_IN_SHARD
+    replaced by column 0 (a probe), so that every counted token is scored against a column of the
+    shard and the shard's smoothing sum is finite for it (label smoothing 1 there: the probe's own
+    term has weight 1 - 1 = 0; its logprob row is not read)."""
     return torch.where(local == NOT_IN_SHARD, torch.zeros_like(local), local)
 
 
@@ -678,12 +679,12 @@ def local_backward(hidden, weight, bias, targets, options, lse, valid_count, gra
 #
 # The shard kernels know their own columns only: their smoothing divides by V_r and sums W_r, their
 # target weight is read at a column of the shard, their token scale would be the shard's p. The
-# weighted problem therefore runs every counted token against a column of the shard (probe_targets)
-# and takes the terms apart (docs/parallel.md, "Label smoothing, class weights, token scaling"):
-# the forward runs the shard with label smoothing 1 (its token loss is then R_r / V_r) and the
-# logprob row (u_t - LSE_r at the token's column); the backward gives the shard kernels, per token,
-# an upstream gradient g' and gradients q and r of the lse and logprob rows such that their
-# dz = (P' p_v - T' [v = t] - U' w_v) du/dz is the global problem's on the shard's columns.
+# weighted problem therefore takes the terms apart (docs/parallel.md, "The weighted problem"): the
+# forward runs every counted token against a column of the shard (probe_targets) with label
+# smoothing 1 (its token loss is then R_r / V_r) and the logprob row (u_t - LSE_r at the token's
+# column); the backward gives the shard kernels, per token, an upstream gradient g' and gradients q
+# and r of the lse and logprob rows such that their dz = (P' p_v - T' [v = t] - U' w_v) du/dz is
+# the global problem's on the shard's columns.
 
 def _weighted_statistics(layout, options, hidden, weight, bias, local, class_weight):
     """(shard LSE, target logit, shard mean logit or None, shard argmax or None, target weight or
@@ -719,10 +720,14 @@ def _weighted_gradients(layout, options, wanted, hidden, weight, bias, targets, 
     p(target) with token scaling, over Σ w_y and the count for "mean"), λ, ρ the gradients of the
     LSE and logprob rows. The shard kernels, run per token (reduction "none") with gradient g',
     label smoothing eps, the shard's class weights, no z-loss and the rows' gradients q (LSE), r
-    (logprob), against the column t (the target, or the probe), form (P' p_v - T' [v = t] - U' w_v)
-    du/dz with P' = g' ((1 - eps) w_t + eps W_r / V_r) + q - r, T' = g' (1 - eps) w_t - r, U' = g'
-    eps / V_r: g' = A V_r / V gives U' = U; r = g' (1 - eps) w_t - T gives T' = T (0 at a probe); q
-    = P - T - g' eps W_r / V_r gives P' = P."""
+    (logprob), against the token's local target t, form (P' p_v - T' [v = t] - U' w_v) du/dz with
+    P' = g' ((1 - eps) w_t + eps W_r / V_r) + q - r, T' = g' (1 - eps) w_t - r, U' = g' eps / V_r
+    where t is a column of the shard; for a target elsewhere (NOT_IN_SHARD, outside their columns)
+    they apply no T' and no r, and read w_t at column 0. g' = A V_r / V gives U' = U; in the shard
+    r = g' (1 - eps) w_t - T gives T' = T, elsewhere r = 0; q = P - g' eps W_r / V_r - (T in the
+    shard, g' (1 - eps) w_t elsewhere) gives P' = P. (No probe column here: a one-hot cancelled
+    by r would leave its rounding residue, up to an ulp of g' per token, on column 0, against a
+    true gradient there of order g' / V.)"""
     n, eps, vocab = targets.shape[0], options.label_smoothing, layout.vocab
     k = _row_count(options)
     rows = held.reshape(-1, n)
@@ -748,23 +753,27 @@ def _weighted_gradients(layout, options, wanted, hidden, weight, bias, targets, 
     one_hot = torch.where(local >= 0, a * (1 - eps) * w_y - logprob_grad, zero)
     g = a * (layout.shard / vocab) if eps else a
     smoothing_weights = class_weight if eps else None
+    in_shard = local >= 0
     if smoothing_weights is not None:
         own_sum = smoothing_weights.to(torch.float32).sum()
         shard_uniform = eps * own_sum / layout.shard
-        w_t = smoothing_weights[probe_targets(local).clamp(min=0).long()].to(torch.float32)
+        # The weight the kernels read for the token: its target's, or column 0's for a target
+        # outside the shard (NOT_IN_SHARD, out of their range).
+        w_t = smoothing_weights[torch.where(in_shard, local, torch.zeros_like(local)).long()].to(torch.float32)
         shard_count = torch.stack([count[0], count[1], own_sum])
     else:
         shard_uniform, w_t, shard_count = eps, 1.0, count[:1]
-    r = torch.where(valid, g * (1 - eps) * w_t - one_hot, zero)
-    q = big_p - one_hot - g * shard_uniform
+    shard_one_hot = g * (1 - eps) * w_t  # the kernels' T' before r, in P' for every counted token
+    r = torch.where(in_shard, shard_one_hot - one_hot, zero)
+    q = big_p - g * shard_uniform - torch.where(in_shard, one_hot, shard_one_hot)
     entropy = [rows[1]] if options.return_entropy else []
     entropy_grad = [upstream[1] if upstream is not None else zero] if options.return_entropy else []
     shard_rows = torch.cat([lse[None]] + [e[None] for e in entropy] + [zero[None]]).reshape(-1)
     shard_grads = torch.cat([q[None]] + [e[None] for e in entropy_grad] + [r[None]]).reshape(-1)
     shard = dataclasses.replace(shard_options(options, "none"), label_smoothing=eps, token_scaling=False,
                                 z_loss_scale=0.0, return_logprob=True)
-    return local_backward(hidden, weight, bias, probe_targets(local), shard, shard_rows, shard_count, g, wanted,
-                          shard_grads, accumulators, smoothing_weights)
+    return local_backward(hidden, weight, bias, local, shard, shard_rows, shard_count, g, wanted, shard_grads,
+                          accumulators, smoothing_weights)
 
 
 # --- autograd -------------------------------------------------------------------------------------

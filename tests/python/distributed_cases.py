@@ -113,13 +113,19 @@ def shifted(y, ignore_index, sequences):
     return torch.cat([rows[:, 1:], torch.full_like(rows[:, :1], ignore_index)], dim=1).reshape(-1)
 
 
+# The accumulators' earlier sums: of the order of the gradients they receive (a "mean" gradient row
+# at V = 151937 holds elements of about 1e-7), so that the fp32 sum keeps the gradient's bits and
+# accumulator - before is checked at the gradients' own tolerance.
+ACCUMULATED = 2.0 ** -20
+
+
 def _accumulators(w, b, accumulate):
     """(weight, bias) fp32 accumulators for [V, H] / [V] holding earlier sums (fixed values), or Nones."""
     if not accumulate:
         return None, None
     g = torch.Generator(device=w.device).manual_seed(5)
-    acc_w = torch.randn(w.shape, device=w.device, generator=g) * 0.25
-    return acc_w, None if b is None else torch.randn(b.shape, device=w.device, generator=g) * 0.25
+    acc_w = torch.randn(w.shape, device=w.device, generator=g) * ACCUMULATED
+    return acc_w, None if b is None else torch.randn(b.shape, device=w.device, generator=g) * ACCUMULATED
 
 
 def _added(leaf, accumulator, before):
