@@ -25,7 +25,15 @@ import torch
 pytestmark = pytest.mark.gpu
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (optional dependency)")
 
-from test_transformers import CAUSAL, NOT_BUILT, batch, rel, step, tiny_model
+from test_transformers import (
+    CAUSAL,
+    NOT_BUILT,
+    TEXT_ONLY_INPUTS,
+    batch,
+    rel,
+    step,
+    tiny_model,
+)
 
 import lfce.transformers
 
@@ -45,6 +53,8 @@ def check_parity(name, dtype, tolerance, **kwargs):
     patched = lfce.transformers.apply_lfce(copy.deepcopy(reference))
     exact = copy.deepcopy(reference).double()  # the same weights in fp64: the anchor of both
     input_ids, labels = (t.to(DEVICE) for t in batch(length=17))
+    if name in TEXT_ONLY_INPUTS:  # what the model needs besides input_ids on a text-only batch
+        kwargs = {**TEXT_ONLY_INPUTS[name](input_ids), **kwargs}
     ref_out, ref_grads = step(reference, input_ids=input_ids, labels=labels, use_cache=False, **kwargs)
     out, grads = step(patched, input_ids=input_ids, labels=labels, use_cache=False, **kwargs)
     _, exact_grads = step(exact, input_ids=input_ids, labels=labels, use_cache=False, **kwargs)
