@@ -527,7 +527,7 @@ def loss_terms(lse, target_logit, targets, vocab, ignore_index, z_loss_scale=0.0
         cross_entropy = (1 - label_smoothing) * cross_entropy + label_smoothing * smoothing / vocab
     cross_entropy = torch.where(valid, cross_entropy, zero)
     cross_entropy = torch.where(bad, torch.full_like(lse, float("nan")), cross_entropy)
-    z_loss = torch.where(valid, z_loss_scale * lse * lse, zero)
+    z_loss = torch.where(valid, z_loss_scale * lse * lse, zero) if z_loss_scale else zero
     scale = None
     if token_scaling:  # p(target), no gradient through it (as on one GPU)
         scale = torch.where(valid, torch.exp(target_logit - lse), zero)

@@ -423,12 +423,18 @@ def test_module_checks_its_options_at_construction():
 
 # --- two processes over gloo ------------------------------------------------------------------------
 
-def _worker(rank, port, out_dir, world_size, selected):
+def _join_gloo(rank, port, world_size, timeout_s):
+    """This worker process as rank ``rank`` of a gloo group on this machine, lfce.distributed taking
+    CPU tensors (distributed_model)."""
     import distributed_model
 
     distributed_model.install()
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=120))
+                            timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def _worker(rank, port, out_dir, world_size, selected):
+    _join_gloo(rank, port, world_size, 120)
     results = {}
     try:
         for case, name in zip(selected, distributed_cases.case_ids(selected)):
@@ -631,11 +637,7 @@ def _failing_on(rank, failing_rank, call):
 
 
 def _misuse_worker(rank, port, out_dir):
-    import distributed_model
-
-    distributed_model.install()
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE,
-                            timeout=datetime.timedelta(seconds=60))
+    _join_gloo(rank, port, WORLD_SIZE, 60)
     results = {}
     path = os.path.join(out_dir, f"misuse{rank}.json")
     for name, call in _scenarios(rank):
@@ -893,11 +895,7 @@ def _compile_scenario(rank, sequence, options):
 
 
 def _compile_worker(rank, port, out_dir):
-    import distributed_model
-
-    distributed_model.install()
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE,
-                            timeout=datetime.timedelta(seconds=120))
+    _join_gloo(rank, port, WORLD_SIZE, 120)
     results = {}
     path = os.path.join(out_dir, f"compile{rank}.json")
     for name, (sequence, options) in COMPILE_SCENARIOS.items():
